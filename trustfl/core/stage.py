@@ -1,0 +1,62 @@
+"""The stage abstraction: small objects with explicit state, composed into named chains (optax style).
+
+A stage maps a message matrix ``x`` of shape ``(n, d)`` (one row per client of the round) to a new matrix, or,
+for aggregators, to a vector of shape ``(d,)``. State goes in and comes out of :meth:`AbstractStage.apply`;
+nothing is kept on the object, so a checkpoint is the set of state objects.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trustfl.errors import ConfigError
+from trustfl.types import ParamLayout, RoundContext, StageOut
+
+
+class AbstractStage(abc.ABC):
+    """Base of every stage. Subclasses are frozen dataclasses validated in ``__post_init__``."""
+
+    def init(self, layout: ParamLayout) -> Any:
+        """The initial state for messages of ``layout`` (default: no state)."""
+        return None
+
+    @abc.abstractmethod
+    def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
+        """Transform ``x`` and return the new value, state, metrics and DP events."""
+
+
+@dataclass(frozen=True)
+class Chain(AbstractStage):
+    """Named stages applied in order; state is a dict addressed by name and metrics are prefixed ``name/``."""
+
+    stages: tuple[tuple[str, AbstractStage], ...]
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for name, _ in self.stages:
+            if name in seen:
+                raise ConfigError(f"stage names in a chain must be unique, found {name!r} twice.")
+            seen.add(name)
+
+    def init(self, layout: ParamLayout) -> dict[str, Any]:
+        return {name: stage.init(layout) for name, stage in self.stages}
+
+    def apply(self, x: torch.Tensor, state: dict[str, Any], ctx: RoundContext) -> StageOut:
+        new_state: dict[str, Any] = {}
+        metrics: dict[str, float] = {}
+        events: list = []
+        for name, stage in self.stages:
+            out = stage.apply(x, state[name], ctx)
+            x = out.x
+            new_state[name] = out.state
+            metrics.update({f"{name}/{k}": v for k, v in out.metrics.items()})
+            events.extend(out.events)
+        return StageOut(x, new_state, metrics, tuple(events))
+
+
+def chain(*stages: tuple[str, AbstractStage]) -> Chain:
+    """Compose ``(name, stage)`` pairs, e.g. ``chain(("clip", clip_l2(1.0)), ("noise", gaussian(0.8)))``."""
+    return Chain(tuple(stages))

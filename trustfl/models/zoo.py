@@ -1,0 +1,125 @@
+"""The model zoo. Every model maps a batch ``(B, *input_shape)`` to logits ``(B, num_classes)``.
+
+Models return **logits**; losses apply ``cross_entropy`` (= NLL of log-softmax, the CafCor paper's loss).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from trustfl.core.registry import lookup, register
+from trustfl.errors import ConfigError
+
+
+def _features(input_shape: Sequence[int]) -> int:
+    return int(math.prod(input_shape))
+
+
+@register("model", "logreg")
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression: one linear layer on the flattened input."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(_features(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.flatten(1))
+
+
+@register("model", "mlp")
+class MLP(nn.Module):
+    """Fully connected ReLU network ``in → hidden[0] → … → num_classes``."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200)) -> None:
+        super().__init__()
+        if not hidden or any((not isinstance(h, int)) or h <= 0 for h in hidden):
+            raise ConfigError(f"`model.hidden` must be a non-empty list of positive integers, found {list(hidden)!r}.")
+        sizes = [_features(input_shape), *hidden]
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        layers.append(nn.Linear(sizes[-1], num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.flatten(1))
+
+
+def _as_image(x: torch.Tensor, channels: int, side: int) -> torch.Tensor:
+    return x.reshape(x.shape[0], channels, side, side)
+
+
+@register("model", "cnn_cafcor")
+class CafCorCNN(nn.Module):
+    """CafCor's MNIST CNN (specs/cafcor.md §5): conv 20 → conv 50 → fc 500 → fc 10; 431,080 parameters at 28×28.
+
+    Conv2d(1,20,5) → ReLU → MaxPool(2) → Conv2d(20,50,5) → ReLU → MaxPool(2) → Linear(800,500) → ReLU →
+    Linear(500,10). The paper's log_softmax is applied by the cross-entropy loss.
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.channels, self.side = _image_geometry(input_shape, "cnn_cafcor")
+        self.conv1 = nn.Conv2d(self.channels, 20, 5)
+        self.conv2 = nn.Conv2d(20, 50, 5)
+        flat = 50 * (((self.side - 4) // 2 - 4) // 2) ** 2
+        self.fc1 = nn.Linear(flat, 500)
+        self.fc2 = nn.Linear(500, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _as_image(x, self.channels, self.side)
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+@register("model", "cnn_rhdp")
+class RobustHDPCNN(nn.Module):
+    """Robust-HDP's MNIST/FMNIST CNN (specs/robust_hdp.md Table 5): 28,938 parameters at 28×28.
+
+    Conv2d(1,16,5,pad 2) → ReLU → MaxPool(2) → Conv2d(16,32,5,pad 2) → ReLU → MaxPool(2) → Linear(1568,10).
+    No ReLU on the output layer (the authors' code; Table 5's output ReLU is a typo).
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.channels, self.side = _image_geometry(input_shape, "cnn_rhdp")
+        self.conv1 = nn.Conv2d(self.channels, 16, 5, padding=2)
+        self.conv2 = nn.Conv2d(16, 32, 5, padding=2)
+        self.fc = nn.Linear(32 * (self.side // 4) ** 2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _as_image(x, self.channels, self.side)
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def _image_geometry(input_shape: Sequence[int], name: str) -> tuple[int, int]:
+    shape = tuple(input_shape)
+    if len(shape) == 3 and shape[1] == shape[2]:
+        channels, side = shape[0], shape[1]
+    elif len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0]:
+        channels, side = 1, math.isqrt(shape[0])
+    else:
+        raise ConfigError(f"model {name!r} needs square images, found input shape {shape}.")
+    if side < 16:
+        raise ConfigError(f"model {name!r} needs images of side >= 16, found {side} (use 'mlp' or 'logreg' for "
+                          f"small inputs such as digits).")
+    return channels, side
+
+
+def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: int, **params: object) -> nn.Module:
+    """Build a registered model with deterministic initial weights drawn from ``seed``."""
+    factory = lookup("model", name)
+    state = torch.random.get_rng_state()
+    try:  # initialise from the run seed without touching the caller's global RNG afterwards
+        torch.manual_seed(seed)
+        model = factory(input_shape=tuple(input_shape), num_classes=num_classes, **params)
+    finally:
+        torch.random.set_rng_state(state)
+    return model

@@ -1,0 +1,111 @@
+"""Shared types: parameter layouts, contexts and stage outputs (frozen dataclasses)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from trustfl.core.rng import SERVER, make_generator
+
+Params = dict[str, torch.Tensor]
+"""Named model parameters, in the model's ``named_parameters()`` order."""
+
+Metrics = Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """How named parameters map onto one flat vector (the wire format of every message).
+
+    Flattening follows ``names`` order, so row ``i`` of a message matrix always means the same coordinates.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, params: Mapping[str, torch.Tensor]) -> "ParamLayout":
+        return cls(tuple(params), tuple(tuple(p.shape) for p in params.values()))
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    def flatten(self, params: Mapping[str, torch.Tensor], batch_dims: int = 0) -> torch.Tensor:
+        """Concatenate params into ``(*batch, numel)``; ``batch_dims`` leading dims are kept (stacked clients)."""
+        parts = [params[n].reshape(*params[n].shape[:batch_dims], -1) for n in self.names]
+        return torch.cat(parts, dim=-1)
+
+    def unflatten(self, flat: torch.Tensor) -> Params:
+        """Inverse of :meth:`flatten`; views into ``flat`` (leading batch dims are kept)."""
+        batch = flat.shape[:-1]
+        out: Params = {}
+        offset = 0
+        for name, shape in zip(self.names, self.shapes):
+            size = math.prod(shape)
+            out[name] = flat[..., offset:offset + size].reshape(*batch, *shape)
+            offset += size
+        return out
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a stage may know about the round it runs in.
+
+    Row ``i`` of the message matrix a stage receives belongs to ``client_ids[i]``. Client-side stages must
+    compute row ``i`` from row ``i``, client ``i``'s state and client ``i``'s generator only.
+    """
+
+    round: int
+    seed: int
+    client_ids: tuple[int, ...]
+    weights: torch.Tensor | None = None
+    num_byzantine: int = 0
+    num_clients: int = 0
+    reports: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Per-row values the clients sent beside their messages (e.g. ``num_samples``, ``reported_epsilon``), and,
+    in simulation only, oracle values under names starting with ``oracle_`` (e.g. ``oracle_noise_variance``)."""
+
+    def generator(self, stage: str, client: int = SERVER) -> torch.Generator:
+        """The generator of ``stage`` for ``client`` (default: the server) in this round."""
+        return make_generator(self.seed, self.round, client, stage)
+
+    def with_rows(self, client_ids: tuple[int, ...], weights: torch.Tensor | None) -> "RoundContext":
+        """The same round with rows that no longer belong to clients (e.g. buckets): reports are dropped."""
+        return RoundContext(self.round, self.seed, client_ids, weights, self.num_byzantine, self.num_clients)
+
+    def select(self, rows: torch.Tensor) -> "RoundContext":
+        """The same round restricted to the given row indices (e.g. after rejecting invalid messages)."""
+        idx = rows.tolist()
+        return RoundContext(self.round, self.seed, tuple(self.client_ids[i] for i in idx),
+                            None if self.weights is None else self.weights[rows], self.num_byzantine,
+                            self.num_clients, {k: v[rows] for k, v in self.reports.items()})
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """What a client knows when it trains: who it is, the round, its data size and the run seed."""
+
+    client_id: int
+    round: int
+    seed: int
+    num_samples: int
+
+    def generator(self, stage: str) -> torch.Generator:
+        return make_generator(self.seed, self.round, self.client_id, stage)
+
+
+PrivacyEvent = tuple[int, Any]
+"""``(client_id, dp_accounting.DpEvent)``: a DP event charged to one client's ledger."""
+
+
+@dataclass(frozen=True)
+class StageOut:
+    """The result of one stage application: new value, new state, metrics and DP events."""
+
+    x: torch.Tensor
+    state: Any = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    events: tuple[PrivacyEvent, ...] = ()
