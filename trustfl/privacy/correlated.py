@@ -1,0 +1,253 @@
+"""Correlated Gaussian noise that cancels in the sum (CafCor, cafcor.md §2.2–2.3), plus independent noise.
+
+Client ``i`` of ``n`` protocol participants adds to its message, in round ``t``,
+
+    N_i = Σ_{j ∈ [n] \\ {i}} v^{(ij)} + v̄^{(i)},   v^{(ij)} = +z^{ij} if i < j, −z^{ij} if i > j,
+    z^{ij} ~ N(0, σ_cor² I_d) drawn from the seed both i and j derive for (t, purpose),   v̄^{(i)} ~ N(0, σ_ind² I_d),
+
+(Algorithm 1, line 6; "workers with smaller indices add the generated noise, while their paired counterparts
+subtract it"). The pair terms cancel in ``Σ_i N_i`` when all ``n`` follow the protocol. Per coordinate,
+``Var(N_i) = (n − 1)σ_cor² + σ_ind²`` and ``Cov(N_i, N_j) = −σ_cor²`` (``i ≠ j``), i.e. the pair part has
+covariance ``σ_cor²·(nI − 11ᵀ) ⊗ I_d``.
+
+Two samplers:
+  * **exact** (:class:`PairwiseCorrelatedNoise`): real pair seeds from X25519 + HKDF (:mod:`trustfl.privacy.keys`);
+    each row is computed from its own client's private key and the public directory only. Cost O(n·d) per client,
+    O(n²·d) per cohort: for small ``n·d`` and tests.
+  * **fast** (:func:`centered_pair_noise`): ``N = σ_cor·√n·(G − 1·mean_rows(G))`` with ``G ~ N(0, 1)^{n×d}``,
+    the same joint law (covariance ``σ_cor²·n·P``, ``P = I − 11ᵀ/n``) in O(n·d) (cafcor.md §2.3). It draws all
+    rows from one generator: a simulation shortcut, not a protocol.
+
+Warning:
+  In simulation the Byzantine clients' pair terms are drawn for the honest rows too, but the Byzantine clients do
+  not follow the protocol, so these terms never cancel: the honest sum keeps noise of variance
+  ``m·f·σ_cor²`` per coordinate (``m`` honest rows, ``f`` absent peers) even with ``σ_ind = 0`` (cafcor.md §7
+  item 11). The same holds for any of the ``n`` participants that is not among the rows (e.g. not sampled).
+
+References:
+  Allouah, Guerraoui, Stephan. Towards Trustworthy Federated Learning with Untrusted Participants. ICML 2025.
+  https://arxiv.org/abs/2505.01874
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from trustfl.core.registry import register
+from trustfl.core.stage import AbstractStage
+from trustfl.errors import ConfigError, PrivacyError
+from trustfl.privacy.keys import ClientKeys, PublicKeyDirectory, pair_seed
+from trustfl.types import RoundContext, StageOut
+
+PATHS = ("exact", "fast")
+
+
+def _check_sigma(value: float, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < math.inf:
+        raise ConfigError(f"`{name}` must be a finite number >= 0, found {value!r}.")
+
+
+def _draw_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class PairwiseCorrelatedNoise:
+    """The exact pairwise-seed mechanism: each client's pair noise from its own keys and the public directory.
+
+    Args:
+      sigma_cor: ``σ_cor``, the per-coordinate std of each pair term ``z^{ij}``.
+      purpose: the HKDF purpose string that separates these seeds from other uses of the same pair keys.
+
+    The draw dtype is part of the protocol: both ends of a pair must draw ``z^{ij}`` in the same dtype.
+
+    Example:
+      >>> keys = [ClientKeys.generate(i, bytes(32)) for i in range(3)]
+      >>> mech = PairwiseCorrelatedNoise(1.0)
+      >>> rows = mech.cohort_noise(keys, PublicKeyDirectory.of(keys), round=0, d=4, dtype=torch.float64)
+      >>> bool(rows.sum(0).abs().max() < 1e-12)
+      True
+    """
+
+    sigma_cor: float
+    purpose: str = "correlated_noise"
+
+    def __post_init__(self) -> None:
+        _check_sigma(self.sigma_cor, "sigma_cor")
+        if not isinstance(self.purpose, str) or not self.purpose:
+            raise ConfigError(f"`purpose` must be a non-empty string, found {self.purpose!r}.")
+
+    def client_noise(self, keys: ClientKeys, directory: PublicKeyDirectory, round: int, d: int,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``Σ_{j ≠ i} v^{(ij)}`` for client ``i = keys.client_id`` over every peer ``j`` in ``directory``; ``(d,)``.
+
+        Each ``z^{ij} = σ_cor·g`` with ``g ~ N(0, I_d)`` drawn (vectorised over ``d``) from a ``torch.Generator``
+        seeded with ``pair_seed(sk_i, pk_j, i, j, purpose, round)``.
+        """
+        i = keys.client_id
+        acc = torch.zeros(d, dtype=dtype)
+        buf = torch.empty(d, dtype=dtype)
+        gen = torch.Generator()
+        for j in directory.ids:
+            if j == i:
+                continue
+            gen.manual_seed(pair_seed(keys, directory[j], i, j, self.purpose, round))
+            torch.randn(d, generator=gen, dtype=dtype, out=buf)
+            acc.add_(buf, alpha=1.0 if i < j else -1.0)
+        return acc.mul_(self.sigma_cor)
+
+    def cohort_noise(self, keys: Sequence[ClientKeys] | Mapping[int, ClientKeys], directory: PublicKeyDirectory,
+                     round: int, d: int, client_ids: Sequence[int] | None = None,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows ``client_noise`` for ``client_ids`` (default: every client of ``keys``), for simulation; ``(m, d)``.
+
+        Row ``r`` uses only ``keys[client_ids[r]]`` and the public directory.
+
+        Raises:
+          PrivacyError: if a requested client has no key pair.
+        """
+        by_id = dict(keys) if isinstance(keys, Mapping) else {k.client_id: k for k in keys}
+        ids = list(by_id) if client_ids is None else list(client_ids)
+        missing = [c for c in ids if c not in by_id]
+        if missing:
+            raise PrivacyError(f"no key pair for client(s) {missing}; keys are held for {sorted(by_id)}.")
+        if not ids:
+            return torch.zeros((0, d), dtype=dtype)
+        return torch.stack([self.client_noise(by_id[c], directory, round, d, dtype) for c in ids])
+
+
+def centered_pair_noise(n: int, d: int, sigma_cor: float, generator: torch.Generator,
+                        dtype: torch.dtype = torch.float32, rows: Sequence[int] | None = None) -> torch.Tensor:
+    """The fast sampler: ``N = σ_cor·√n·(G − 1·mean_rows(G))``, ``G ~ N(0, 1)^{n×d}`` (cafcor.md §2.3).
+
+    ``Cov(N_i, N_j) = σ_cor²·n·(δ_ij − 1/n)``: ``(n − 1)σ_cor²`` on the diagonal and ``−σ_cor²`` off it, the law of
+    the exact pair noise; the ``n`` rows sum to 0 (up to rounding). Cost O(n·d), computed in place.
+
+    Args:
+      n, d: the full matrix is ``(n, d)``; all ``n`` rows are always drawn, so a row's value does not depend on
+        which rows are kept.
+      sigma_cor: ``σ_cor``.
+      generator: the (server) generator of the draw.
+      dtype: the draw dtype.
+      rows: the row indices to return, in order (default: all ``n``).
+
+    Returns:
+      ``N[rows]``, shape ``(len(rows), d)``.
+
+    Raises:
+      ConfigError: if ``n < 1``, ``d < 0`` or a row index is outside ``[0, n)``.
+    """
+    if n < 1 or d < 0:
+        raise ConfigError(f"`n` must be >= 1 and `d` >= 0, found n={n}, d={d}.")
+    g = torch.randn((n, d), generator=generator, dtype=dtype)
+    mean = g.mean(dim=0, keepdim=True)
+    if rows is not None and list(rows) != list(range(n)):
+        if any(not 0 <= r < n for r in rows):
+            raise ConfigError(f"`rows` must be indices in [0, {n}), found {list(rows)}.")
+        g = g.index_select(0, torch.tensor(list(rows), dtype=torch.long))
+    return g.sub_(mean).mul_(sigma_cor * math.sqrt(n))
+
+
+def simulation_keys(seed: int, n: int) -> tuple[dict[int, ClientKeys], PublicKeyDirectory]:
+    """Key pairs of clients ``0..n−1`` derived from the run seed, and the public directory (simulation setup).
+
+    The 32-byte key seed is ``SHA-256("trustfl/simulation-keys" ‖ seed)``; see :meth:`ClientKeys.generate`.
+    """
+    key_seed = hashlib.sha256(b"trustfl/simulation-keys" + int(seed).to_bytes(16, "big", signed=True)).digest()
+    keys = {i: ClientKeys.generate(i, key_seed) for i in range(n)}
+    return keys, PublicKeyDirectory.of(keys.values())
+
+
+@dataclass(frozen=True)
+class CorrelatedNoise(AbstractStage):
+    """Client-side stage: add pairwise-cancelling noise and independent ``N(0, σ_ind²)`` noise to each row.
+
+    Row ``r`` belongs to client ``ctx.client_ids[r]`` among ``n = ctx.num_clients`` protocol participants with
+    ids ``0..n−1``; each row gets the pair terms with all ``n − 1`` peers (cancelling only with the peers present
+    and following the protocol) and independent noise from ``ctx.generator("noise_ind", client_id)``.
+
+    * ``path="exact"``: each client derives its pair seeds from its own X25519 key (keys from the run seed,
+      :func:`simulation_keys`) and the public directory; row ``r`` depends on its own client's key only.
+    * ``path="fast"``: draws the full ``n``-row matrix by :func:`centered_pair_noise` from the server generator
+      ``ctx.generator("correlated_noise_fast")`` and keeps the participants' rows: the same joint law, but a
+      simulation shortcut, not a protocol (no client could compute its own row).
+
+    The stage emits no DP events: the SecLDP guarantee (Lemma A.4, cafcor.md §3.1) depends on ``f`` and ``q``,
+    so the recipe charges it. Metrics: ``message_noise_std`` = ``√((n−1)σ_cor² + σ_ind²)`` per coordinate of one
+    row, and ``sum_noise_std`` = ``√(m(n−m)σ_cor² + mσ_ind²)``, the noise left in the sum of the ``m`` rows.
+    """
+
+    sigma_cor: float
+    sigma_ind: float = 0.0
+    path: str = "exact"
+    purpose: str = "correlated_noise"
+
+    def __post_init__(self) -> None:
+        _check_sigma(self.sigma_cor, "sigma_cor")
+        _check_sigma(self.sigma_ind, "sigma_ind")
+        if self.path not in PATHS:
+            raise ConfigError(f"`path` must be one of {PATHS}, found {self.path!r}.")
+        if not isinstance(self.purpose, str) or not self.purpose:
+            raise ConfigError(f"`purpose` must be a non-empty string, found {self.purpose!r}.")
+
+    def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
+        m, d = _check_rows(x, ctx)
+        n = ctx.num_clients
+        dtype = _draw_dtype(x.dtype)
+        if self.path == "exact":
+            keys, directory = simulation_keys(ctx.seed, n)
+            mech = PairwiseCorrelatedNoise(self.sigma_cor, self.purpose)
+            noise = mech.cohort_noise(keys, directory, ctx.round, d, ctx.client_ids, dtype)
+        else:
+            noise = centered_pair_noise(n, d, self.sigma_cor, ctx.generator("correlated_noise_fast"), dtype,
+                                        rows=ctx.client_ids)
+        if self.sigma_ind > 0:
+            buf = torch.empty(d, dtype=dtype)
+            for r, c in enumerate(ctx.client_ids):
+                torch.randn(d, generator=ctx.generator("noise_ind", c), dtype=dtype, out=buf)
+                noise[r].add_(buf, alpha=self.sigma_ind)
+        metrics = {
+            "message_noise_std": math.sqrt((n - 1) * self.sigma_cor ** 2 + self.sigma_ind ** 2),
+            "sum_noise_std": math.sqrt(m * (n - m) * self.sigma_cor ** 2 + m * self.sigma_ind ** 2),
+        }
+        out = noise.add_(x) if noise.dtype == x.dtype else x + noise.to(x.dtype)  # noise is a fresh tensor
+        return StageOut(out, state, metrics)
+
+
+def _check_rows(x: torch.Tensor, ctx: RoundContext) -> tuple[int, int]:
+    if x.ndim != 2 or not x.is_floating_point():
+        raise PrivacyError(f"correlated_noise takes a floating (m, d) tensor, found shape {tuple(x.shape)} "
+                           f"and dtype {x.dtype}.")
+    m, d = x.shape
+    ids = ctx.client_ids
+    if len(ids) != m:
+        raise PrivacyError(f"`ctx.client_ids` must name each of the {m} rows, found {len(ids)} ids.")
+    n = ctx.num_clients
+    if n < 2:
+        raise PrivacyError(f"`ctx.num_clients` (protocol participants n) must be >= 2 for pairwise noise, found {n}.")
+    if len(set(ids)) != m or any(not 0 <= c < n for c in ids):
+        raise PrivacyError(f"`ctx.client_ids` must be distinct ids in [0, {n}), found {ids}.")
+    return m, d
+
+
+@register("client_stage", "correlated_noise")
+def correlated_noise(sigma_cor: float, sigma_ind: float = 0.0, path: str = "exact") -> CorrelatedNoise:
+    """CafCor's client noise: pairwise-cancelling ``σ_cor`` terms plus independent ``σ_ind`` noise.
+
+    Args:
+      sigma_cor: std of each pair term, ``>= 0``.
+      sigma_ind: std of the independent noise, ``>= 0``.
+      path: ``"exact"`` (pair seeds by key agreement) or ``"fast"`` (centred-Gaussian sampler, same law).
+
+    Example:
+      >>> from trustfl.types import RoundContext
+      >>> ctx = RoundContext(round=0, seed=1, client_ids=(0, 1, 2), num_clients=3)
+      >>> out = correlated_noise(0.5).apply(torch.zeros(3, 4, dtype=torch.float64), None, ctx)
+      >>> bool(out.x.sum(0).abs().max() < 1e-12)
+      True
+    """
+    return CorrelatedNoise(sigma_cor, sigma_ind, path)
