@@ -1,0 +1,27 @@
+import pytest
+
+from trustfl.config.load import config_from_dict
+
+
+@pytest.fixture
+def small_config():
+    """A small, fast FedAvg experiment on digits (override keys per test)."""
+
+    def make(**overrides):
+        data = {
+            "name": "small", "seed": 3, "rounds": 5,
+            "data": {"dataset": "digits", "num_clients": 8, "partition": {"name": "dirichlet", "alpha": 1.0}},
+            "model": {"name": "mlp", "hidden": [32]},
+            "cohort": {"sampler": "uniform", "size": 5},
+            "client": {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.5, "weight_decay": 1e-4},
+            "engine": {"checkpoint_every": 0},
+        }
+        for key, value in overrides.items():
+            node = data
+            parts = key.split("__")
+            for p in parts[:-1]:
+                node = node.setdefault(p, {})
+            node[parts[-1]] = value
+        return config_from_dict(data)
+
+    return make

@@ -1,0 +1,99 @@
+"""The round engine: executors agree, resume equals uninterrupted, bytes, determinism, rejection."""
+import json
+import math
+
+import pytest
+import torch
+
+from trustfl.config.build import build_federation
+from trustfl.engine.sync import initial_state, run_round
+from trustfl.experiment import run_experiment
+
+
+def _train(cfg, rounds):
+    fed = build_federation(cfg, quiet=True)
+    state = initial_state(fed)
+    history = []
+    for _ in range(rounds):
+        state, metrics = run_round(fed, state)
+        history.append(metrics)
+    return fed, state, history
+
+
+@pytest.mark.parametrize("dp", ["off", "per_example"])
+def test_vectorized_equals_sequential_after_five_rounds(small_config, dp):
+    extra = {} if dp == "off" else {"client__dp": {"mode": "per_example", "clip": 1.0, "noise_multiplier": 0.8}}
+    _, vec, _ = _train(small_config(engine__executor="vectorized", **extra), 5)
+    _, seq, _ = _train(small_config(engine__executor="sequential", **extra), 5)
+    assert float((vec.params - seq.params).abs().max()) <= 1e-5
+
+
+def test_vectorized_handles_unequal_sizes_and_batch_sizes(small_config):
+    cfg = small_config(data__partition={"name": "quantity_skew", "alpha": 0.5}, client__batch_sizes=[8, 16, 32],
+                       cohort={"sampler": "all"})
+    _, vec, _ = _train(cfg, 3)
+    _, seq, _ = _train(small_config(data__partition={"name": "quantity_skew", "alpha": 0.5},
+                                    client__batch_sizes=[8, 16, 32], cohort={"sampler": "all"},
+                                    engine__executor="sequential"), 3)
+    assert float((vec.params - seq.params).abs().max()) <= 1e-5
+
+
+def test_same_seed_gives_identical_model_and_other_seed_differs(small_config):
+    _, a, ha = _train(small_config(), 3)
+    _, b, hb = _train(small_config(), 3)
+    _, c, _ = _train(small_config(seed=4), 3)
+    assert torch.equal(a.params, b.params)
+    assert [m["train_loss"] for m in ha] == [m["train_loss"] for m in hb]
+    assert not torch.equal(a.params, c.params)
+
+
+def test_bytes_are_parameters_times_four_times_clients(small_config):
+    fed, state, history = _train(small_config(), 2)
+    per_client = fed.layout.numel * 4
+    for m in history:
+        assert m["bytes_up"] == per_client * 5
+        assert m["bytes_down"] == per_client * 5
+    assert state.bytes_up_total == per_client * 5 * 2
+
+
+def test_resume_equals_uninterrupted(small_config, tmp_path):
+    cfg = small_config(rounds=6, engine={"checkpoint_every": 2})
+    full = run_experiment(cfg, tmp_path / "full", progress=False)
+    part = run_experiment(cfg, tmp_path / "part", progress=False, stop_after=3)
+    assert part.summary["rounds"] == 3
+    resumed = run_experiment(None, resume=tmp_path / "part", progress=False)
+    assert torch.equal(full.params, resumed.params)
+    rows = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == list(range(1, 7))
+    assert [r["accuracy"] for r in rows] == [r["accuracy"] for r in full.rows]
+
+
+def test_run_directory_contents(small_config, tmp_path):
+    result = run_experiment(small_config(rounds=2), tmp_path / "run", progress=False)
+    for name in ("config.toml", "metrics.jsonl", "summary.json", "accuracy.png", "loss.png", "run_info.json"):
+        assert (tmp_path / "run" / name).is_file(), name
+    row = result.rows[-1]
+    for key in ("round", "accuracy", "loss", "bytes_up", "bytes_down", "wall_time_s"):
+        assert key in row
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in ("final_accuracy", "best_accuracy", "rounds", "wall_time_s", "seed"):
+        assert key in summary
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert sum(info["partition"]["sizes"]) == 1437 or sum(info["partition"]["sizes"]) > 1000
+
+
+@pytest.mark.parametrize("attack", ["nan", "inf"])
+def test_nonfinite_messages_are_rejected_and_training_goes_on(small_config, attack):
+    cfg = small_config(rounds=4, cohort={"sampler": "all"}, attack={"name": attack, "num_byzantine": 2})
+    fed, state, history = _train(cfg, 4)
+    assert all(m["rejected"] == 2 for m in history)
+    assert bool(torch.isfinite(state.params).all())
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+
+
+def test_fedavg_end_to_end_on_digits(small_config, tmp_path):
+    cfg = small_config(rounds=15, data__num_clients=10, cohort={"sampler": "all"},
+                       client={"epochs": 2, "batch_size": 16, "lr": 0.1, "momentum": 0.5})
+    result = run_experiment(cfg, tmp_path / "fedavg", progress=False)
+    assert result.summary["final_accuracy"] >= 0.9
+    assert math.isfinite(result.summary["final_loss"])

@@ -1,0 +1,77 @@
+"""Sample-level DP set-up: per-client budgets → per-client noise multipliers, ledgers, and the pre-flight check.
+
+Each client calibrates its own noise multiplier once, up front, for the worst case that it takes part in every
+round (``rounds × local steps``), with its own sampling rate ``b_i / N_i``. A schedule that would spend more than
+a client's budget is refused before training, naming the client, its budget and the planned spend.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trustfl.config.schema import ExperimentConfig
+from trustfl.core.rng import numpy_rng
+from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, step_event
+from trustfl.errors import ConfigError, PrivacyError
+from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
+from trustfl.privacy.budgets import calibrate_clients, epsilons_from_distribution, epsilons_from_list
+
+import torch
+
+
+def client_epsilons(cfg: ExperimentConfig, n: int) -> list[float] | None:
+    """Per-client ε targets from ``client.dp`` (a list, a named distribution, or one value), or ``None``."""
+    dp = cfg.client.dp
+    try:
+        if dp.epsilons:
+            return epsilons_from_list(dp.epsilons, n)
+        if dp.epsilon_distribution:
+            return epsilons_from_distribution(dp.epsilon_distribution, n, numpy_rng(cfg.seed, "epsilons"))
+    except PrivacyError as err:
+        raise ConfigError(f"`client.dp`: {err}") from None
+    if dp.epsilon > 0:
+        return [dp.epsilon] * n
+    return None
+
+
+def _ceil(z: float, decimals: int) -> float:
+    scale = 10 ** decimals
+    return math.ceil(z * scale - 1e-9) / scale
+
+
+def setup_sample_dp(cfg: ExperimentConfig, training: LocalTraining, sizes: list[int], batch_sizes: list[int],
+                    byzantine: frozenset[int], info: dict[str, Any]) -> tuple[list[float], LedgerBook | None]:
+    """Noise multipliers per client and the ledger book (``None`` without sample-level DP)."""
+    n = len(sizes)
+    dp = cfg.client.dp
+    if dp.mode == "off":
+        return [0.0] * n, None
+    eps = client_epsilons(cfg, n)
+    honest = [i for i in range(n) if i not in byzantine and sizes[i] > 0]
+    steps = [cfg.rounds * num_local_steps(training, sizes[i], batch_sizes[i]) for i in range(n)]
+    sampling = "poisson" if training.sampler.accounting == "poisson" else "without_replacement"
+    if eps is None:
+        noise = [dp.noise_multiplier] * n
+    else:
+        rates = [1.0 if dp.mode == "batch_clip" else min(1.0, batch_sizes[i] / max(sizes[i], 1)) for i in range(n)]
+        z_honest = calibrate_clients([eps[i] for i in honest], dp.delta, [rates[i] for i in honest],
+                                     [steps[i] for i in honest], accountant=dp.accountant,
+                                     sampling="poisson" if dp.mode == "batch_clip" else sampling)
+        noise = [0.0] * n
+        for i, z in zip(honest, z_honest):
+            # Rounding (Robust-HDP's code keeps 2 decimals) goes up, so a client never spends past its budget.
+            noise[i] = _ceil(z, dp.round_noise_to) if dp.round_noise_to >= 0 else z
+    # dp_accounting analyses sampling without replacement only under replace-one adjacency.
+    neighboring = "replace_one" if dp.mode == "per_example" and sampling == "without_replacement" else "add_remove"
+    budgets = {i: Budget(eps[i] if eps is not None else math.inf, dp.delta) for i in honest}
+    for i in honest:
+        if noise[i] <= 0 and not budgets[i].unlimited:
+            raise ConfigError(f"`client.dp.noise_multiplier` is 0 for client {i} with a finite budget: no privacy.")
+        plan = ClientPlan(i, torch.arange(sizes[i]), batch_sizes[i], noise[i])
+        event = step_event(training, plan)
+        if event is not None and not budgets[i].unlimited:
+            check_schedule(i, budgets[i], event, steps[i], dp.accountant, neighboring)
+    info["privacy"] = {"mode": dp.mode, "delta": dp.delta, "accountant": dp.accountant, "clip": dp.clip,
+                       "epsilon_budget": None if eps is None else [eps[i] for i in range(n)],
+                       "noise_multiplier": noise, "planned_steps": steps, "neighboring": neighboring}
+    return noise, LedgerBook(budgets, dp.accountant, neighboring)

@@ -1,0 +1,182 @@
+"""The experiment schema: one frozen dataclass per TOML table, validated at construction.
+
+Scalar settings are typed fields. Pluggable components (model, partitioner, aggregator, stages, attack) are
+``Component`` tables: a registry ``name`` plus the factory's own parameters, checked against the factory's
+signature when the experiment is built (``config/build.py``). Compatibility contract (STYLE.md 23): fields are
+never removed or re-purposed; new fields are optional.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class FieldError(Exception):
+    """Raised by ``__post_init__``; the loader turns it into a ConfigError carrying the full key path."""
+
+    def __init__(self, name: str, value: Any, allowed: str) -> None:
+        super().__init__(name, value, allowed)
+        self.name, self.value, self.allowed = name, value, allowed
+
+
+def check(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise FieldError(name, value, allowed)
+
+
+@dataclass(frozen=True)
+class Component:
+    """A registry entry chosen by ``name`` with its parameters (any other keys of the table)."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "digits"
+    num_clients: int = 20
+    partition: Component = field(default_factory=lambda: Component("iid"))
+    options: dict[str, Any] = field(default_factory=dict)
+    data_dir: str = ""
+    fallback: str = ""
+    """Data set to use, with a printed notice, when ``dataset`` is not on this machine (e.g. "digits")."""
+
+    def __post_init__(self) -> None:
+        check(self.num_clients >= 1, "num_clients", self.num_clients, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class CohortConfig:
+    sampler: Literal["all", "uniform", "poisson"] = "all"
+    size: int = 0
+    rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.sampler == "uniform":
+            check(self.size >= 1, "size", self.size, "an integer >= 1 with sampler = \"uniform\"")
+        if self.sampler == "poisson":
+            check(0 < self.rate <= 1, "rate", self.rate, "a number in (0, 1] with sampler = \"poisson\"")
+
+
+@dataclass(frozen=True)
+class SampleDPConfig:
+    """Sample-level DP-SGD inside local training (issue #3); ``mode = "off"`` disables it."""
+
+    mode: Literal["off", "per_example", "batch_clip"] = "off"
+    clip: float = 1.0
+    noise_multiplier: float = 0.0
+    epsilon: float = 0.0
+    """Target ε; when > 0 the noise multiplier is calibrated for the whole schedule (overrides noise_multiplier)."""
+    epsilons: list[float] = field(default_factory=list)
+    """Per-client ε targets (heterogeneous budgets); overrides ``epsilon``."""
+    epsilon_distribution: str = ""
+    delta: float = 1e-5
+    accountant: Literal["rdp", "pld"] = "rdp"
+    method: Literal["ghost", "vmap"] = "ghost"
+    round_noise_to: int = -1
+    """Round calibrated noise multipliers to this many decimals (Robust-HDP's code uses 2); -1 = no rounding."""
+
+    def __post_init__(self) -> None:
+        check(self.clip > 0, "clip", self.clip, "a number > 0")
+        check(self.noise_multiplier >= 0, "noise_multiplier", self.noise_multiplier, "a number >= 0")
+        check(self.epsilon >= 0, "epsilon", self.epsilon, "a number >= 0 (0 = use noise_multiplier)")
+        check(all(e > 0 for e in self.epsilons), "epsilons", self.epsilons, "a list of numbers > 0")
+        check(0 < self.delta < 1, "delta", self.delta, "a number in (0, 1)")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    epochs: int = 1
+    steps: int = 0
+    """Local steps per round; when > 0 it replaces ``epochs``."""
+    batch_size: int = 32
+    batch_sizes: list[int] = field(default_factory=list)
+    """Per-client batch sizes (cycled over clients); overrides ``batch_size``."""
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_sampler: str = "shuffle"
+    dp: SampleDPConfig = field(default_factory=SampleDPConfig)
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
+        check(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0 = use epochs)")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
+        check(all(b >= 1 for b in self.batch_sizes), "batch_sizes", self.batch_sizes, "integers >= 1")
+        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    optimizer: Literal["sgd", "fedadam"] = "sgd"
+    lr: float = 1.0
+    momentum: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+    weighting: Literal["num_samples", "uniform"] = "num_samples"
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
+        check(0 <= self.beta1 < 1, "beta1", self.beta1, "a number in [0, 1)")
+        check(0 <= self.beta2 < 1, "beta2", self.beta2, "a number in [0, 1)")
+        check(self.tau > 0, "tau", self.tau, "a number > 0")
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    name: str = "none"
+    num_byzantine: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+    byzantine_hold_data: bool = True
+    """False: the data are split among the honest clients only (CafCor's setting)."""
+
+    def __post_init__(self) -> None:
+        check(self.num_byzantine >= 0, "num_byzantine", self.num_byzantine, "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    executor: Literal["vectorized", "sequential"] = "vectorized"
+    eval_every: int = 1
+    checkpoint_every: int = 10
+    eval_batch_size: int = 2048
+    max_clients_per_batch: int = 0
+    """Vectorized executor: run at most this many clients in one batched computation (0 = the whole cohort)."""
+
+    def __post_init__(self) -> None:
+        check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
+        check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "an integer >= 0 (0 = never)")
+        check(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, "an integer >= 1")
+        check(self.max_clients_per_batch >= 0, "max_clients_per_batch", self.max_clients_per_batch,
+              "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "experiment"
+    algorithm: str = "fedavg"
+    seed: int = 0
+    rounds: int = 10
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Component = field(default_factory=lambda: Component("mlp"))
+    cohort: CohortConfig = field(default_factory=CohortConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    client_stages: list[Component] = field(default_factory=list)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+    pre_aggregators: list[Component] = field(default_factory=list)
+    aggregator: Component = field(default_factory=lambda: Component("mean"))
+    server_stages: list[Component] = field(default_factory=list)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    recipe: dict[str, Any] = field(default_factory=dict)
+    """Algorithm-specific settings read by the recipe named in ``algorithm``."""
+
+    def __post_init__(self) -> None:
+        check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
+        check(self.seed >= 0, "seed", self.seed, "an integer >= 0")

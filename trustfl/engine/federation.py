@@ -1,0 +1,95 @@
+"""A built federation: every object one simulated experiment needs, and the state it carries between rounds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trustfl.aggregate.base import AbstractAggregator
+from trustfl.attacks.base import AbstractAttack
+from trustfl.core.stage import Chain
+from trustfl.data.datasets import Dataset
+from trustfl.engine.executors import AbstractExecutor, TrainData
+from trustfl.engine.local import LocalTraining
+from trustfl.privacy.accountant import LedgerBook
+from trustfl.server.optimizers import AbstractServerOptimizer
+from trustfl.types import ParamLayout
+
+
+@dataclass
+class CohortSampler:
+    """Who takes part in a round: everyone, ``size`` clients uniformly without replacement, or Poisson(rate)."""
+
+    kind: str = "all"
+    size: int = 0
+    rate: float = 0.0
+
+    def sample(self, candidates: list[int], generator: torch.Generator) -> list[int]:
+        if self.kind == "all" or not candidates:
+            return list(candidates)
+        if self.kind == "uniform":
+            k = min(self.size, len(candidates))
+            pick = torch.randperm(len(candidates), generator=generator)[:k]
+        else:
+            pick = torch.nonzero(torch.rand(len(candidates), generator=generator) < self.rate).flatten()
+        return sorted(candidates[i] for i in pick.tolist())
+
+
+@dataclass
+class Federation:
+    """The simulated parties and the server's pipeline.
+
+    ``client_rows[i]`` are client ``i``'s training examples; the simulator holds them all, but each local update
+    reads only its own client's rows. ``reports`` are per-client values the clients send beside their messages
+    (``num_samples``, ``reported_epsilon``) and simulation-only oracles (``oracle_*``).
+    """
+
+    seed: int
+    rounds: int
+    dataset: Dataset
+    model: nn.Module
+    layout: ParamLayout
+    initial_params: torch.Tensor
+    train_data: TrainData
+    client_rows: list[torch.Tensor]
+    batch_sizes: list[int]
+    noise_multipliers: list[float]
+    training: LocalTraining
+    cohort: CohortSampler
+    byzantine: frozenset[int]
+    attack: AbstractAttack | None
+    client_stages: Chain
+    aggregator: AbstractAggregator
+    server_stages: Chain
+    server_optimizer: AbstractServerOptimizer
+    executor: AbstractExecutor
+    ledger: LedgerBook | None = None
+    weighting: str = "num_samples"
+    reports: dict[str, torch.Tensor] = field(default_factory=dict)
+    eval_every: int = 1
+    eval_batch_size: int = 2048
+    info: dict[str, Any] = field(default_factory=dict)
+    """JSON-serialisable facts saved with the run (partition summary, per-client budgets and noise, notices)."""
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_rows)
+
+
+@dataclass
+class EngineState:
+    """Everything that changes between rounds; a checkpoint is this object."""
+
+    round: int
+    params: torch.Tensor
+    server_optimizer: Any
+    client_stages: Any
+    aggregator: Any
+    server_stages: Any
+    ledger: dict[str, Any] | None = None
+    bytes_up_total: int = 0
+    bytes_down_total: int = 0
+    wall_time_s: float = 0.0
+    rejected_total: int = 0

@@ -1,0 +1,43 @@
+"""Run-directory files: ``metrics.jsonl`` (one object per evaluation), ``summary.json``, ``run_info.json``."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
+
+
+def append_metrics(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as fh:
+        fh.write(json.dumps(_clean(row)) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, last_round: int) -> None:
+    """Keep only rows up to ``last_round`` (a resumed run rewrites what came after its checkpoint)."""
+    rows = [r for r in read_metrics(path.parent) if r.get("round", 0) <= last_round]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(_clean(r)) + "\n" for r in rows))

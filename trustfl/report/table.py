@@ -1,0 +1,44 @@
+"""Text tables of run metrics (``trustfl report RUN_DIR``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from trustfl.errors import TrustFLError
+from trustfl.report.files import read_metrics
+from trustfl.report.plots import plot_run
+
+_COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
+            "wall_time_s")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 1e5 else f"{v:.3e}"
+    return "" if v is None else str(v)
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = _COLUMNS) -> str:
+    cols = [c for c in columns if any(c in r for r in rows)]
+    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def report_run(run_dir: str | Path) -> str:
+    """Re-plot a run directory and return its metrics table and summary as text."""
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise TrustFLError(f"{run_dir} holds no metrics.jsonl rows: is it a trustfl run directory?")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    plot_run(run_dir, rows, summary.get("name", run_dir.name))
+    text = format_table(rows)
+    if summary:
+        keys = ("final_accuracy", "best_accuracy", "rounds", "wall_time_s", "seed")
+        text += "\n\n" + "  ".join(f"{k}={_fmt(summary.get(k))}" for k in keys if k in summary)
+    return text
