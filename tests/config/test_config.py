@@ -1,0 +1,66 @@
+"""Config loading: every error names the key path, the value found and what is allowed."""
+import pytest
+
+from trustfl.config.build import build_federation
+from trustfl.config.load import config_from_dict, config_to_dict, dump_toml, load_config, parse_override
+from trustfl.errors import ConfigError
+
+
+@pytest.mark.parametrize("data, fragments", [
+    ({"client": {"lrr": 0.1}}, ["`client.lrr`", "allowed keys", "lr"]),
+    ({"bogus": 1}, ["`bogus`"]),
+    ({"client": {"lr": "fast"}}, ["`client.lr`", "a number", "'fast'"]),
+    ({"rounds": 2.5}, ["`rounds`", "an integer", "2.5"]),
+    ({"client": {"lr": -1.0}}, ["`client.lr`", "> 0", "-1.0"]),
+    ({"client": {"momentum": 1.5}}, ["`client.momentum`", "[0, 1)", "1.5"]),
+    ({"engine": {"executor": "gpu"}}, ["`engine.executor`", "'vectorized'", "'gpu'"]),
+    ({"client": {"dp": {"delta": 2.0}}}, ["`client.dp.delta`", "(0, 1)", "2.0"]),
+    ({"cohort": {"sampler": "uniform", "size": 0}}, ["`cohort.size`", "0"]),
+])
+def test_schema_errors_name_the_key_path(data, fragments):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("data, fragments", [
+    ({"aggregator": {"name": "krumm"}}, ["`aggregator.name`", "krumm", "mean"]),
+    ({"data": {"partition": {"name": "dirichlet", "alpha": -1.0}}}, ["`data.partition`", "alpha", "-1.0"]),
+    ({"data": {"partition": {"name": "dirichlet", "beta": 1.0}}}, ["`data.partition.beta`", "alpha"]),
+    ({"model": {"name": "mlp", "hidden": [0]}}, ["`model`", "hidden"]),
+    ({"model": {"name": "mlp", "width": 3}}, ["`model`", "width"]),
+])
+def test_component_errors_name_the_key_path_before_training(data, fragments):
+    cfg = config_from_dict({"data": {"dataset": "digits", "num_clients": 4}, **data} if "data" not in data
+                           else {**data, "data": {"dataset": "digits", "num_clients": 4, **data["data"]}})
+    with pytest.raises(ConfigError) as err:
+        build_federation(cfg, quiet=True)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_overrides_and_round_trip(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('rounds = 3\n[client]\nlr = 0.1\n')
+    cfg = load_config(path, ["client.lr=0.5", "aggregator.name=cwmed", "data.dataset=breast_cancer"])
+    assert cfg.client.lr == 0.5 and cfg.aggregator.name == "cwmed" and cfg.data.dataset == "breast_cancer"
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    (tmp_path / "d.toml").write_text(dump_toml(config_to_dict(cfg)))
+    assert load_config(tmp_path / "d.toml") == cfg
+
+
+def test_bad_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("client.lr")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2] / "configs"
+    files = sorted(root.rglob("*.toml"))
+    assert files, "no configs shipped"
+    for f in files:
+        load_config(f)  # schema-level validation of every shipped config

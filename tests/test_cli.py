@@ -1,0 +1,32 @@
+"""The trustfl command: list, run, report, and one-line errors."""
+import json
+
+from trustfl.cli import main
+
+
+def test_list_shows_every_kind(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for fragment in ("dataset: ", "digits", "partitioner: ", "dirichlet", "model: ", "cnn_cafcor", "algorithm: ",
+                     "fedavg", "aggregator: ", "mean"):
+        assert fragment in out
+
+
+def test_run_then_report(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('name = "cli"\nrounds = 2\n[data]\nnum_clients = 4\n[model]\nname = "logreg"\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "run"), "--quiet", "--set", "client.lr=0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "final accuracy:" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds"] == 2
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_config_error_is_one_line(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[client]\nlr = -3\n")
+    assert main(["run", str(cfg), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "`client.lr`" in err

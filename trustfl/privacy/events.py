@@ -1,0 +1,135 @@
+"""Thin builders for dp_accounting ``DpEvent`` descriptions, and their JSON form.
+
+Mechanisms *describe* what they did with these events; accountants (:mod:`trustfl.privacy.accountant`)
+compute what it cost (STYLE.md rule 10). An event is immutable and carries no state.
+
+Example:
+  >>> ev = self_composed(poisson_sampled(gaussian_event(1.1), 0.01), 100)
+  >>> describe(ev)["type"], describe(ev)["count"]
+  ('SelfComposedDpEvent', 100)
+  >>> event_from_dict(describe(ev)) == ev
+  True
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Mapping
+
+import attr
+from dp_accounting import dp_event
+
+from trustfl.errors import PrivacyError
+
+DpEvent = dp_event.DpEvent
+
+__all__ = ["DpEvent", "composed", "describe", "event_from_dict", "gaussian_event", "poisson_sampled",
+           "self_composed", "without_replacement_sampled"]
+
+
+def _check_event(event: object, name: str = "event") -> DpEvent:
+    if not isinstance(event, DpEvent):
+        raise PrivacyError(f"`{name}` must be a dp_accounting DpEvent, found {type(event).__name__}.")
+    return event
+
+
+def gaussian_event(noise_multiplier: float) -> dp_event.GaussianDpEvent:
+    """The Gaussian mechanism with noise std ``noise_multiplier · sensitivity``.
+
+    Args:
+      noise_multiplier: z = σ / Δ₂ >= 0; z = 0 means no noise (the event is non-private).
+    """
+    z = float(noise_multiplier)
+    if not z >= 0 or math.isinf(z):
+        raise PrivacyError(f"`noise_multiplier` must be a finite number >= 0, found {noise_multiplier!r}.")
+    return dp_event.GaussianDpEvent(z)
+
+
+def poisson_sampled(event: DpEvent, q: float) -> DpEvent:
+    """``event`` applied to a Poisson sample: every record is included independently with probability ``q``.
+
+    Args:
+      event: the mechanism applied to the sample (usually a :func:`gaussian_event`).
+      q: the sampling probability in [0, 1]. q = 1 is no subsampling, so ``event`` is returned unchanged.
+    """
+    _check_event(event)
+    rate = float(q)
+    if not 0.0 <= rate <= 1.0:
+        raise PrivacyError(f"`q` (sampling probability) must be in [0, 1], found {q!r}.")
+    if rate == 1.0:
+        return event
+    return dp_event.PoissonSampledDpEvent(rate, event)
+
+
+def without_replacement_sampled(event: DpEvent, n: int, b: int) -> DpEvent:
+    """``event`` applied to ``b`` records drawn uniformly without replacement from ``n``.
+
+    Warning:
+      dp_accounting analyses this event only under the replace-one neighbouring relation (RDP accountant,
+      Wang, Balle & Kasiviswanathan 2019, https://arxiv.org/abs/1808.00087); build the ledger with
+      ``neighboring="replace_one"``. The PLD accountant does not support it.
+    """
+    _check_event(event)
+    if not isinstance(n, numbers.Integral) or not isinstance(b, numbers.Integral) or not 0 < b <= n:
+        raise PrivacyError(f"`n` and `b` must be integers with 0 < b <= n, found n={n!r}, b={b!r}.")
+    return dp_event.SampledWithoutReplacementDpEvent(int(n), int(b), event)
+
+
+def self_composed(event: DpEvent, count: int) -> DpEvent:
+    """``count`` adaptive repetitions of ``event`` (count >= 0)."""
+    _check_event(event)
+    if not isinstance(count, numbers.Integral) or count < 0:
+        raise PrivacyError(f"`count` must be an integer >= 0, found {count!r}.")
+    return dp_event.SelfComposedDpEvent(event, int(count))
+
+
+def composed(events: list[DpEvent]) -> DpEvent:
+    """The adaptive composition of several events, in order."""
+    for i, ev in enumerate(events):
+        _check_event(ev, f"events[{i}]")
+    return dp_event.ComposedDpEvent(list(events))
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, DpEvent):
+        return describe(value)
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def describe(event: DpEvent) -> dict[str, Any]:
+    """A JSON-serialisable description of ``event``: ``{"type": class name, field: value, ...}``.
+
+    Nested events are described recursively; :func:`event_from_dict` inverts it exactly.
+    """
+    _check_event(event)
+    out: dict[str, Any] = {"type": type(event).__name__}
+    for field in attr.fields(type(event)):
+        out[field.name] = _encode(getattr(event, field.name))
+    return out
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, Mapping) and "type" in value:
+        return event_from_dict(value)
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def event_from_dict(data: Mapping[str, Any]) -> DpEvent:
+    """Rebuild the event that :func:`describe` described (used to restore ledgers from checkpoints)."""
+    name = data.get("type") if isinstance(data, Mapping) else None
+    cls = getattr(dp_event, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, DpEvent)):
+        raise PrivacyError(f"Unknown DP event description {data!r}: `type` must name a dp_accounting DpEvent.")
+    fields = {f.name: _decode(data[f.name]) for f in attr.fields(cls) if f.name in data}
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise PrivacyError(f"Cannot rebuild {name} from {dict(data)!r}: {exc}.") from exc
