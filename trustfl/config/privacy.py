@@ -55,8 +55,10 @@ def setup_sample_dp(cfg: ExperimentConfig, training: LocalTraining, sizes: list[
     else:
         rates = [1.0 if dp.mode == "batch_clip" else min(1.0, batch_sizes[i] / max(sizes[i], 1)) for i in range(n)]
         z_honest = calibrate_clients([eps[i] for i in honest], dp.delta, [rates[i] for i in honest],
-                                     [steps[i] for i in honest], accountant=dp.accountant,
-                                     sampling="poisson" if dp.mode == "batch_clip" else sampling)
+                                     [steps[i] for i in honest],
+                                     accountant="rhdp" if dp.calibration == "rhdp" else dp.accountant,
+                                     sampling="poisson" if dp.mode == "batch_clip" or dp.calibration == "rhdp"
+                                     else sampling, round_decimals=None)
         noise = [0.0] * n
         for i, z in zip(honest, z_honest):
             # Rounding (Robust-HDP's code keeps 2 decimals) goes up, so a client never spends past its budget.

@@ -74,6 +74,9 @@ class SampleDPConfig:
     epsilon_distribution: str = ""
     delta: float = 1e-5
     accountant: Literal["rdp", "pld"] = "rdp"
+    calibration: Literal["accountant", "rhdp"] = "accountant"
+    """How z is calibrated from ε: with ``accountant`` itself, or Robust-HDP's code (classic RDP conversion,
+    bisection; conservative under our accountant, which still enforces the budget)."""
     method: Literal["ghost", "vmap"] = "ghost"
     round_noise_to: int = -1
     """Round calibrated noise multipliers to this many decimals (Robust-HDP's code uses 2); -1 = no rounding."""

@@ -1,0 +1,167 @@
+"""Engine throughput: FedAvg rounds of the vectorized and sequential executors vs a plain PyTorch loop.
+
+Setting (issue #2): 100 clients × 600 samples × 784 features (MNIST when present, else synthetic data of that
+shape), MLP 784-200-200-10, batch 32, one local epoch, cohorts of 10 and 100 clients. Every method trains the same
+clients on the same batches; the plain loop is an ``nn.Module`` + ``torch.optim.SGD`` per client with no federated
+machinery. Each (method, cohort) runs in its own process so that peak memory (max RSS) is its own; each process
+is run with and without the allocator setting (``mallopt(M_MMAP_MAX, 0)``).
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/engine_throughput.py [--rounds 3] [--quick]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+METHODS = ("plain", "sequential", "vectorized")
+
+
+def _setup(cohort: int, use_mnist: bool):
+    import torch
+    from trustfl.config.build import build_federation
+    from trustfl.config.load import config_from_dict
+    from trustfl.data.datasets import dataset_available
+
+    mnist = use_mnist and dataset_available("mnist")
+    data = {"dataset": "mnist", "num_clients": 100, "partition": {"name": "iid"},
+            "options": {"max_train": 60000}} if mnist else {"dataset": "digits", "num_clients": 100}
+    cfg = config_from_dict({
+        "name": "bench", "seed": 0, "rounds": 1, "data": data,
+        "model": {"name": "mlp", "hidden": [200, 200]},
+        "cohort": {"sampler": "uniform", "size": cohort},
+        "client": {"epochs": 1, "batch_size": 32, "lr": 0.05},
+        "engine": {"checkpoint_every": 0},
+    })
+    fed = build_federation(cfg, quiet=True)
+    if not mnist:  # synthetic data of the benchmark's shape: 100 × 600 samples of 784 features
+        gen = torch.Generator().manual_seed(0)
+        from trustfl.engine.executors import TrainData
+        from trustfl.models.zoo import build_model
+        from trustfl.types import ParamLayout
+        x = torch.randn(60000, 784, generator=gen)
+        y = torch.randint(0, 10, (60000,), generator=gen)
+        fed.train_data = TrainData(x, y, 10)
+        fed.client_rows = [torch.arange(i * 600, (i + 1) * 600) for i in range(100)]
+        fed.batch_sizes = [32] * 100
+        fed.noise_multipliers = [0.0] * 100
+        fed.reports["num_samples"] = torch.full((100,), 600.0, dtype=torch.float64)
+        fed.model = build_model("mlp", (784,), 10, 0, hidden=[200, 200])
+        params = {k: v.detach() for k, v in fed.model.named_parameters()}
+        fed.layout = ParamLayout.of(params)
+        fed.initial_params = fed.layout.flatten(params).clone()
+    return fed, ("mnist" if mnist else "synthetic")
+
+
+def _plain_round(fed, state_params, cohort_ids, round_):
+    """The reference: each client with an ordinary module and torch.optim.SGD; then the weighted mean."""
+    import torch
+    import torch.nn.functional as F
+    from trustfl.engine.local import ClientPlan, batch_schedule
+
+    model = fed.model
+    flat = state_params
+    total = torch.zeros_like(flat)
+    weights = 0.0
+    for cid in cohort_ids:
+        torch.nn.utils.vector_to_parameters(flat, model.parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=fed.training.lr)
+        rows = fed.client_rows[cid]
+        for batch in batch_schedule(fed.training, ClientPlan(cid, rows, 32), fed.seed, round_):
+            idx = rows[batch]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(fed.train_data.x[idx]), fed.train_data.y[idx]).backward()
+            opt.step()
+        n = float(rows.numel())
+        total += n * torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        weights += n
+    return total / weights
+
+
+def worker(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool) -> dict:
+    import torch
+    if mallopt:
+        from trustfl.engine.allocator import tune_allocator
+        tune_allocator()
+    from trustfl.core.rng import SERVER, make_generator
+    from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
+    from trustfl.engine.sync import initial_state, run_round
+
+    fed, source = _setup(cohort, use_mnist)
+    fed.executor = SequentialExecutor() if method == "sequential" else VectorizedExecutor()
+    state = initial_state(fed)
+    times = []
+    for r in range(rounds + 1):  # round 0 warms up (imports, first vmap)
+        start = time.perf_counter()
+        if method == "plain":
+            ids = fed.cohort.sample(list(range(100)), make_generator(fed.seed, r, SERVER, "cohort"))
+            state.params = _plain_round(fed, state.params, ids, r)
+            state.round += 1
+        else:
+            state, _ = run_round(fed, state)
+        if r:
+            times.append(time.perf_counter() - start)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"method": method, "cohort": cohort, "seconds_per_round": statistics.median(times),
+            "peak_rss_mb": peak_mb, "data": source, "threads": torch.get_num_threads()}
+
+
+def _spawn(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool) -> dict:
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_MAX_", None)
+    cmd = [sys.executable, __file__, "--worker", method, "--cohort", str(cohort), "--rounds", str(rounds)]
+    if not use_mnist:
+        cmd.append("--synthetic")
+    if mallopt:
+        cmd.append("--mallopt")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cohorts", default="10,100")
+    parser.add_argument("--synthetic", action="store_true", help="synthetic data even when MNIST is present")
+    parser.add_argument("--quick", action="store_true", help="1 timed round, cohort 10 and 100, mallopt only")
+    parser.add_argument("--worker", choices=METHODS)
+    parser.add_argument("--cohort", type=int)
+    parser.add_argument("--mallopt", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.cohort, args.rounds, not args.synthetic, args.mallopt)))
+        return
+    rounds = 1 if args.quick else args.rounds
+    cohorts = [int(c) for c in args.cohorts.split(",")]
+    settings = (True,) if args.quick else (False, True)
+    results = {}
+    for mallopt in settings:
+        for cohort in cohorts:
+            for method in METHODS:
+                res = _spawn(method, cohort, rounds, not args.synthetic, mallopt)
+                results[(mallopt, cohort, method)] = res
+                print(f"  measured {method:10s} cohort={cohort:3d} mallopt={mallopt!s:5s}: "
+                      f"{res['seconds_per_round']:.3f} s/round, peak {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
+    data = next(iter(results.values()))["data"]
+    print(f"\nFedAvg round time, MLP 784-200-200-10, batch 32, 1 local epoch, 100 clients x 600 samples ({data}), "
+          f"median of {rounds} rounds, {os.cpu_count()} cores\n")
+    print("| allocator | clients/round | plain loop s | sequential s | vectorized s | seq/plain | vec/plain | "
+          "peak MB (plain/seq/vec) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mallopt in settings:
+        for cohort in cohorts:
+            p, s, v = (results[(mallopt, cohort, m)] for m in METHODS)
+            print(f"| {'mallopt' if mallopt else 'default'} | {cohort} | {p['seconds_per_round']:.3f} | "
+                  f"{s['seconds_per_round']:.3f} | {v['seconds_per_round']:.3f} | "
+                  f"{s['seconds_per_round'] / p['seconds_per_round']:.2f} | "
+                  f"{v['seconds_per_round'] / p['seconds_per_round']:.2f} | "
+                  f"{p['peak_rss_mb']:.0f}/{s['peak_rss_mb']:.0f}/{v['peak_rss_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
