@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from trustfl.aggregate.base import PreAggregated
-from trustfl.config.privacy import setup_sample_dp
+from trustfl.config.privacy import setup_privacy
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import lookup
 from trustfl.core.rng import derive_seed, numpy_rng
@@ -22,7 +22,7 @@ from trustfl.data.datasets import dataset_available, load_dataset
 from trustfl.engine.executors import SequentialExecutor, TrainData, VectorizedExecutor
 from trustfl.engine.federation import CohortSampler, Federation
 from trustfl.engine.local import LocalTraining
-from trustfl.errors import ConfigError, RegistryError, TrustFLError
+from trustfl.errors import BudgetExceededError, ConfigError, PrivacyError, RegistryError, TrustFLError
 from trustfl.models.zoo import build_model
 from trustfl.types import ParamLayout
 
@@ -114,7 +114,15 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     training = LocalTraining(sampler=sampler, lr=cfg.client.lr, epochs=cfg.client.epochs, steps=cfg.client.steps,
                              momentum=cfg.client.momentum, weight_decay=cfg.client.weight_decay,
                              dp_mode=dp.mode, clip=dp.clip, dp_method=dp.method)
-    noise, ledger = setup_sample_dp(cfg, training, sizes, batch_sizes, byzantine, info)
+    client_stages = _stage_chain("client_stage", cfg.client_stages, "client_stages")
+    server_stages = _stage_chain("server_stage", cfg.server_stages, "server_stages")
+    try:
+        noise, ledger = setup_privacy(cfg, training, sizes, batch_sizes, byzantine, info,
+                                      client_stages.round_events() + server_stages.round_events())
+    except PrivacyError as err:
+        if isinstance(err, BudgetExceededError):
+            raise
+        raise ConfigError(f"`client.dp`: {err}") from None
 
     attack = None
     if cfg.attack.name != "none":
@@ -134,8 +142,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         train_data=TrainData(dataset.train_x, dataset.train_y, dataset.num_classes),
         client_rows=client_rows, batch_sizes=batch_sizes, noise_multipliers=noise, training=training,
         cohort=CohortSampler(cfg.cohort.sampler, cfg.cohort.size, cfg.cohort.rate), byzantine=byzantine,
-        attack=attack, client_stages=_stage_chain("client_stage", cfg.client_stages, "client_stages"),
-        aggregator=aggregator, server_stages=_stage_chain("server_stage", cfg.server_stages, "server_stages"),
+        attack=attack, client_stages=client_stages,
+        aggregator=aggregator, server_stages=server_stages,
         server_optimizer=server_opt, executor=executor, ledger=ledger, weighting=cfg.server.weighting,
         reports={"num_samples": torch.tensor(sizes, dtype=torch.float64)},
         eval_every=cfg.engine.eval_every, eval_batch_size=cfg.engine.eval_batch_size, info=info)

@@ -14,6 +14,7 @@ from trustfl.core.rng import numpy_rng
 from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, step_event
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
+from trustfl.privacy.events import composed, describe
 from trustfl.privacy.budgets import calibrate_clients, epsilons_from_distribution, epsilons_from_list
 
 import torch
@@ -39,15 +40,31 @@ def _ceil(z: float, decimals: int) -> float:
     return math.ceil(z * scale - 1e-9) / scale
 
 
-def setup_sample_dp(cfg: ExperimentConfig, training: LocalTraining, sizes: list[int], batch_sizes: list[int],
-                    byzantine: frozenset[int], info: dict[str, Any]) -> tuple[list[float], LedgerBook | None]:
-    """Noise multipliers per client and the ledger book (``None`` without sample-level DP)."""
+def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[int], batch_sizes: list[int],
+                  byzantine: frozenset[int], info: dict[str, Any],
+                  round_events: list[Any]) -> tuple[list[float], LedgerBook | None]:
+    """Noise multipliers per client and the ledger book.
+
+    ``round_events`` are the events the client and server stages charge every participating client per round
+    (local noise, central noise, SecLDP steps). Without sample-level DP and without such events there is no
+    ledger; otherwise every honest client gets one, with the budget of ``client.dp`` (unlimited if none).
+    """
     n = len(sizes)
     dp = cfg.client.dp
-    if dp.mode == "off":
-        return [0.0] * n, None
     eps = client_epsilons(cfg, n)
-    honest = [i for i in range(n) if i not in byzantine and sizes[i] > 0]
+    honest = [i for i in range(n) if i not in byzantine and (sizes[i] > 0 or dp.mode == "off")]
+    if dp.mode == "off":
+        if not round_events:
+            return [0.0] * n, None
+        budgets = {i: Budget(eps[i] if eps is not None else math.inf, dp.delta) for i in honest}
+        per_round = round_events[0] if len(round_events) == 1 else composed(round_events)
+        for i in honest:
+            if not budgets[i].unlimited:
+                check_schedule(i, budgets[i], per_round, cfg.rounds, dp.accountant)
+        info["privacy"] = {"mode": "stages", "delta": dp.delta, "accountant": dp.accountant,
+                           "epsilon_budget": None if eps is None else eps,
+                           "round_events": [describe(e) for e in round_events]}
+        return [0.0] * n, LedgerBook(budgets, dp.accountant)
     steps = [cfg.rounds * num_local_steps(training, sizes[i], batch_sizes[i]) for i in range(n)]
     sampling = "poisson" if training.sampler.accounting == "poisson" else "without_replacement"
     if eps is None:

@@ -27,6 +27,13 @@ class AbstractStage(abc.ABC):
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         """Transform ``x`` and return the new value, state, metrics and DP events."""
 
+    def round_event(self) -> Any:
+        """The DP event this stage charges each participating client per round (``None``: it spends nothing).
+
+        Used before training to check that a whole schedule fits every client's budget.
+        """
+        return None
+
 
 @dataclass(frozen=True)
 class Chain(AbstractStage):
@@ -43,6 +50,10 @@ class Chain(AbstractStage):
 
     def init(self, layout: ParamLayout) -> dict[str, Any]:
         return {name: stage.init(layout) for name, stage in self.stages}
+
+    def round_events(self) -> list[Any]:
+        """Every stage's per-round DP event, in order (``None`` entries dropped)."""
+        return [e for _, stage in self.stages if (e := stage.round_event()) is not None]
 
     def apply(self, x: torch.Tensor, state: dict[str, Any], ctx: RoundContext) -> StageOut:
         new_state: dict[str, Any] = {}

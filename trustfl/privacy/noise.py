@@ -82,6 +82,9 @@ class GaussianNoise(AbstractStage):
             return float(self.std)
         return float(self.noise_multiplier) * float(self.sensitivity)  # type: ignore[arg-type]
 
+    def round_event(self) -> Any:
+        return None if self.sensitivity is None else gaussian_event(self.effective_std / float(self.sensitivity))
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         if x.ndim != 2 or not x.is_floating_point():
             raise PrivacyError(f"gaussian_noise takes a floating (m, d) tensor, found shape {tuple(x.shape)} and "
@@ -146,6 +149,9 @@ class CentralGaussianNoise(AbstractStage):
     def __post_init__(self) -> None:
         _check_nonneg(self.noise_multiplier, "noise_multiplier")
         _check_nonneg(self.clip_norm, "clip_norm", positive=True)
+
+    def round_event(self) -> Any:
+        return gaussian_event(float(self.noise_multiplier))
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         if x.ndim != 1 or not x.is_floating_point():

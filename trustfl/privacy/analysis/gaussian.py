@@ -29,6 +29,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccount
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from trustfl.errors import PrivacyError, UnsupportedEventError
+from trustfl.privacy.analysis import _rdp_cache  # noqa: F401  (memoises per-step RDP curves)
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "without_replacement")
@@ -36,6 +37,9 @@ NEIGHBORINGS = {"add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE,
                 "replace_one": NeighboringRelation.REPLACE_ONE}
 PLD_DISCRETIZATION = 1e-4
 """Value discretization interval of every PLD accountant trustfl builds."""
+DEFAULT_RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 192, 256, 512, 1024)
+"""Integer RDP orders. dp_accounting's fractional orders are a looser bound than the exact integer-order formula
+(and fail to converge, slowly, at large sampling rates), so trustfl's ledgers and calibration use integer orders."""
 
 __all__ = ["ACCOUNTANTS", "PLD_DISCRETIZATION", "SAMPLINGS", "calibrate_noise_multiplier",
            "epsilon_subsampled_gaussian", "make_accountant", "sampled_gaussian_event", "solve_decreasing"]
@@ -49,13 +53,13 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
       accountant: ``"rdp"`` or ``"pld"`` (PLD discretization :data:`PLD_DISCRETIZATION`).
       neighboring: ``"add_remove"`` (Opacus' and DP-SGD's convention) or ``"replace_one"`` (required by
         sampling without replacement).
-      orders: RDP orders (RDP only); ``None`` uses dp_accounting's defaults.
+      orders: RDP orders (RDP only); ``None`` uses :data:`DEFAULT_RDP_ORDERS`.
     """
     if neighboring not in NEIGHBORINGS:
         raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
     relation = NEIGHBORINGS[neighboring]
     if accountant == "rdp":
-        return rdp_privacy_accountant.RdpAccountant(orders=None if orders is None else list(orders),
+        return rdp_privacy_accountant.RdpAccountant(orders=list(DEFAULT_RDP_ORDERS if orders is None else orders),
                                                     neighboring_relation=relation)
     if accountant == "pld":
         if orders is not None:
