@@ -67,7 +67,7 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
         return [0.0] * n, LedgerBook(budgets, dp.accountant)
     steps = [cfg.rounds * num_local_steps(training, sizes[i], batch_sizes[i]) for i in range(n)]
     sampling = "poisson" if training.sampler.accounting == "poisson" else "without_replacement"
-    if eps is None:
+    if eps is None or dp.noise_multiplier > 0:
         noise = [dp.noise_multiplier] * n
     else:
         rates = [1.0 if dp.mode == "batch_clip" else min(1.0, batch_sizes[i] / max(sizes[i], 1)) for i in range(n)]

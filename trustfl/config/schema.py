@@ -68,7 +68,9 @@ class SampleDPConfig:
     clip: float = 1.0
     noise_multiplier: float = 0.0
     epsilon: float = 0.0
-    """Target ε; when > 0 the noise multiplier is calibrated for the whole schedule (overrides noise_multiplier)."""
+    """Per-client budget ε (0 = unlimited, track only). With ``noise_multiplier = 0`` each client's noise is
+    calibrated to spend exactly this over the whole schedule; with a given ``noise_multiplier`` the schedule is
+    checked against it and refused if it would overspend."""
     epsilons: list[float] = field(default_factory=list)
     """Per-client ε targets (heterogeneous budgets); overrides ``epsilon``."""
     epsilon_distribution: str = ""

@@ -1,0 +1,67 @@
+"""Privacy in the engine: budgets enforced before and during training, per-client calibration, reporting."""
+import math
+
+import pytest
+
+from trustfl.config.build import build_federation
+from trustfl.config.load import load_config
+from trustfl.engine.sync import initial_state, run_round
+from trustfl.errors import BudgetExceededError
+from trustfl.experiment import run_experiment
+from trustfl.privacy.accountant import Budget
+
+
+def test_over_budget_schedule_is_refused_before_training(small_config):
+    cfg = small_config(client__dp={"mode": "per_example", "noise_multiplier": 0.3, "epsilon": 1.0})
+    with pytest.raises(BudgetExceededError) as err:
+        build_federation(cfg, quiet=True)
+    msg = str(err.value)
+    assert "client" in msg and "over its budget" in msg and "1.0" in msg
+
+
+def test_stage_placement_over_budget_is_refused(small_config):
+    cfg = small_config(client__dp={"epsilon": 1.0},
+                       client_stages=[{"name": "clip_l2", "max_norm": 1.0},
+                                      {"name": "gaussian_noise", "noise_multiplier": 1.0, "sensitivity": 1.0}])
+    with pytest.raises(BudgetExceededError):
+        build_federation(cfg, quiet=True)
+
+
+def test_running_experiment_never_spends_past_a_budget(small_config):
+    cfg = small_config(cohort={"sampler": "all"}, client__dp={"mode": "per_example", "noise_multiplier": 1.0})
+    fed = build_federation(cfg, quiet=True)
+    state = initial_state(fed)
+    state, _ = run_round(fed, state)
+    one_round = fed.ledger[0].epsilon_spent()
+    # Shrink client 0's budget to 1.15 rounds' worth (two rounds compose to more): it must sit out from round 2 on.
+    fed.ledger[0].budget = Budget(one_round * 1.15, fed.ledger[0].budget.delta)
+    outs = []
+    for _ in range(3):
+        state, metrics = run_round(fed, state)
+        outs.append(metrics["clients_out_of_budget"])
+    assert fed.ledger[0].epsilon_spent() <= one_round * 1.15
+    assert outs == [1, 1, 1]
+    assert fed.ledger[1].epsilon_spent() > fed.ledger[0].epsilon_spent()  # the others went on training
+    assert len(fed.ledger[1].events) == 4 and len(fed.ledger[0].events) == 1
+
+
+def test_smaller_epsilon_gets_larger_noise(small_config):
+    cfg = small_config(client={"epochs": 1, "batch_size": 16, "lr": 0.5, "batch_sampler": "poisson"},
+                       client__dp={"mode": "per_example", "epsilons": [0.5, 1.0, 2.0, 4.0, 0.5, 1.0, 2.0, 4.0]},
+                       data__partition={"name": "iid"})
+    fed = build_federation(cfg, quiet=True)
+    z = fed.noise_multipliers
+    assert z[0] > z[1] > z[2] > z[3]
+
+
+def test_dp_fedavg_on_digits_reaches_accuracy_and_reports_epsilon(tmp_path):
+    cfg = load_config("configs/dp/dpsgd_digits.toml")
+    result = run_experiment(cfg, tmp_path / "dp", progress=False)
+    assert result.summary["final_accuracy"] >= 0.80
+    eps = result.summary["epsilon"]
+    assert len(eps) == 10 and all(e <= 3.0 * (1 + 1e-6) for e in eps.values())
+    assert max(eps.values()) > 2.9  # the calibrated schedule spends (almost) all of it
+    assert result.summary["delta"] == 1e-5
+    last = result.rows[-1]
+    assert last["epsilon_min"] <= last["epsilon_median"] <= last["epsilon_max"] <= 3.0 + 1e-6
+    assert math.isfinite(last["loss"])
