@@ -30,12 +30,13 @@ def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "") ->
     _plot(rows, "loss", "test loss", f"{name} — test loss", run_dir / "loss.png")
 
 
-def plot_comparison(series: dict[str, list[tuple[float, float]]], ylabel: str, title: str, path: str | Path) -> None:
+def plot_comparison(series: dict[str, list[tuple[float, float]]], ylabel: str, title: str, path: str | Path,
+                    xlabel: str = "round") -> None:
     """One line per labelled series of (x, y) points (used by benchmark reproductions)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=100)
     for label, pts in series.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
-    ax.set_xlabel("round")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
