@@ -18,7 +18,7 @@ from torch.func import functional_call
 
 from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.local import ClientPlan, step_event
+from trustfl.engine.local import ClientPlan, num_local_steps, step_event
 from trustfl.types import RoundContext
 
 BYTES_PER_FLOAT32 = 4
@@ -83,7 +83,8 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
     events = []
     for p, steps in zip(plans, results.num_steps):
         ev = _round_events(fed, p, steps)
-        if ev is not None:
+        # Data-level Byzantine clients train too, but have no privacy to protect and no ledger.
+        if ev is not None and p.client_id not in fed.byzantine:
             events.append((p.client_id, ev))
 
     weights_all = _weights(fed)
@@ -126,7 +127,8 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
         new.params, new.server_optimizer = fed.server_optimizer.step(state.params, srv.x, state.server_optimizer)
         new.aggregator, new.server_stages = agg.state, srv.state
     if fed.ledger is not None and events:
-        fed.ledger.charge(events)
+        # Byzantine clients (e.g. label flippers that follow the protocol) have no privacy to protect: no ledger.
+        fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
         new.ledger = fed.ledger.state_dict()
     metrics.update({"bytes_up": bytes_up, "bytes_down": bytes_down, "bytes_up_total": new.bytes_up_total,
                     "bytes_down_total": new.bytes_down_total})
@@ -139,7 +141,6 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
 
 
 def _planned_steps(fed: Federation, plan: ClientPlan) -> int:
-    from trustfl.engine.local import num_local_steps
     return num_local_steps(fed.training, int(plan.rows.numel()), plan.batch_size)
 
 
