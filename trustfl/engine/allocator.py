@@ -11,11 +11,12 @@ import ctypes.util
 import os
 
 _M_MMAP_MAX = -4
+_M_TRIM_THRESHOLD = -1
 _applied = False
 
 
 def tune_allocator() -> bool:
-    """Disable mmap for large allocations on glibc (idempotent). Returns whether the setting is in force.
+    """Disable mmap and heap trimming for large allocations on glibc (idempotent); whether it is in force.
 
     Set ``TRUSTFL_NO_MALLOPT=1`` to leave the allocator alone.
     """
@@ -27,7 +28,9 @@ def tune_allocator() -> bool:
         return False
     try:
         libc = ctypes.CDLL(name)
-        _applied = bool(libc.mallopt(_M_MMAP_MAX, 0))
+        # no mmap for large blocks, and no trimming of the heap top (1 GiB threshold): freed per-step tensors
+        # are reused instead of being returned to the OS and faulted in again.
+        _applied = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     except (OSError, AttributeError):
         _applied = False
     return _applied

@@ -1,0 +1,201 @@
+"""DP-SGD gradient throughput: trustfl (ghost, vmap) vs Opacus 1.6 (hooks, ghost), one client and a cohort of 10.
+
+One step = per-example gradients + per-example clipping (C) + Gaussian noise (σ·C) on the clipped sum, divided by
+the expected batch size, for every client of the cohort. trustfl computes all clients in one vectorized call;
+Opacus has no cohort vectorization, so its cohort step loops over one GradSampleModule/DPOptimizer per client.
+Throughput is samples per second of CPU time by default (``--clock wall``: of wall time): cohort size × batch / step
+time, best of ``--repeats`` interleaved timed runs.
+
+Also checks, on the same parameters and batch:
+  * trustfl-ghost's clipped noisy gradient equals the materialised reference (one-client vmap per-example
+    gradients, clipped and summed in plain torch) with the same seeds, max |diff| <= 1e-5;
+  * trustfl's noise-free clipped mean equals Opacus-ghost's (σ = 0).
+
+Opacus is a benchmark-only peer, never a runtime dependency:
+  /tmp/venvtest/bin/pip install -c /tmp/torchpin.txt opacus==1.6.0
+
+Run from the repository root:
+  /tmp/venvtest/bin/python benchmarks/dp_throughput.py
+Defaults: one torch thread, CPU-time clock (``time.process_time``), and glibc's allocator tuned at start-up with
+``mallopt(M_MMAP_MAX, 0)`` + ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` (big buffers come from the heap and stay mapped
+instead of page-faulting on every step). On a shared 2-core machine wall-clock timings with two threads swing by 10x
+with other processes' load; CPU time with one thread is steady. For wall-clock figures on an idle machine:
+  /tmp/venvtest/bin/python benchmarks/dp_throughput.py --threads 0 --clock wall
+Allocator comparison: ``--malloc default`` (glibc defaults) or ``--malloc mmap0`` (M_MMAP_MAX only).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+import warnings
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+
+
+def apply_malloc(mode: str) -> str:
+    """glibc allocator tuning: big buffers from the heap instead of fresh (page-faulting) mmaps."""
+    if mode == "default":
+        return "glibc defaults"
+    libc = ctypes.CDLL("libc.so.6")
+    ok = libc.mallopt(M_MMAP_MAX, 0)
+    if mode == "mmap0+notrim":
+        ok &= libc.mallopt(M_TRIM_THRESHOLD, 2**30)
+    return f"mallopt {mode} ({'ok' if ok else 'FAILED'})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--malloc", choices=["default", "mmap0", "mmap0+notrim"], default="mmap0+notrim")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per method (best kept)")
+    parser.add_argument("--min-time", type=float, default=0.5, help="seconds per timed run")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="cpu",
+                        help="wall: time.perf_counter; cpu: time.process_time (CPU seconds of this process, all "
+                             "threads; steadier on a shared machine, use with --threads 1)")
+    parser.add_argument("--cohorts", type=int, nargs="+", default=[1, 10])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn_cafcor"], choices=["mlp", "cnn_cafcor"])
+    args = parser.parse_args()
+    malloc_note = apply_malloc(args.malloc)  # before torch allocates anything
+
+    import torch
+    import torch.nn.functional as F
+    from opacus import GradSampleModule
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    from trustfl.client.per_example import clip_factors, clipped_grad_sum, noisy_clipped_mean, per_example_grads
+    from trustfl.core.rng import make_generator
+    from trustfl.models import build_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", module="opacus")
+    warnings.filterwarnings("ignore", message=".*full backward hook.*")
+    sigma, clip = 1.0, 1.0
+    setups = [("mlp 784-256-10", "mlp", (784,), 256, {"hidden": (256,)}),
+              ("cnn_cafcor", "cnn_cafcor", (1, 28, 28), 64, {})]
+
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+
+    def timed(steps: dict[str, Callable[[], object]]) -> dict[str, float]:
+        """Best seconds per step of each method; methods interleave so that load changes hit them alike."""
+        for step in steps.values():
+            for _ in range(2):
+                step()
+        best = {name: float("inf") for name in steps}
+        for _ in range(args.repeats):
+            for name, step in steps.items():
+                n, start = 0, clock()
+                while True:
+                    step()
+                    n += 1
+                    elapsed = clock() - start
+                    if elapsed >= args.min_time:
+                        break
+                best[name] = min(best[name], elapsed / n)
+        return best
+
+    def cohort(name: str, shape: tuple[int, ...], batch: int, m: int, kw: dict):
+        nets = [build_model(name, shape, 10, seed=100 + i, **kw) for i in range(m)]
+        stacked = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets])
+                   for k, _ in nets[0].named_parameters()}
+        gen = torch.Generator().manual_seed(m)
+        x = torch.randn(m, batch, *shape, generator=gen)
+        y = torch.randint(0, 10, (m, batch), generator=gen)
+        return nets, stacked, x, y
+
+    def opacus_client(net: torch.nn.Module, batch: int, mode: str, noise: float):
+        if mode == "hooks":
+            gsm = GradSampleModule(net, batch_first=True, loss_reduction="mean")
+            opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.0), noise_multiplier=noise,
+                              max_grad_norm=clip, expected_batch_size=batch, loss_reduction="mean")
+            loss_fn = F.cross_entropy
+        else:
+            gsm = GradSampleModuleFastGradientClipping(net, batch_first=True, loss_reduction="mean",
+                                                       max_grad_norm=clip, use_ghost_clipping=True)
+            opt = DPOptimizerFastGradientClipping(torch.optim.SGD(gsm.parameters(), lr=0.0), noise_multiplier=noise,
+                                                  max_grad_norm=clip, expected_batch_size=batch,
+                                                  loss_reduction="mean")
+            loss_fn = DPLossFastGradientClipping(gsm, opt, torch.nn.CrossEntropyLoss(), loss_reduction="mean")
+
+        def step(xi: torch.Tensor, yi: torch.Tensor) -> None:
+            opt.zero_grad(set_to_none=True)
+            loss_fn(gsm(xi), yi).backward()
+            opt.pre_step()  # clip + noise + scale; the SGD update itself is not part of the measurement
+        return gsm, step
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {malloc_note}, σ={sigma}, C={clip}, "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    rows, checks = [], []
+    for label, name, shape, batch, kw in [s for s in setups if s[1] in args.models]:
+        for m in args.cohorts:
+            nets, stacked, x, y = cohort(name, shape, batch, m, kw)
+            mask = torch.ones(m, batch)
+            gens = [make_generator(0, "bench", i) for i in range(m)]
+
+            def trustfl_step(method: str) -> Callable[[], object]:
+                def step() -> object:
+                    sums, _ = clipped_grad_sum(nets[0], stacked, x, y, mask, clip, method=method)
+                    return noisy_clipped_mean(sums, sigma, clip, float(batch), gens)
+                return step
+
+            steps = {"trustfl ghost": trustfl_step("ghost"), "trustfl vmap": trustfl_step("vmap")}
+            for mode in ("hooks", "ghost"):
+                clients = [opacus_client(build_model(name, shape, 10, seed=100 + i, **kw), batch, mode, sigma)
+                           for i in range(m)]
+
+                def opacus_step(clients=clients) -> None:
+                    for i, (_, step) in enumerate(clients):
+                        step(x[i], y[i])
+                steps[f"opacus {mode}"] = opacus_step
+            rate = {k: m * batch / t for k, t in timed(steps).items()}
+            rows.append((label, batch, m, rate))
+            print(f"  measured {label} batch {batch} cohort {m}", flush=True)
+
+        # Equality checks on a cohort of 3 clients with one padded example.
+        nets, stacked, x, y = cohort(name, shape, batch, 3, kw)
+        mask = torch.ones(3, batch)
+        mask[1, -1] = 0
+        sums, _ = clipped_grad_sum(nets[0], stacked, x, y, mask, clip, method="ghost")
+        ref = {k: torch.zeros_like(v) for k, v in stacked.items()}
+        for i in range(3):  # materialised reference, one client at a time
+            pe = per_example_grads(nets[0], {k: v[i] for k, v in stacked.items()}, x[i], y[i])
+            norms = sum(g.flatten(1).square().sum(-1) for g in pe.values()).sqrt()
+            coef = clip_factors(norms, clip) * mask[i]
+            for k, g in pe.items():
+                ref[k][i] = torch.einsum("b...,b->...", g, coef)
+        noisy = noisy_clipped_mean(sums, sigma, clip, float(batch), [make_generator(1, i) for i in range(3)])
+        noisy_ref = noisy_clipped_mean(ref, sigma, clip, float(batch), [make_generator(1, i) for i in range(3)])
+        diff_ref = max((noisy[k] - noisy_ref[k]).abs().max().item() for k in noisy)
+        clean = noisy_clipped_mean(sums, 0.0, clip, float(batch), [None] * 3)  # type: ignore[list-item]
+        gsm, step = opacus_client(build_model(name, shape, 10, seed=100, **kw), batch, "ghost", 0.0)
+        step(x[0], y[0])
+        diff_opacus = max((clean[k][0] - p.grad).abs().max().item() for k, p in gsm._module.named_parameters())
+        checks.append((label, diff_ref, diff_opacus))
+
+    head = (f"{'model':<16}{'batch':>6}{'cohort':>7}{'trustfl ghost':>15}{'trustfl vmap':>14}{'opacus hooks':>14}"
+            f"{'opacus ghost':>14}{'tf-ghost/op-ghost':>19}{'tf-ghost/op-hooks':>19}")
+    unit = "samples/s" if args.clock == "wall" else "samples per CPU-second"
+    print(f"\n{unit} (best of {args.repeats} interleaved runs of >= {args.min_time}s; load average at the end "
+          f"{os.getloadavg()[0]:.2f})")
+    print(head)
+    for label, batch, m, r in rows:
+        print(f"{label:<16}{batch:>6}{m:>7}{r['trustfl ghost']:>15.0f}{r['trustfl vmap']:>14.0f}"
+              f"{r['opacus hooks']:>14.0f}{r['opacus ghost']:>14.0f}"
+              f"{r['trustfl ghost'] / r['opacus ghost']:>18.2f}x{r['trustfl ghost'] / r['opacus hooks']:>18.2f}x")
+    print("\nequality (float32, 3 clients, one padded example)")
+    for label, diff_ref, diff_opacus in checks:
+        verdict = "OK" if diff_ref <= 1e-5 else "FAIL"
+        print(f"  {label}: noisy ghost vs materialised reference, same seeds: max|diff| = {diff_ref:.2e} "
+              f"[{verdict} <= 1e-5]; noise-free vs Opacus ghost (client 0): max|diff| = {diff_opacus:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Per-example gradients, clipped sums, DP noise and mini-batch clipping (trustfl.client.per_example).
+
+All gradient oracles run in float64 so that agreement is checked at 1e-6 (or tighter).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trustfl.client.per_example import (clip_factors, clipped_batch_mean, clipped_grad_sum, noisy_clipped_mean,
+                                        per_example_grads)
+from trustfl.errors import ConfigError, PrivacyError, TrustFLError
+from trustfl.models import build_model
+
+MODELS = [("logreg", (64,), {}), ("mlp", (64,), {"hidden": (32, 16)}),
+          ("cnn_cafcor", (1, 28, 28), {}), ("cnn_rhdp", (1, 28, 28), {})]
+
+
+def _model(name: str, shape: tuple[int, ...], kw: dict, seed: int = 0) -> nn.Module:
+    return build_model(name, shape, 10, seed=seed, **kw).double()
+
+
+def _cohort(name: str, shape: tuple[int, ...], kw: dict, m: int, b: int, seed: int = 0):
+    nets = [_model(name, shape, kw, seed=seed + i) for i in range(m)]
+    params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets])
+              for k, _ in nets[0].named_parameters()}
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, b, *shape, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 10, (m, b), generator=gen)
+    return nets, params, x, y
+
+
+def _loop_grads(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """One example at a time with plain autograd: the oracle."""
+    out = []
+    for xb, yb in zip(x, y):
+        loss = F.cross_entropy(net(xb.unsqueeze(0)), yb.unsqueeze(0))
+        names, ps = zip(*net.named_parameters())
+        out.append(dict(zip(names, torch.autograd.grad(loss, ps))))
+    return out
+
+
+def _reference_clipped_sum(nets, x, y, mask, c):
+    sums, norms = {}, torch.zeros(mask.shape, dtype=torch.float64)
+    for i, net in enumerate(nets):
+        for b, g in enumerate(_loop_grads(net, x[i], y[i])):
+            if not mask[i, b]:
+                continue
+            n = math.sqrt(sum(v.square().sum().item() for v in g.values()))
+            norms[i, b] = n
+            for k, v in g.items():
+                total = sums.setdefault(k, torch.zeros(len(nets), *v.shape, dtype=torch.float64))
+                total[i] += min(1, c / (n + 1e-6)) * v
+    return sums, norms
+
+
+@pytest.mark.parametrize("name,shape,kw", MODELS, ids=[m[0] for m in MODELS])
+def test_per_example_grads_match_one_at_a_time(name, shape, kw):
+    net = _model(name, shape, kw)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, *shape, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 10, (5,), generator=gen)
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    got = per_example_grads(net, params, x, y)
+    chunked = per_example_grads(net, params, x, y, chunk_size=2)
+    for b, ref in enumerate(_loop_grads(net, x, y)):
+        for k, v in ref.items():
+            assert got[k].shape == (5, *v.shape)
+            assert torch.allclose(got[k][b], v, atol=1e-6, rtol=0)
+            assert torch.allclose(chunked[k][b], v, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+def test_clipped_sum_matches_reference_with_masks(method):
+    nets, params, x, y = _cohort("mlp", (64,), {"hidden": (32, 16)}, m=3, b=7)
+    mask = torch.ones(3, 7)
+    mask[0, 5:] = 0
+    mask[2, 0] = 0
+    sums, norms = clipped_grad_sum(nets[0], params, x, y, mask, 0.3, method=method, chunk_size=3)
+    ref, ref_norms = _reference_clipped_sum(nets, x, y, mask, 0.3)
+    assert torch.allclose(norms, ref_norms, atol=1e-9, rtol=1e-9)
+    assert (norms[mask == 0] == 0).all()
+    for k in ref:
+        assert torch.allclose(sums[k], ref[k], atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+def test_clipped_norm_at_most_c(method):
+    # one example per client: the clipped sum is that example's clipped gradient
+    nets, params, x, y = _cohort("cnn_rhdp", (1, 28, 28), {}, m=4, b=1, seed=3)
+    for c in (1e-3, 0.1, 1e3):
+        sums, norms = clipped_grad_sum(nets[0], params, x, y, torch.ones(4, 1), c, method=method)
+        total = torch.sqrt(sum(v.flatten(1).square().sum(1) for v in sums.values()))
+        assert (total <= c * (1 + 1e-9)).all()
+        assert torch.allclose(total, torch.minimum(norms[:, 0], torch.full((4,), c)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+def test_mask_zeros_contribute_nothing(method):
+    nets, params, x, y = _cohort("logreg", (64,), {}, m=2, b=6, seed=5)
+    mask = torch.tensor([[1, 1, 0, 1, 0, 0], [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    base, base_norms = clipped_grad_sum(nets[0], params, x, y, mask, 0.5, method=method)
+    x2, y2 = x.clone(), y.clone()
+    x2[~mask] = float("nan")  # garbage in padding rows, including an invalid label
+    y2[~mask] = -7
+    got, got_norms = clipped_grad_sum(nets[0], params, x2, y2, mask.double(), 0.5, method=method)
+    assert torch.equal(got_norms, base_norms)
+    for k in base:
+        assert torch.allclose(got[k], base[k], atol=1e-12)
+    # dropping the padded rows of client 0 (its real examples are 0, 1, 3) gives the same client-0 sum
+    keep = torch.tensor([0, 1, 3])
+    alone, _ = clipped_grad_sum(nets[0], {k: v[:1] for k, v in params.items()}, x[:1, keep], y[:1, keep],
+                                torch.ones(1, 3), 0.5, method=method)
+    for k in base:
+        assert torch.allclose(alone[k][0], base[k][0], atol=1e-12)
+
+
+def test_noise_std_and_mean():
+    m, d, sigma, c = 2, 200_000, 0.7, 2.5
+    zeros = {"w": torch.zeros(m, d // 4, 4), "b": torch.zeros(m, 3)}
+    gens = [torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)]
+    ebs = torch.tensor([1.0, 4.0])
+    out = noisy_clipped_mean(zeros, sigma, c, ebs, gens)
+    for i in range(m):
+        z = out["w"][i].flatten() * ebs[i]
+        n = z.numel()
+        se_std = sigma * c / math.sqrt(2 * n)  # standard error of the sample std of a Gaussian
+        assert abs(z.std().item() - sigma * c) < 3 * se_std
+        assert abs(z.mean().item()) < 3 * sigma * c / math.sqrt(n)
+
+
+def test_noise_draw_order_and_determinism():
+    sums = {"w": torch.randn(3, 4, 5), "b": torch.randn(3, 2)}
+    out1 = noisy_clipped_mean(sums, 1.3, 0.5, 8.0, [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    out2 = noisy_clipped_mean(sums, 1.3, 0.5, 8.0, [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    for k in sums:
+        assert torch.equal(out1[k], out2[k])
+    # documented order: client i's generator draws one randn per parameter, in dict order
+    gen = torch.Generator().manual_seed(2)
+    zw, zb = torch.randn(4, 5, generator=gen), torch.randn(2, generator=gen)
+    assert torch.allclose(out1["w"][1], (sums["w"][1] + 1.3 * 0.5 * zw) / 8.0, atol=1e-6)
+    assert torch.allclose(out1["b"][1], (sums["b"][1] + 1.3 * 0.5 * zb) / 8.0, atol=1e-6)
+    # client 1's result depends only on client 1's generator
+    other = noisy_clipped_mean(sums, 1.3, 0.5, 8.0, [torch.Generator().manual_seed(s) for s in (9, 2, 7)])
+    assert torch.equal(other["w"][1], out1["w"][1]) and not torch.equal(other["w"][0], out1["w"][0])
+
+
+def test_noise_free_mean_and_generators_untouched():
+    gen = torch.Generator().manual_seed(4)
+    state = gen.get_state()
+    out = noisy_clipped_mean({"w": torch.full((1, 3), 6.0)}, 0.0, 1.0, 3.0, [gen])
+    assert out["w"].tolist() == [[2.0, 2.0, 2.0]]
+    assert torch.equal(gen.get_state(), state)
+
+
+def test_clipped_batch_mean():
+    nets, params, x, y = _cohort("mlp", (64,), {"hidden": (16,)}, m=3, b=5, seed=7)
+    mask = torch.ones(3, 5)
+    mask[1, 2:] = 0
+    mask[2] = 0  # a client with no real example gets a zero gradient
+    for c in (1e-2, 1e3):
+        clipped, norms = clipped_batch_mean(nets[0], params, x, y, mask, c)
+        total = torch.sqrt(sum(v.flatten(1).square().sum(1) for v in clipped.values()))
+        assert (total <= c * (1 + 1e-9)).all()
+        for i in range(2):
+            n_real = int(mask[i].sum())
+            grads = _loop_grads(nets[i], x[i, :n_real], y[i, :n_real])
+            mean = {k: sum(g[k] for g in grads) / n_real for k in grads[0]}
+            ref_norm = math.sqrt(sum(v.square().sum().item() for v in mean.values()))
+            assert norms[i].item() == pytest.approx(ref_norm, rel=1e-9)
+            for k, v in mean.items():
+                assert torch.allclose(clipped[k][i], v * min(1.0, c / (ref_norm + 1e-6)), atol=1e-12)
+        assert norms[2] == 0 and total[2] == 0
+
+
+def test_clip_factor_is_opacus():
+    norms = torch.tensor([0.0, 1.0, 3.0])
+    assert torch.allclose(clip_factors(norms, 2.0), torch.tensor([1.0, 1.0, 2.0 / (3.0 + 1e-6)]))
+
+
+def test_errors_name_the_argument():
+    nets, params, x, y = _cohort("logreg", (64,), {}, m=2, b=3)
+    mask = torch.ones(2, 3)
+    with pytest.raises(ConfigError, match="method"):
+        clipped_grad_sum(nets[0], params, x, y, mask, 1.0, method="hooks")
+    with pytest.raises(PrivacyError, match="max_norm"):
+        clipped_grad_sum(nets[0], params, x, y, mask, 0.0)
+    with pytest.raises(ConfigError, match="mask"):
+        clipped_grad_sum(nets[0], params, x, y, torch.ones(2, 4), 1.0)
+    with pytest.raises(ConfigError, match="clients"):
+        clipped_grad_sum(nets[0], {k: v[:1] for k, v in params.items()}, x, y, mask, 1.0)
+    with pytest.raises(ConfigError, match="chunk_size"):
+        clipped_grad_sum(nets[0], params, x, y, mask, 1.0, method="vmap", chunk_size=0)
+    with pytest.raises(PrivacyError, match="noise_multiplier"):
+        noisy_clipped_mean({"w": torch.zeros(1, 2)}, -1.0, 1.0, 1.0, [torch.Generator()])
+    with pytest.raises(ConfigError, match="generators"):
+        noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, 1.0, [torch.Generator()])
+    with pytest.raises(ConfigError, match="expected_batch_size"):
+        noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, torch.tensor([1.0, 0.0]),
+                           [torch.Generator(), torch.Generator()])
+    assert issubclass(ConfigError, TrustFLError) and issubclass(PrivacyError, TrustFLError)

@@ -1,0 +1,383 @@
+"""DP-SGD gradients with torch.func, vectorized over a cohort of clients (STYLE rule 17: torch.func lives here).
+
+One step of client ``i`` with batch ``S_i`` (padded to ``B`` rows; ``mask`` marks the real ones) computes
+
+    g_{ib}   = ∇_θ ℓ(θ_i; x_{ib}, y_{ib}),  ℓ = cross-entropy of the logits           (per-example gradient)
+    c_{ib}   = min(1, C / (‖g_{ib}‖₂ + 1e-6))                                          (Opacus's clip factor)
+    s_i      = Σ_{b real} c_{ib} g_{ib}                                               (clipped_grad_sum)
+    g̃_i     = (s_i + N(0, σ²C² I)) / E|S_i|                                         (noisy_clipped_mean)
+
+(Abadi et al. 2016, Algorithm 1), and CafCor's mini-batch clipping ``Clip((1/|S_i|) Σ_b g_{ib}; C)`` (Allouah et al.,
+Algorithm 1, eq. 1; :func:`clipped_batch_mean`). All ``m`` clients run together: stacked parameters (leading client
+dimension ``m``) go through ``functional_call`` under ``vmap`` over clients, so there is no Python loop over clients.
+
+``method="ghost"`` never materialises per-example gradients of fully connected layers: one forward pass records each
+``nn.Linear``/``nn.Conv2d`` input, one backward pass gives the output gradients (w.r.t. zero "probes" added to the
+layer outputs, with no weight gradients computed), and :mod:`trustfl.client.ghost` turns them into per-example norms
+and the clipped sum. ``method="vmap"`` materialises per-example gradients, in chunks of examples.
+
+References:
+  Abadi et al., *Deep learning with differential privacy*, CCS 2016. https://arxiv.org/abs/1607.00133
+  Allouah, Guerraoui, Stephan, *Towards trustworthy federated learning with untrusted participants* (CafCor).
+  Li et al., ghost clipping, https://arxiv.org/abs/2110.05679; Bu et al., book-keeping, https://arxiv.org/abs/2210.00038
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from trustfl.client import ghost
+from trustfl.errors import ConfigError, PrivacyError
+
+Params = dict[str, torch.Tensor]
+METHODS = ("ghost", "vmap")
+_Plan = list[tuple[ghost.GhostLayer, tuple[int, ...]]]
+VMAP_BUDGET = 2**25
+"""Per-example gradient elements materialised at once by ``method="vmap"`` when ``chunk_size`` is None."""
+
+
+def clip_factors(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Opacus's clip factor ``min(1, C / (‖g‖ + 1e-6))``, elementwise.
+
+    Example:
+      >>> clip_factors(torch.tensor([0.5, 4.0]), 2.0).tolist()
+      [1.0, 0.49999988079071045]
+    """
+    return (max_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
+def _one_example_loss(model: nn.Module) -> Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]:
+    def loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, params, (x.unsqueeze(0),))  # grad needs a scalar: batch of one
+        return F.cross_entropy(logits, y.unsqueeze(0))
+    return loss
+
+
+def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, *,
+                      chunk_size: int | None = None) -> Params:
+    """Materialised per-example gradients of one client: ``out[k][b] = ∂ℓ(θ; x_b, y_b)/∂θ_k``.
+
+    Args:
+      model: the model (returns logits); only its structure and buffers are used.
+      params: unstacked parameters ``{name: tensor}`` (a subset of ``model.named_parameters()`` names).
+      x: inputs ``(B, *input_shape)``.
+      y: integer labels ``(B,)``.
+      chunk_size: examples per vmap chunk (``None``: all at once).
+
+    Returns:
+      ``{name: (B, *param_shape)}``.
+
+    Example:
+      >>> from trustfl.models import build_model
+      >>> net = build_model("logreg", (4,), 3, seed=0)
+      >>> p = {k: v.detach() for k, v in net.named_parameters()}
+      >>> per_example_grads(net, p, torch.zeros(5, 4), torch.zeros(5, dtype=torch.long))["linear.weight"].shape
+      torch.Size([5, 3, 4])
+    """
+    _check_batch(x, y, None, 1)
+    params = {k: v.detach() for k, v in params.items()}
+    return vmap(grad(_one_example_loss(model)), in_dims=(None, 0, 0), chunk_size=chunk_size)(params, x, y)
+
+
+def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                     mask: torch.Tensor, max_norm: float, *, method: str = "ghost",
+                     chunk_size: int | None = None) -> tuple[Params, torch.Tensor]:
+    """Per-client sum of clipped per-example gradients, all ``m`` clients at once.
+
+    Computes ``s_i = Σ_b 1[mask_{ib}] · min(1, C/(‖g_{ib}‖ + 1e-6)) · g_{ib}`` with ``g_{ib}`` the gradient of
+    the cross-entropy of example ``b`` of client ``i`` at client ``i``'s parameters.
+
+    Args:
+      model: the model (returns logits); only its structure and buffers are used.
+      params_stacked: ``{name: (m, *param_shape)}``, client ``i``'s parameters in row ``i``.
+      x: inputs ``(m, B, *input_shape)``.
+      y: integer labels ``(m, B)``.
+      mask: ``(m, B)`` bool or float; nonzero marks a real example, zero a padding row (contributes nothing, whatever
+        its ``x`` and ``y``).
+      max_norm: the clipping norm ``C > 0``.
+      method: ``"ghost"`` (norms from activations and output gradients; falls back to ``"vmap"`` automatically when
+        the model has trained parameters outside exactly ``nn.Linear``/``nn.Conv2d`` layers, tied parameters, or a
+        layer called more than once per forward; see :func:`supports_ghost`) or ``"vmap"`` (materialised).
+      chunk_size: ``"vmap"`` only: examples per client per chunk (``None``: sized so that about ``2**25``
+        per-example gradient elements are held at once).
+
+    Returns:
+      ``(sums, norms)``: ``sums[k]`` of shape ``(m, *param_shape)`` and the per-example gradient norms ``(m, B)``
+      before clipping (0 for padding).
+
+    Raises:
+      ConfigError: bad ``method``, ``chunk_size`` or shapes. PrivacyError: ``max_norm <= 0``.
+
+    Warning:
+      Models must be free of batch coupling (no BatchNorm in train mode) and of random ops (dropout: call
+      ``model.eval()``), as every per-example gradient method requires.
+    """
+    if method not in METHODS:
+        raise ConfigError(f"`method` must be one of {METHODS}, found {method!r}.")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ConfigError(f"`chunk_size` must be a positive integer or None, found {chunk_size!r}.")
+    _check_norm(max_norm)
+    m = _check_stacked(params_stacked)
+    _check_batch(x, y, mask, 2, m)
+    params = {k: v.detach() for k, v in params_stacked.items()}
+    keep = mask != 0
+    x, y = _blank_padding(x, y, keep)
+    if method == "ghost":
+        layers = _ghost_plan(model, params, x)
+        if layers is not None:
+            return _ghost_clipped_sum(model, layers, params, x, y, keep, max_norm)
+    return _vmap_clipped_sum(model, params, x, y, keep, max_norm, chunk_size)
+
+
+def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> bool:
+    """Whether ``clipped_grad_sum(method="ghost")`` runs the ghost path (else it falls back to ``"vmap"``).
+
+    Args:
+      model: the model. params: stacked ``(m, ...)`` parameters. x: inputs ``(m, B, *input_shape)``.
+    """
+    return _ghost_plan(model, {k: v.detach() for k, v in params.items()}, x) is not None
+
+
+def _blank_padding(x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Zero padding rows so that NaN/garbage/out-of-range labels there cannot leak into 0·NaN products.
+    if bool(keep.all()):
+        return x, y
+    x = torch.where(keep.reshape(*keep.shape, *([1] * (x.dim() - 2))), x, torch.zeros((), dtype=x.dtype))
+    return x, torch.where(keep, y, torch.zeros((), dtype=y.dtype))
+
+
+def _ghost_plan(model: nn.Module, params: Params, x: torch.Tensor) -> _Plan | None:
+    """Layers with their output shapes (without the batch dim), or None when ghost clipping cannot run."""
+    try:
+        layers = ghost.ghost_layers(model, params)
+    except ghost.GhostUnsupportedError:
+        return None
+    calls = [0] * len(layers)
+    shapes: list[tuple[int, ...]] = [()] * len(layers)
+
+    def hook(i: int) -> Callable[..., None]:
+        def record(_mod: nn.Module, _inp: object, out: torch.Tensor) -> None:
+            calls[i] += 1
+            shapes[i] = tuple(out.shape[1:])
+        return record
+
+    modules = dict(model.named_modules())
+    handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
+    try:
+        _trace_one_example(model, params, x)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(c != 1 for c in calls):  # a layer called twice (or never) breaks the per-layer norm formulas
+        return None
+    return list(zip(layers, shapes))
+
+
+def _trace_one_example(model: nn.Module, params: Params, x: torch.Tensor) -> None:
+    """Run one example of client 0 without autograd (cheaper than a meta-device trace, which decomposes ops)."""
+    with torch.no_grad():
+        functional_call(model, {k: v[0] for k, v in params.items()}, (x[0, :1],))
+
+
+def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, x: torch.Tensor,
+                       y: torch.Tensor, keep: torch.Tensor, max_norm: float) -> tuple[Params, torch.Tensor]:
+    acts, backprops = _activations_and_backprops(model, plan, params, x, y, keep)
+    m, b = y.shape
+    sq = torch.zeros(m * b, dtype=acts[0].dtype, device=acts[0].device)
+    terms = []
+    for (layer, _), a, g in zip(plan, acts, backprops):
+        layer_sq, layer_terms = ghost.squared_norms(layer, a, g)
+        sq = sq + layer_sq
+        terms.append(layer_terms)
+    del acts, backprops
+    norms = sq.clamp(min=0).sqrt().view(m, b) * keep
+    coef = clip_factors(norms, max_norm) * keep
+    sums: Params = {}
+    for (layer, _), layer_terms in zip(plan, terms):
+        sums.update(ghost.weighted_grads(layer, layer_terms, coef))
+    return {k: sums[k] for k in params}, norms
+
+
+def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params,
+                               x: torch.Tensor, y: torch.Tensor,
+                               keep: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``.
+
+    Forward hooks record each layer's input and add a zero probe to its output; the gradient w.r.t. the probes is
+    the output gradient. Parameters are detached, so the backward pass computes no weight gradients.
+    """
+    m, b = y.shape
+    layers = [layer for layer, _ in plan]
+    state: dict[str, list[torch.Tensor] | None] = {"probes": None, "acts": None}
+
+    def hook(i: int) -> Callable[..., torch.Tensor]:
+        def tap(_mod: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
+            state["acts"][i] = inputs[0]  # type: ignore[index]
+            return out + state["probes"][i]  # type: ignore[index]
+        return tap
+
+    def client_forward(p: Params, probes: list[torch.Tensor], xi: torch.Tensor):
+        state["probes"], state["acts"] = probes, [xi] * len(layers)
+        logits = functional_call(model, p, (xi,))
+        acts, state["probes"], state["acts"] = tuple(state["acts"]), None, None
+        return logits, acts
+
+    modules = dict(model.named_modules())
+    probes = [torch.zeros((m, b, *s), dtype=x.dtype, device=x.device, requires_grad=True) for _, s in plan]
+    handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
+    try:
+        with torch.enable_grad():
+            if m == 1:  # no vmap needed for one client: plain autograd is cheaper
+                logits, acts = client_forward({k: v[0] for k, v in params.items()}, [p[0] for p in probes], x[0])
+                logits, acts = logits.unsqueeze(0), tuple(a.unsqueeze(0) for a in acts)
+            else:
+                logits, acts = vmap(client_forward)(params, probes, x)
+            losses = F.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none")
+            backprops = torch.autograd.grad((losses * keep.reshape(-1)).sum(), probes)
+    finally:
+        for h in handles:
+            h.remove()
+    flat = lambda t: t.reshape(m * b, *t.shape[2:])  # noqa: E731
+    return [flat(a.detach()) for a in acts], [flat(g) for g in backprops]
+
+
+def _vmap_clipped_sum(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor,
+                      max_norm: float, chunk_size: int | None) -> tuple[Params, torch.Tensor]:
+    m, b = y.shape
+    per_example = vmap(vmap(grad(_one_example_loss(model)), in_dims=(None, 0, 0)))
+    d = sum(v[0].numel() for v in params.values())
+    step = chunk_size or max(1, VMAP_BUDGET // max(1, m * d))
+    sums = {k: torch.zeros_like(v) for k, v in params.items()}
+    norms = torch.zeros(m, b, dtype=next(iter(params.values())).dtype, device=x.device)
+    for s in range(0, b, step):  # chunks of examples (all clients together) bound the memory to m·step·d
+        g = per_example(params, x[:, s:s + step], y[:, s:s + step])
+        chunk_keep = keep[:, s:s + step]
+        sq = sum(v.flatten(2).square().sum(-1) for v in g.values())
+        chunk_norms = sq.sqrt() * chunk_keep
+        coef = clip_factors(chunk_norms, max_norm) * chunk_keep
+        norms[:, s:s + step] = chunk_norms
+        for k, v in g.items():
+            sums[k] += torch.einsum("mb...,mb->m...", v, coef)
+    return sums, norms
+
+
+def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multiplier: float, max_norm: float,
+                       expected_batch_size: float | torch.Tensor,
+                       generators: Sequence[torch.Generator]) -> Params:
+    """DP-SGD's noisy mean ``(s_i + N(0, σ²C² I)) / E|S_i|`` for every client ``i``.
+
+    Draw order (reproducibility depends on it): client ``i``'s generator alone makes client ``i``'s draws, one
+    ``torch.randn(param_shape, generator=generators[i], dtype=grad.dtype)`` per parameter, in the dict's order
+    (the same order as ``model.named_parameters()`` when the dict comes from it). The result for parameter ``k`` is
+    ``z·(σC/E|S_i|) + s·(1/E|S_i|)`` with that draw ``z``. Nothing is drawn when ``σ = 0``.
+
+    Args:
+      grad_sum_stacked: ``{name: (m, *shape)}``, e.g. from :func:`clipped_grad_sum`.
+      noise_multiplier: ``σ >= 0``.
+      max_norm: ``C > 0`` (the sensitivity of the clipped sum under add/remove adjacency).
+      expected_batch_size: ``E|S_i| > 0``, a number or an ``(m,)`` tensor (one per client).
+      generators: ``m`` CPU generators, client ``i``'s at index ``i``.
+
+    Returns:
+      ``{name: (m, *shape)}``.
+
+    Raises:
+      PrivacyError: ``σ < 0`` or ``C <= 0``. ConfigError: wrong number of generators or a bad batch size.
+
+    Example:
+      >>> g = noisy_clipped_mean({"w": torch.ones(2, 3)}, 0.0, 1.0, torch.tensor([1.0, 2.0]),
+      ...                        [torch.Generator(), torch.Generator()])
+      >>> g["w"].tolist()
+      [[1.0, 1.0, 1.0], [0.5, 0.5, 0.5]]
+    """
+    if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier)
+            and noise_multiplier >= 0):
+        raise PrivacyError(f"`noise_multiplier` must be a finite number >= 0, found {noise_multiplier!r}.")
+    _check_norm(max_norm)
+    m = _check_stacked(grad_sum_stacked)
+    if len(generators) != m:
+        raise ConfigError(f"`generators` must hold one generator per client ({m}), found {len(generators)}.")
+    first = next(iter(grad_sum_stacked.values()))
+    ebs = torch.as_tensor(expected_batch_size, dtype=first.dtype, device=first.device)
+    if ebs.dim() == 0:
+        ebs = ebs.expand(m)
+    if ebs.shape != (m,) or not bool((ebs > 0).all()) or not bool(torch.isfinite(ebs).all()):
+        raise ConfigError(f"`expected_batch_size` must be a positive number or an ({m},) tensor of positive "
+                          f"numbers, found {expected_batch_size!r}.")
+    out: Params = {}
+    for k, v in grad_sum_stacked.items():
+        shape = (m, *([1] * (v.dim() - 1)))
+        if noise_multiplier == 0:
+            out[k] = v / ebs.view(shape)
+            continue
+        noise = torch.empty(v.shape, dtype=v.dtype)
+        for i, gen in enumerate(generators):  # client i's stream, parameters in dict order
+            torch.randn(v.shape[1:], generator=gen, dtype=v.dtype, out=noise[i])
+        # (s + σC·z) / E|S|, computed as z·(σC/E|S|) + s·(1/E|S|) in place
+        out[k] = noise.to(v.device).mul_((noise_multiplier * max_norm / ebs).view(shape)).addcmul_(
+            v, (1.0 / ebs).view(shape))
+    return out
+
+
+def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor,
+                       y: torch.Tensor, mask: torch.Tensor, max_norm: float) -> tuple[Params, torch.Tensor]:
+    """Mini-batch clipping (CafCor Algorithm 1, eq. 1): ``Clip((1/n_i) Σ_{b real} g_{ib}; C)`` per client.
+
+    ``n_i`` is the number of real examples of client ``i`` (a client with none gets a zero gradient), and
+    ``Clip(g; C) = g · min(1, C/(‖g‖ + 1e-6))``. This bounds the *batch* gradient (user-level sensitivity ``2C``
+    under replace-one), not each example's.
+
+    Args:
+      model, params_stacked, x, y, mask, max_norm: as in :func:`clipped_grad_sum`.
+
+    Returns:
+      ``(clipped, norms)``: ``clipped[k]`` of shape ``(m, *param_shape)`` and the norms ``(m,)`` of the mean
+      gradients before clipping.
+    """
+    _check_norm(max_norm)
+    m = _check_stacked(params_stacked)
+    _check_batch(x, y, mask, 2, m)
+    params = {k: v.detach() for k, v in params_stacked.items()}
+    keep = mask != 0
+    x, y = _blank_padding(x, y, keep)
+    weights = keep.to(x.dtype if x.is_floating_point() else next(iter(params.values())).dtype)
+
+    def mean_loss(p: Params, xi: torch.Tensor, yi: torch.Tensor, wi: torch.Tensor) -> torch.Tensor:
+        losses = F.cross_entropy(functional_call(model, p, (xi,)), yi, reduction="none")
+        return (losses * wi).sum() / wi.sum().clamp(min=1)
+
+    g = vmap(grad(mean_loss))(params, x, y, weights)
+    norms = sum(v.flatten(1).square().sum(-1) for v in g.values()).sqrt()
+    factor = clip_factors(norms, max_norm)
+    return {k: v * factor.view(m, *([1] * (v.dim() - 1))) for k, v in g.items()}, norms
+
+
+def _check_norm(max_norm: float) -> None:
+    if not (isinstance(max_norm, (int, float)) and math.isfinite(max_norm) and max_norm > 0):
+        raise PrivacyError(f"`max_norm` must be a finite number > 0, found {max_norm!r}.")
+
+
+def _check_stacked(params: Mapping[str, torch.Tensor]) -> int:
+    if not params:
+        raise ConfigError("`params_stacked` is empty; pass at least one stacked parameter.")
+    counts = {k: (v.shape[0] if v.dim() else None) for k, v in params.items()}
+    m = next(iter(counts.values()))
+    if m is None or any(c != m for c in counts.values()):
+        raise ConfigError(f"every stacked tensor needs the same leading client dimension m, found {counts}.")
+    return m
+
+
+def _check_batch(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, lead: int, m: int | None = None) -> None:
+    what = "m, B" if lead == 2 else "B"
+    if y.dim() != lead or x.dim() < lead + 1 or x.shape[:lead] != y.shape:
+        raise ConfigError(f"`y` must have shape ({what}) and `x` shape ({what}, *input_shape), found x "
+                          f"{tuple(x.shape)} and y {tuple(y.shape)}.")
+    if m is not None and y.shape[0] != m:
+        raise ConfigError(f"`x`/`y` hold {y.shape[0]} clients but the parameters hold m = {m}.")
+    if mask is not None and mask.shape != y.shape:
+        raise ConfigError(f"`mask` must have the shape of `y` {tuple(y.shape)}, found {tuple(mask.shape)}.")
