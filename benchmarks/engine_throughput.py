@@ -83,8 +83,12 @@ def _plain_round(fed, state_params, cohort_ids, round_):
     return total / weights
 
 
-def worker(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool) -> dict:
+def worker(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool, threads: int,
+           clock: str) -> dict:
     import torch
+    if threads:
+        torch.set_num_threads(threads)
+    now = time.process_time if clock == "cpu" else time.perf_counter
     if mallopt:
         from trustfl.engine.allocator import tune_allocator
         tune_allocator()
@@ -97,7 +101,7 @@ def worker(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool
     state = initial_state(fed)
     times = []
     for r in range(rounds + 1):  # round 0 warms up (imports, first vmap)
-        start = time.perf_counter()
+        start = now()
         if method == "plain":
             ids = fed.cohort.sample(list(range(100)), make_generator(fed.seed, r, SERVER, "cohort"))
             state.params = _plain_round(fed, state.params, ids, r)
@@ -105,16 +109,18 @@ def worker(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool
         else:
             state, _ = run_round(fed, state)
         if r:
-            times.append(time.perf_counter() - start)
+            times.append(now() - start)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"method": method, "cohort": cohort, "seconds_per_round": statistics.median(times),
             "peak_rss_mb": peak_mb, "data": source, "threads": torch.get_num_threads()}
 
 
-def _spawn(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool) -> dict:
+def _spawn(method: str, cohort: int, rounds: int, use_mnist: bool, mallopt: bool, threads: int,
+           clock: str) -> dict:
     env = dict(os.environ)
     env.pop("MALLOC_MMAP_MAX_", None)
-    cmd = [sys.executable, __file__, "--worker", method, "--cohort", str(cohort), "--rounds", str(rounds)]
+    cmd = [sys.executable, __file__, "--worker", method, "--cohort", str(cohort), "--rounds", str(rounds),
+           "--threads", str(threads), "--clock", clock]
     if not use_mnist:
         cmd.append("--synthetic")
     if mallopt:
@@ -132,9 +138,13 @@ def main() -> None:
     parser.add_argument("--worker", choices=METHODS)
     parser.add_argument("--cohort", type=int)
     parser.add_argument("--mallopt", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time, or process CPU time (robust when other jobs load the machine)")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.cohort, args.rounds, not args.synthetic, args.mallopt)))
+        print(json.dumps(worker(args.worker, args.cohort, args.rounds, not args.synthetic, args.mallopt,
+                                args.threads, args.clock)))
         return
     rounds = 1 if args.quick else args.rounds
     cohorts = [int(c) for c in args.cohorts.split(",")]
@@ -143,13 +153,14 @@ def main() -> None:
     for mallopt in settings:
         for cohort in cohorts:
             for method in METHODS:
-                res = _spawn(method, cohort, rounds, not args.synthetic, mallopt)
+                res = _spawn(method, cohort, rounds, not args.synthetic, mallopt, args.threads, args.clock)
                 results[(mallopt, cohort, method)] = res
                 print(f"  measured {method:10s} cohort={cohort:3d} mallopt={mallopt!s:5s}: "
                       f"{res['seconds_per_round']:.3f} s/round, peak {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
     data = next(iter(results.values()))["data"]
     print(f"\nFedAvg round time, MLP 784-200-200-10, batch 32, 1 local epoch, 100 clients x 600 samples ({data}), "
-          f"median of {rounds} rounds, {os.cpu_count()} cores\n")
+          f"median of {rounds} rounds, {os.cpu_count()} cores, threads={args.threads or 'default'}, "
+          f"clock={args.clock}\n")
     print("| allocator | clients/round | plain loop s | sequential s | vectorized s | seq/plain | vec/plain | "
           "peak MB (plain/seq/vec) |")
     print("|---|---|---|---|---|---|---|---|")

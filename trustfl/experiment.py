@@ -22,6 +22,7 @@ import torch
 from trustfl.config.build import build_federation
 from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig
+from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.sync import evaluate, initial_state, run_round
 from trustfl.errors import CheckpointError
@@ -112,6 +113,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     Args:
       stop_after: stop after this many rounds in total (simulates an interruption; tests use it).
     """
+    tune_allocator()
     if resume is not None:
         run_dir = Path(resume)
         cfg = load_config(run_dir / "config.toml")
