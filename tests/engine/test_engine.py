@@ -20,21 +20,21 @@ def _train(cfg, rounds):
     return fed, state, history
 
 
-@pytest.mark.parametrize("dp", ["off", "per_example"])
-def test_vectorized_equals_sequential_after_five_rounds(small_config, dp):
-    extra = {} if dp == "off" else {"client__dp": {"mode": "per_example", "clip": 1.0, "noise_multiplier": 0.8}}
-    _, vec, _ = _train(small_config(engine__executor="vectorized", **extra), 5)
-    _, seq, _ = _train(small_config(engine__executor="sequential", **extra), 5)
+@pytest.mark.parametrize("dp, rounds", [("off", 5), ("per_example", 2), ("batch_clip", 2)])
+def test_vectorized_equals_sequential(small_config, dp, rounds):
+    extra = {} if dp == "off" else {"client__dp": {"mode": dp, "clip": 1.0, "noise_multiplier": 0.8}}
+    _, vec, _ = _train(small_config(engine__executor="vectorized", **extra), rounds)
+    _, seq, _ = _train(small_config(engine__executor="sequential", **extra), rounds)
     assert float((vec.params - seq.params).abs().max()) <= 1e-5
 
 
 def test_vectorized_handles_unequal_sizes_and_batch_sizes(small_config):
     cfg = small_config(data__partition={"name": "quantity_skew", "alpha": 0.5}, client__batch_sizes=[8, 16, 32],
                        cohort={"sampler": "all"})
-    _, vec, _ = _train(cfg, 3)
+    _, vec, _ = _train(cfg, 2)
     _, seq, _ = _train(small_config(data__partition={"name": "quantity_skew", "alpha": 0.5},
                                     client__batch_sizes=[8, 16, 32], cohort={"sampler": "all"},
-                                    engine__executor="sequential"), 3)
+                                    engine__executor="sequential"), 2)
     assert float((vec.params - seq.params).abs().max()) <= 1e-5
 
 
