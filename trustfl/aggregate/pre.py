@@ -1,0 +1,202 @@
+"""Pre-aggregators ``(n, d) -> (m, d)`` that wrap any rule: NNM, bucketing, static clipping and ARC.
+
+Use them through :class:`~trustfl.aggregate.base.PreAggregated`, e.g.
+``PreAggregated((NNM(f=2),), CoordinateWiseTrimmedMean(f=2))``. None of them modifies its input; all are
+permutation-equivariant (bucketing in the sense that the multiset of bucket means does not depend on the row order).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trustfl.aggregate.base import AbstractPreAggregator, require_f
+from trustfl.aggregate.coordinate import smallest_weights
+from trustfl.aggregate.geometric import gram_matrix, squared_distances
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+from trustfl.types import RoundContext, StageOut
+
+
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    """ℓ2 norms of the rows as float64. One pass in the input dtype; the rare rows whose float32 sum of squares
+    overflows (or underflows to 0) are recomputed in float64, so no ``(n, d)`` float64 copy is ever made."""
+    norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64)
+    redo = ~torch.isfinite(norms) | (norms > 1e15) | (norms < 1e-15)
+    if x.dtype != torch.float64 and bool(redo.any()):
+        norms[redo] = torch.linalg.vector_norm(x[redo].to(torch.float64), dim=1)
+    return norms
+
+
+def _scale_rows(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x_i · scale_i``; returns ``x`` itself (no copy) when every scale is 1."""
+    if bool((scale == 1).all()):
+        return x
+    return x * scale.to(x.dtype)[:, None]
+
+
+@register("pre_aggregator", "nnm")
+@dataclass(frozen=True)
+class NNM(AbstractPreAggregator):
+    """Nearest-neighbour mixing (Allouah et al. 2023, Alg. 1): replace each message by the mean of its ``n − f``
+    nearest messages (itself included)::
+
+        y_i = (1/(n − f)) Σ_{j ∈ N_i} x_j,   N_i = the n − f indices j with the smallest ‖x_i − x_j‖
+
+    Neighbours tied at the boundary distance share the remaining slots. Rows keep their clients (weights are kept).
+    Requires ``n > f``. Cost: ``O(n²d)`` (float64 Gram matrix, then one ``n×n`` by ``n×d`` product).
+
+    Args:
+      f: the Byzantine bound.
+
+    References:
+      Allouah, Farhadkhani, Guerraoui, Gupta, Pinot, Stephan, "Fixing by Mixing: A Recipe for Optimal Byzantine ML
+      under Heterogeneity", AISTATS 2023, https://arxiv.org/abs/2302.01772.
+
+    Example:
+      >>> import torch
+      >>> NNM(f=1)(torch.tensor([[0.0], [1.0], [10.0]])).tolist()
+      [[0.5], [0.5], [5.5]]
+    """
+
+    f: int
+
+    def __post_init__(self) -> None:
+        require_f(self.f)
+
+    def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
+        n = x.shape[0]
+        if n <= self.f:
+            raise ConfigError(f"nnm needs n > f, found f={self.f} and n={n}; lower `f`.")
+        if self.f == 0:
+            return StageOut(x.mean(dim=0, keepdim=True).expand(n, -1).clone(), state)
+        k = n - self.f
+        gram = gram_matrix(x)
+        dist = squared_distances(gram.matrix)
+        threshold = dist.kthvalue(k, dim=1, keepdim=True).values
+        # dist is symmetric, so column i holds i's distances: select along dim 0, then row i = i's neighbours
+        mixing = smallest_weights(dist, k, threshold.T, gram.tolerance).T / k
+        return StageOut(mixing.to(x.dtype) @ x, state)
+
+
+@register("pre_aggregator", "bucketing")
+@dataclass(frozen=True)
+class Bucketing(AbstractPreAggregator):
+    """Bucketing (Karimireddy et al. 2022, Alg. 1): shuffle the messages, split them into ``⌈n/s⌉`` buckets of
+    ``s`` (the last one smaller when ``s`` does not divide ``n``) and return the bucket means, shape ``(⌈n/s⌉, d)``.
+
+    The shuffle comes from ``ctx.generator("bucketing")``. It is applied to the messages in a canonical order
+    (sorted by their projection on a random Gaussian direction from the same generator), so the bucket means
+    depend on the set of messages and the seed, not on the row order. Rows no longer belong to clients, so
+    :class:`PreAggregated` passes uniform weights on. Cost: ``O(nd)``.
+
+    Args:
+      bucket_size: ``s >= 1`` (``s = 1`` returns the messages unchanged: shuffling singletons changes nothing
+        for an order-free rule, and keeping the order keeps the client weights aligned).
+
+    References:
+      Karimireddy, He, Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing", ICLR 2022,
+      https://arxiv.org/abs/2006.09365.
+
+    Example:
+      >>> import torch
+      >>> Bucketing(bucket_size=2)(torch.tensor([[1.0], [1.0], [3.0], [3.0]])).shape
+      torch.Size([2, 1])
+    """
+
+    bucket_size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bucket_size, int) or isinstance(self.bucket_size, bool) or self.bucket_size < 1:
+            raise ConfigError(f"`bucket_size` must be an integer >= 1, found {self.bucket_size!r}.")
+
+    def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
+        n, d = x.shape
+        if self.bucket_size == 1:  # singleton buckets: the same multiset; keep the rows aligned with their weights
+            return StageOut(x, state)
+        gen = ctx.generator("bucketing")
+        key_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+        direction = torch.randn(d, generator=gen, dtype=key_dtype)
+        canonical = (x.to(key_dtype) @ direction).argsort(stable=True)
+        order = canonical[torch.randperm(n, generator=gen)]
+        buckets = math.ceil(n / self.bucket_size)
+        assign = torch.empty(n, dtype=torch.long)
+        assign[order] = torch.arange(n) // self.bucket_size  # row order[p] goes to bucket p // s
+        sizes = torch.bincount(assign, minlength=buckets).to(x.dtype)
+        # Segment sums in one O(nd) pass (a dense buckets×n mixing GEMM would cost O(n²d/s)).
+        sums = torch.zeros(buckets, d, dtype=x.dtype).index_add_(0, assign, x)
+        return StageOut(sums.div_(sizes[:, None]), state)
+
+
+@register("pre_aggregator", "static_clip")
+@dataclass(frozen=True)
+class StaticClip(AbstractPreAggregator):
+    """Static clipping: ``x_i · min(1, C/‖x_i‖₂)`` for every message. Metric ``clipped`` (count).
+
+    Cost: ``O(nd)`` (one pass for the norms, one for the scaling; no copy if nothing is clipped).
+
+    Args:
+      max_norm: the clipping norm ``C > 0``.
+
+    Example:
+      >>> import torch
+      >>> StaticClip(max_norm=1.0)(torch.tensor([[3.0, 4.0], [0.3, 0.4]])).tolist()
+      [[0.6000000238418579, 0.800000011920929], [0.30000001192092896, 0.4000000059604645]]
+    """
+
+    max_norm: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_norm, (int, float)) and not isinstance(self.max_norm, bool)
+                and self.max_norm > 0 and math.isfinite(self.max_norm)):
+            raise ConfigError(f"`max_norm` must be a finite float > 0, found {self.max_norm!r}.")
+
+    def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
+        norms = _row_norms(x)
+        scale = (self.max_norm / norms.clamp_min(self.max_norm)).where(norms > self.max_norm, 1.0)
+        return StageOut(_scale_rows(x, scale), state, {"clipped": float((norms > self.max_norm).sum())})
+
+
+@register("pre_aggregator", "arc")
+@dataclass(frozen=True)
+class ARC(AbstractPreAggregator):
+    """Adaptive robust clipping (Allouah et al. 2024, Alg. 1): clip the ``k = ⌊2(f/n)(n − f)⌋`` largest messages
+    to the norm of the ``(k+1)``-th largest::
+
+        C = ‖x_{π(k+1)}‖ (π sorts the norms in decreasing order),   y_i = x_i · min(1, C/‖x_i‖)
+
+    ``k = 0`` (e.g. ``f = 0``) leaves the messages unchanged. Metrics: ``threshold`` (``C``), ``clipped``.
+    Requires ``n > f``. Cost: ``O(nd)``.
+
+    Args:
+      f: the Byzantine bound.
+
+    References:
+      Allouah, Guerraoui, Gupta, Jellouli, Rizk, Stephan, "Adaptive Gradient Clipping for Robust Federated
+      Learning", ICLR 2025, https://arxiv.org/abs/2405.14432.
+
+    Example:
+      >>> import torch
+      >>> ARC(f=1)(torch.tensor([[1.0], [2.0], [3.0], [100.0]])).tolist()
+      [[1.0], [2.0], [3.0], [3.0]]
+    """
+
+    f: int
+
+    def __post_init__(self) -> None:
+        require_f(self.f)
+
+    def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
+        n = x.shape[0]
+        if n <= self.f:
+            raise ConfigError(f"arc needs n > f, found f={self.f} and n={n}; lower `f`.")
+        k = (2 * self.f * (n - self.f)) // n
+        if k == 0:
+            return StageOut(x, state, {"clipped": 0.0})
+        norms = _row_norms(x)
+        threshold = norms.sort(descending=True).values[k]
+        over = norms > threshold
+        scale = (threshold / norms.clamp_min(threshold)).where(over, 1.0)
+        return StageOut(_scale_rows(x, scale), state, {"threshold": float(threshold), "clipped": float(over.sum())})
