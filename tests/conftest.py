@@ -25,3 +25,14 @@ def small_config():
         return config_from_dict(data)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for modules of small problems: avoids OpenMP spin-waits when the 2 cores are shared."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

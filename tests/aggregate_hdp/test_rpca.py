@@ -9,13 +9,7 @@ from trustfl.errors import ConfigError
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These problems are small: one thread avoids OpenMP/MKL spin-waits on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def planted(p: int = 500, n: int = 40, rank: int = 2, density: float = 0.05, seed: int = 0):
     """``M = L0 + S0``: rank-``rank`` Gaussian factors plus ``density`` of entries set to ±10."""

@@ -32,13 +32,7 @@ FAST_PCP = {"mu_rule": "spectral", "mu_growth": 1.1}
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These problems are small: one thread avoids OpenMP/MKL spin-waits on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def ctx(n: int, reports=None, ids=None, seed: int = 0, rnd: int = 0, weights=None) -> RoundContext:
     ids = tuple(range(n)) if ids is None else tuple(ids)

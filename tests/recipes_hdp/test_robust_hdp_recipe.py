@@ -18,13 +18,7 @@ from trustfl.recipes.robust_hdp import RobustHDPRecipe
 EPS = [0.5, 2.0, 2.0, 2.0]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a busy 2-core machine two threads per process slow these runs down many times."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_cfg(rounds: int = 3, **recipe):
