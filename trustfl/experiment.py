@@ -26,7 +26,7 @@ from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.sync import evaluate, initial_state, run_round
 from trustfl.errors import CheckpointError
-from trustfl.report.files import append_metrics, truncate_metrics, write_json
+from trustfl.report.files import append_metrics, read_metrics, truncate_metrics, write_json
 from trustfl.report.plots import plot_run
 
 CHECKPOINT = "checkpoint.pt"
@@ -152,7 +152,6 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
                 save_checkpoint(run_dir, state, cfg_hash)
     finally:
         bar.close()
-    from trustfl.report.files import read_metrics
     rows = read_metrics(run_dir)
     summary = _summary(cfg, fed, state, rows)
     write_json(run_dir / "summary.json", summary)

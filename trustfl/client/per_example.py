@@ -121,12 +121,7 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         raise ConfigError(f"`method` must be one of {METHODS}, found {method!r}.")
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ConfigError(f"`chunk_size` must be a positive integer or None, found {chunk_size!r}.")
-    _check_norm(max_norm)
-    m = _check_stacked(params_stacked)
-    _check_batch(x, y, mask, 2, m)
-    params = {k: v.detach() for k, v in params_stacked.items()}
-    keep = mask != 0
-    x, y = _blank_padding(x, y, keep)
+    params, x, y, keep = _prepare(params_stacked, x, y, mask, max_norm)
     if method == "ghost":
         layers = _ghost_plan(model, params, x)
         if layers is not None:
@@ -339,12 +334,7 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
       ``(clipped, norms)``: ``clipped[k]`` of shape ``(m, *param_shape)`` and the norms ``(m,)`` of the mean
       gradients before clipping.
     """
-    _check_norm(max_norm)
-    m = _check_stacked(params_stacked)
-    _check_batch(x, y, mask, 2, m)
-    params = {k: v.detach() for k, v in params_stacked.items()}
-    keep = mask != 0
-    x, y = _blank_padding(x, y, keep)
+    params, x, y, keep = _prepare(params_stacked, x, y, mask, max_norm)
     weights = keep.to(x.dtype if x.is_floating_point() else next(iter(params.values())).dtype)
 
     def mean_loss(p: Params, xi: torch.Tensor, yi: torch.Tensor, wi: torch.Tensor) -> torch.Tensor:
@@ -354,7 +344,18 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
     g = vmap(grad(mean_loss))(params, x, y, weights)
     norms = sum(v.flatten(1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
-    return {k: v * factor.view(m, *([1] * (v.dim() - 1))) for k, v in g.items()}, norms
+    return {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}, norms
+
+
+def _prepare(params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+             max_norm: float) -> tuple[Params, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate a cohort batch; return detached params, inputs with padding blanked, and the keep mask."""
+    _check_norm(max_norm)
+    m = _check_stacked(params_stacked)
+    _check_batch(x, y, mask, 2, m)
+    keep = mask != 0
+    x, y = _blank_padding(x, y, keep)
+    return {k: v.detach() for k, v in params_stacked.items()}, x, y, keep
 
 
 def _check_norm(max_norm: float) -> None:

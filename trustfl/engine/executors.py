@@ -158,9 +158,7 @@ def _batched_grad(model: nn.Module):
     """Per-client gradients of per-client mean losses: one grad of their sum w.r.t. the stacked parameters."""
 
     def total(params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
-        logits = vmap(lambda p, xb: functional_call(model, p, (xb,)))(params, x)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-        per_client = (losses * w).sum(1) / w.sum(1).clamp(min=1)
+        per_client = _batched_losses(model, params, x, y, w)
         return per_client.sum(), per_client.detach()
 
     return grad(total, has_aux=True)
