@@ -32,7 +32,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"in {s['wall_time_s']:.1f} s")
     if "epsilon" in s and s["epsilon"]:
         eps = list(s["epsilon"].values())
-        print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']:g}")
+        print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")
     return 0
 
 

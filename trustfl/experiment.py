@@ -173,7 +173,8 @@ def _summary(cfg: ExperimentConfig, fed: Federation, state: EngineState, rows: l
         out["notice"] = fed.info["notice"]
     if fed.ledger is not None:
         out["epsilon"] = {str(k): v for k, v in fed.ledger.epsilons().items()}
-        out["delta"] = cfg.client.dp.delta
+        deltas = {fed.ledger[c].budget.delta for c in fed.ledger.client_ids}
+        out["delta"] = deltas.pop() if len(deltas) == 1 else sorted(deltas)  # a recipe may set δ itself
     return out
 
 

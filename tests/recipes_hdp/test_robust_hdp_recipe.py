@@ -166,6 +166,7 @@ def test_end_to_end_robust_hdp_ignores_the_falsified_report(tmp_path, honest_fed
     for res in (honest, lying):
         assert bool(torch.isfinite(res.params).all()) and len(res.rows) == 3
         assert math.isfinite(res.summary["final_loss"])
+        assert res.summary["delta"] == 1e-4           # the recipe's δ, not client.dp's default
     w_h, w_l = _weights(honest.rows), _weights(lying.rows)
     assert torch.allclose(w_h.sum(1), torch.ones(3, dtype=torch.float64))
     assert torch.equal(w_h, w_l)                      # the lie changes nothing
