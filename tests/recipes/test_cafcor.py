@@ -248,3 +248,60 @@ def test_example_cdp_label_flip_runs_and_records_the_cdp_epsilon(tmp_path):
     ref = epsilon_subsampled_gaussian(0.5, 16 / sizes[0], 3, 1e-4, "rdp", "poisson", orders=OPACUS_ORDERS)
     assert info["cdp_epsilon"]["0"] == pytest.approx(ref, rel=1e-9) and "5" not in info["cdp_epsilon"]
     assert sorted(fed.ledger.epsilons()) == [0, 1, 2, 3, 4]
+
+
+class _Recorder:
+    """Wraps an attack and records the honest rows it is shown each round."""
+
+    def __init__(self, attack):
+        self.attack, self.seen = attack, []
+        self.data_level = attack.data_level
+
+    def craft(self, honest, num_byzantine, ctx, aggregator=None):
+        self.seen.append(honest.clone())
+        return self.attack.craft(honest, num_byzantine, ctx, aggregator)
+
+
+def _views(cfg, rounds: int = 3):
+    """Run ``rounds`` rounds, recording what the attack sees and the honest clients' local updates."""
+    fed = build_federation(cfg, quiet=True)
+    fed.attack = _Recorder(fed.attack)
+    updates, run = [], fed.executor.run
+
+    def recording_run(*args, **kwargs):
+        out = run(*args, **kwargs)
+        updates.append(out.updates.clone())
+        return out
+
+    fed.executor = dataclasses.replace(fed.executor) if dataclasses.is_dataclass(fed.executor) else fed.executor
+    object.__setattr__(fed.executor, "run", recording_run)
+    state = initial_state(fed)
+    for _ in range(rounds):
+        state, _ = run_round(fed, state)
+    return fed, state, updates
+
+
+def test_noiseless_attack_view_sees_the_messages_without_privacy_noise():
+    beta = 0.5
+    transmitted = make_cfg({"threat_model": "secldp", "epsilon": 2.0, "momentum": beta, "noise_path": "exact"},
+                           n=6, f=1)
+    noiseless = dataclasses.replace(transmitted, attack=dataclasses.replace(transmitted.attack, view="noiseless"))
+    fed_v, state_v, updates = _views(noiseless)
+    fed_t, _, _ = _views(transmitted)
+    assert fed_v.attack_view is not None and fed_t.attack_view is None
+    assert [n for n, _ in fed_v.attack_view.stages] == ["secldp_accounting", "worker_momentum"]
+    momentum = torch.zeros_like(updates[0])
+    for seen_v, seen_t, u in zip(fed_v.attack.seen, fed_t.attack.seen, updates):
+        # The worker momentum of the noiseless updates, over the rounds: the shadow chain keeps its own state.
+        momentum = beta * momentum + (1 - beta) * u
+        assert seen_v.shape == momentum.shape == (5, u.shape[1])
+        assert torch.allclose(seen_v, momentum, atol=1e-6)
+        assert float(seen_t.norm()) > 10 * float(seen_v.norm())   # the transmitted view is mostly noise
+    assert state_v.attack_view is not None
+    # The shadow chain's accounting events are not charged: the ledgers match the transmitted-view run's.
+    assert fed_v.ledger.epsilons() == pytest.approx(fed_t.ledger.epsilons())
+
+
+def test_attack_view_is_validated():
+    with pytest.raises(ConfigError, match="attack.view"):
+        config_from_dict({"algorithm": "cafcor", "attack": {"name": "alie", "num_byzantine": 1, "view": "clean"}})

@@ -145,6 +145,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         attack=attack, client_stages=client_stages,
         aggregator=aggregator, server_stages=server_stages,
         server_optimizer=server_opt, executor=executor, ledger=ledger, weighting=cfg.server.weighting,
+        attack_view=client_stages.without_privacy_noise() if attack is not None and cfg.attack.view == "noiseless"
+        else None,
         reports={"num_samples": torch.tensor(sizes, dtype=torch.float64)},
         eval_every=cfg.engine.eval_every, eval_batch_size=cfg.engine.eval_batch_size, info=info)
     if recipe is not None:

@@ -140,9 +140,14 @@ class AttackConfig:
     params: dict[str, Any] = field(default_factory=dict)
     byzantine_hold_data: bool = True
     """False: the data are split among the honest clients only (CafCor's setting)."""
+    view: Literal["transmitted", "noiseless"] = "transmitted"
+    """What an update-level attack sees of the honest clients: the messages they send ("transmitted", after
+    every client stage, cafcor.md §7 item 11), or the messages their client stages would produce without the
+    privacy-noise stages ("noiseless", a simulation-only oracle kept with its own stage state)."""
 
     def __post_init__(self) -> None:
         check(self.num_byzantine >= 0, "num_byzantine", self.num_byzantine, "an integer >= 0")
+        check(self.view in ("transmitted", "noiseless"), "view", self.view, '"transmitted" or "noiseless"')
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -17,7 +17,14 @@ from trustfl.types import ParamLayout, RoundContext, StageOut
 
 
 class AbstractStage(abc.ABC):
-    """Base of every stage. Subclasses are frozen dataclasses validated in ``__post_init__``."""
+    """Base of every stage. Subclasses are frozen dataclasses validated in ``__post_init__``.
+
+    Attributes:
+      privacy_noise: ``True`` for stages whose only job is to add privacy noise; the simulator drops them to
+        build the *noiseless* view an attack may be given (``attack.view = "noiseless"``).
+    """
+
+    privacy_noise: ClassVar[bool] = False
 
     def init(self, layout: ParamLayout) -> Any:
         """The initial state for messages of ``layout`` (default: no state)."""
@@ -54,6 +61,10 @@ class Chain(AbstractStage):
     def round_events(self) -> list[Any]:
         """Every stage's per-round DP event, in order (``None`` entries dropped)."""
         return [e for _, stage in self.stages if (e := stage.round_event()) is not None]
+
+    def without_privacy_noise(self) -> Chain:
+        """The same chain minus its privacy-noise stages (the simulator's noiseless view of honest messages)."""
+        return Chain(tuple((name, stage) for name, stage in self.stages if not stage.privacy_noise))
 
     def apply(self, x: torch.Tensor, state: dict[str, Any], ctx: RoundContext) -> StageOut:
         new_state: dict[str, Any] = {}

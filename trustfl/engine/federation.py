@@ -66,6 +66,10 @@ class Federation:
     server_optimizer: AbstractServerOptimizer
     executor: AbstractExecutor
     ledger: LedgerBook | None = None
+    attack_view: Chain | None = None
+    """The client stages an attack's view of honest messages goes through when it differs from the transmitted
+    one (``attack.view = "noiseless"``: the client chain without its privacy-noise stages); ``None``: the
+    attack sees the transmitted messages."""
     weighting: str = "num_samples"
     reports: dict[str, torch.Tensor] = field(default_factory=dict)
     eval_every: int = 1
@@ -93,3 +97,5 @@ class EngineState:
     bytes_down_total: int = 0
     wall_time_s: float = 0.0
     rejected_total: int = 0
+    attack_view: Any = None
+    """Stage state of ``Federation.attack_view`` (e.g. the noiseless worker momentums), simulation only."""

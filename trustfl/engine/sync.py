@@ -29,7 +29,8 @@ def initial_state(fed: Federation) -> EngineState:
     return EngineState(round=0, params=params, server_optimizer=fed.server_optimizer.init(params),
                        client_stages=fed.client_stages.init(fed.layout), aggregator=fed.aggregator.init(fed.layout),
                        server_stages=fed.server_stages.init(fed.layout),
-                       ledger=None if fed.ledger is None else fed.ledger.state_dict())
+                       ledger=None if fed.ledger is None else fed.ledger.state_dict(),
+                       attack_view=None if fed.attack_view is None else fed.attack_view.init(fed.layout))
 
 
 def _plan(fed: Federation, cid: int) -> ClientPlan:
@@ -95,9 +96,15 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
     stage_metrics = dict(out.metrics)
 
     rows: dict[int, torch.Tensor] = dict(zip(trainers, messages))
+    view, view_state = messages, state.attack_view
+    if fed.attack_view is not None:
+        # Simulation-only oracle: the messages without privacy noise, through their own stage state (its DP
+        # events are not charged: nothing of it is released).
+        shadow = fed.attack_view.apply(results.updates, state.attack_view, ctx_train)
+        view, view_state = shadow.x, shadow.state
     if crafted:
         honest_ids = [c for c in trainers if c not in fed.byzantine]
-        honest = messages[[trainers.index(c) for c in honest_ids]] if honest_ids else messages[:0]
+        honest = view[[trainers.index(c) for c in honest_ids]] if honest_ids else view[:0]
         byz = fed.attack.craft(honest, len(crafted), ctx_train.select(torch.tensor(
             [trainers.index(c) for c in honest_ids], dtype=torch.long)), fed.aggregator)
         for i, c in enumerate(crafted):
@@ -115,7 +122,8 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
 
     new = EngineState(r + 1, state.params, state.server_optimizer, client_state, state.aggregator,
                       state.server_stages, state.ledger, state.bytes_up_total + bytes_up,
-                      state.bytes_down_total + bytes_down, state.wall_time_s, state.rejected_total + rejected)
+                      state.bytes_down_total + bytes_down, state.wall_time_s, state.rejected_total + rejected,
+                      view_state)
     if bool(accepted.any()):
         keep = torch.nonzero(accepted).flatten()
         ctx = _context(fed, r, cohort, weights_all).select(keep)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -180,6 +180,8 @@ class CorrelatedNoise(AbstractStage):
     so the recipe charges it. Metrics: ``message_noise_std`` = ``√((n−1)σ_cor² + σ_ind²)`` per coordinate of one
     row, and ``sum_noise_std`` = ``√(m(n−m)σ_cor² + mσ_ind²)``, the noise left in the sum of the ``m`` rows.
     """
+
+    privacy_noise: ClassVar[bool] = True
 
     sigma_cor: float
     sigma_ind: float = 0.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -56,6 +56,8 @@ class GaussianNoise(AbstractStage):
       stream: the generator key, ``ctx.generator(stream, client_id)``; give two noise stages of one chain
         different streams, or their noise is identical.
     """
+
+    privacy_noise: ClassVar[bool] = True
 
     std: float | None = None
     noise_multiplier: float | None = None
@@ -142,6 +144,8 @@ class CentralGaussianNoise(AbstractStage):
       context whose ``client_ids`` are exactly the ``m`` clients summed. ``m`` is public (a fixed cohort size);
       with Poisson sampling use the expected cohort size instead, which this stage does not do.
     """
+
+    privacy_noise: ClassVar[bool] = True
 
     noise_multiplier: float
     clip_norm: float
