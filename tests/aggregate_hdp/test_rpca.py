@@ -54,6 +54,17 @@ def test_residual_and_default_tolerances():
     assert absolute.iterations >= res.iterations
 
 
+@pytest.mark.parametrize("options", [{}, {"mu_rule": "spectral", "mu_growth": 1.1}])
+def test_sparse_stopping_tests_give_the_same_split(options):
+    M, _, _ = planted(seed=2)
+    every, sparse = pcp(M, **options), pcp(M, check_every=4, **options)
+    assert every.converged and sparse.converged
+    # The test runs at multiples of 4 only: at most 3 iterations past the first that met the tolerance.
+    assert sparse.iterations % 4 == 0 and every.iterations <= sparse.iterations < every.iterations + 4
+    assert sparse.residual == pytest.approx(float((M - sparse.low_rank - sparse.sparse).norm()), rel=1e-6)
+    assert rel(sparse.sparse, every.sparse) < 1e-5 and rel(sparse.low_rank, every.low_rank) < 1e-5
+
+
 def test_max_iter_stops_unconverged():
     M, _, _ = planted()
     res = pcp(M, max_iter=3)
@@ -104,7 +115,7 @@ def test_zero_matrix():
 
 @pytest.mark.parametrize("kwargs", [{"lam": 0.0}, {"mu": -1.0}, {"tol": float("nan")}, {"mu_rule": "l1"},
                                     {"tol_mode": "rel"}, {"max_iter": 0}, {"max_iter": 2.5},
-                                    {"mu_growth": 0.9}, {"svd": "qr"}, {"mu_max": 0.0}])
+                                    {"mu_growth": 0.9}, {"svd": "qr"}, {"mu_max": 0.0}, {"check_every": 0}])
 def test_invalid_options(kwargs):
     with pytest.raises(ConfigError, match=next(iter(kwargs))):
         pcp(torch.ones(5, 2), **kwargs)

@@ -235,7 +235,8 @@ class RobustHDP(AbstractAggregator):
       block: ``"first"`` or ``"random"``.
       num_blocks: ``Q >= 1``; needs ``Q·p' <= p``.
       variance_floor: relative floor on ``σ̂²``, in ``[0, 1)``.
-      lam, mu, mu_rule, tol, tol_mode, max_iter, mu_growth, mu_max, svd: PCP options (see ``pcp``).
+      lam, mu, mu_rule, tol, tol_mode, max_iter, mu_growth, mu_max, svd, check_every: PCP options (see
+        ``pcp``).
       per_client_metrics: also report ``weight/<client_id>``.
 
     References:
@@ -264,6 +265,7 @@ class RobustHDP(AbstractAggregator):
     mu_growth: float = 1.0
     mu_max: float | None = None
     svd: SvdMethod = "gram"
+    check_every: int = 1
     per_client_metrics: bool = False
 
     def __post_init__(self) -> None:
@@ -279,7 +281,8 @@ class RobustHDP(AbstractAggregator):
         if not (isinstance(self.variance_floor, (int, float)) and 0 <= self.variance_floor < 1):
             raise ConfigError(f"`variance_floor` must be in [0, 1), found {self.variance_floor!r}.")
         check_pcp_options(lam=self.lam, mu=self.mu, mu_rule=self.mu_rule, tol=self.tol, tol_mode=self.tol_mode,
-                          max_iter=self.max_iter, mu_growth=self.mu_growth, mu_max=self.mu_max, svd=self.svd)
+                          max_iter=self.max_iter, mu_growth=self.mu_growth, mu_max=self.mu_max, svd=self.svd,
+                      check_every=self.check_every)
 
     def init(self, layout: ParamLayout) -> dict[str, dict[int, float]]:
         return {"noise_variance": {}}
@@ -308,7 +311,8 @@ class RobustHDP(AbstractAggregator):
                 total += torch.linalg.vector_norm(xb, dim=1, dtype=torch.float64) ** 2
                 continue
             res = pcp(xb.T, lam=self.lam, mu=self.mu, mu_rule=self.mu_rule, tol=self.tol, tol_mode=self.tol_mode,
-                      max_iter=self.max_iter, mu_growth=self.mu_growth, mu_max=self.mu_max, svd=self.svd)
+                      max_iter=self.max_iter, mu_growth=self.mu_growth, mu_max=self.mu_max, svd=self.svd,
+                      check_every=self.check_every)
             total += torch.linalg.vector_norm(res.sparse, dim=0) ** 2
             info["iterations"] += res.iterations
             info["converged"] = min(info["converged"], float(res.converged))

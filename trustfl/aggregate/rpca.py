@@ -25,7 +25,9 @@ Implementation notes (p ≫ n, e.g. p = 10⁶ parameters × n = 60 clients):
   * The solver works in float64 on the transposed, row-major layout ``W = Mᵀ`` of shape ``(n, p)`` (the layout
     of a message matrix), so no ``(p, n)`` copy is made when ``M`` is ``x.T`` of a float64 ``x``.
   * It keeps ``Z = M + Y/μ`` instead of ``Y``. Since ``B − shrink_τ(B) = clamp(B, −τ, τ)``, the dual update is
-    ``Y_{k+1}/μ_k = clamp(M − L_{k+1} + Y_k/μ_k, ±λ/μ_k)``, and the residual is ``Z_k + R = M + clamp(...)``.
+    ``C_{k+1} = Y_{k+1}/μ_k = clamp(B, ±λ/μ_k)`` with ``B = Z_k − L_{k+1}`` (computed in place in ``Z``), and the
+    residual is ``R_{k+1} = M − Z_k + C_{k+1} = C_{k+1} − (μ_{k−1}/μ_k) C_k``, so no buffer holds it; one
+    iteration is ≈ 15 passes over the matrix (+4 when the stopping rule is tested, see ``check_every``).
   * The thin SVD of the wide ``(n, p)`` iterate ``A`` comes from the eigendecomposition of its ``n×n`` Gram
     matrix ``A Aᵀ = U Σ² Uᵀ`` (``svd="gram"``), and ``SVT(A) = U diag(shrink(σ)/σ) Uᵀ A`` is one ``n×n`` by
     ``n×p`` product fused with the next subtraction (``addmm``). ``svd="direct"`` takes ``U, σ`` from
@@ -82,7 +84,8 @@ class PCPResult:
 
 
 def check_pcp_options(*, lam: float | None, mu: float | None, mu_rule: str, tol: float | None, tol_mode: str,
-                      max_iter: int, mu_growth: float, mu_max: float | None, svd: str) -> None:
+                      max_iter: int, mu_growth: float, mu_max: float | None, svd: str,
+                      check_every: int = 1) -> None:
     """Validate PCP options (shared by :func:`pcp` and the aggregators that wrap it); raise ``ConfigError``."""
     for name, value in (("lam", lam), ("mu", mu), ("tol", tol), ("mu_max", mu_max)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -95,6 +98,8 @@ def check_pcp_options(*, lam: float | None, mu: float | None, mu_rule: str, tol:
         raise ConfigError(f"`max_iter` must be an integer >= 1, found {max_iter!r}.")
     if not (isinstance(mu_growth, (int, float)) and math.isfinite(mu_growth) and mu_growth >= 1.0):
         raise ConfigError(f"`mu_growth` must be a finite number >= 1 (1 = fixed μ, Alg. 3), found {mu_growth!r}.")
+    if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
+        raise ConfigError(f"`check_every` must be an integer >= 1, found {check_every!r}.")
     if svd not in ("gram", "direct"):
         raise ConfigError(f"`svd` must be 'gram' or 'direct', found {svd!r}.")
 
@@ -123,7 +128,7 @@ def _default_mu(m: torch.Tensor, rule: str) -> float:
 
 def pcp(M: torch.Tensor, *, lam: float | None = None, mu: float | None = None, mu_rule: MuRule = "candes",
         tol: float | None = None, tol_mode: TolMode = "relative", max_iter: int = 1000, mu_growth: float = 1.0,
-        mu_max: float | None = None, svd: SvdMethod = "gram") -> PCPResult:
+        mu_max: float | None = None, svd: SvdMethod = "gram", check_every: int = 1) -> PCPResult:
     """Principal Component Pursuit ``M = L + S`` by inexact ALM (Candès et al. 2011, Alg. 1).
 
     Args:
@@ -141,6 +146,8 @@ def pcp(M: torch.Tensor, *, lam: float | None = None, mu: float | None = None, m
       mu_growth: ``ρ ≥ 1``; ``μ_{k+1} = min(ρ μ_k, μ_max)``. ``1`` is Alg. 3 (fixed μ).
       mu_max: cap on ``μ`` when ``ρ > 1``; default ``1e7·μ_0``.
       svd: ``"gram"`` (eigendecomposition of the ``n×n`` Gram matrix) or ``"direct"`` (``torch.linalg.svd``).
+      check_every: test the stopping rule every ``k`` iterations (and at the cap): each test is one more pass
+        over the matrix; ``k > 1`` may run up to ``k − 1`` iterations past the first one that met ``tol``.
 
     Returns:
       A :class:`PCPResult`. An all-zero ``M`` returns ``L = S = 0`` after 0 iterations.
@@ -158,7 +165,7 @@ def pcp(M: torch.Tensor, *, lam: float | None = None, mu: float | None = None, m
       (True, 10.0, 1)
     """
     check_pcp_options(lam=lam, mu=mu, mu_rule=mu_rule, tol=tol, tol_mode=tol_mode, max_iter=max_iter,
-                      mu_growth=mu_growth, mu_max=mu_max, svd=svd)
+                      mu_growth=mu_growth, mu_max=mu_max, svd=svd, check_every=check_every)
     if M.ndim != 2 or M.numel() == 0 or not M.is_floating_point():
         raise ValueError(f"`M` must be a non-empty floating (p, n) matrix, found shape {tuple(M.shape)} and "
                          f"dtype {M.dtype}.")
@@ -177,31 +184,33 @@ def pcp(M: torch.Tensor, *, lam: float | None = None, mu: float | None = None, m
     tol_ = tol if tol is not None else DEFAULT_TOL[tol_mode]
     threshold = tol_ * norm_f if tol_mode == "relative" else tol_
 
-    z = m.clone()                 # Z = M + Y/μ  (Y_0 = 0)
-    s = torch.zeros_like(m)       # S
-    w = torch.empty_like(m)       # A = Z − S, then C = clamp(B) = Y_{k+1}/μ_k
-    t = torch.empty_like(m)       # B = Z − L, then M + C
-    mu_k, err, rank, k, converged = mu, float("inf"), 0, 0, False
+    # Buffers, all (n, p): z = Z_k = M + γ_k C_k (γ_k = μ_{k-1}/μ_k, C_0 = 0), then B = Z − L in place;
+    # s = S_k; a = A = Z − S, then C_{k+1} = clamp(B); c = C_k. The residual needs no buffer of its own:
+    # R_{k+1} = M − L − S = M − Z_k + C_{k+1} = C_{k+1} − γ_k C_k.
+    z = m.clone()
+    s = torch.zeros_like(m)
+    a = torch.empty_like(m)
+    c = torch.zeros_like(m)
+    mu_k, gamma, err, rank, k, converged = mu, 1.0, float("inf"), 0, 0, False
     while k < max_iter:
-        torch.sub(z, s, out=w)
-        proj, rank = _svt_operator(w, 1.0 / mu_k, svd)
-        torch.addmm(z, proj, w, alpha=-1.0, out=t)        # B = Z − SVT(A)
+        torch.sub(z, s, out=a)                              # A = Z − S
+        proj, rank = _svt_operator(a, 1.0 / mu_k, svd)
+        z.addmm_(proj, a, alpha=-1.0)                       # B = Z − SVT(A)
         thr = lam_ / mu_k
-        torch.clamp(t, -thr, thr, out=w)                    # C = B − shrink(B)
-        torch.sub(t, w, out=s)                              # S_{k+1} = shrink_{λ/μ}(B)
-        torch.add(m, w, out=t)                              # M + C = Z_k + R
-        torch.sub(t, z, out=z)                              # z ← R = M − L_{k+1} − S_{k+1}
-        err = float(torch.linalg.vector_norm(z))
+        torch.clamp(z, -thr, thr, out=a)                    # C_{k+1} = B − shrink(B) = Y_{k+1}/μ_k
+        torch.sub(z, a, out=s)                              # S_{k+1} = shrink_{λ/μ}(B)
         k += 1
-        converged = err <= threshold
-        if converged or k == max_iter:
-            break
+        if k % check_every == 0 or k == max_iter:
+            c.mul_(-gamma).add_(a)                          # c ← R_{k+1} (C_k is not needed any more)
+            err = float(torch.linalg.vector_norm(c))
+            converged = err <= threshold
+            if converged or k == max_iter:
+                break
         mu_next = min(mu_k * mu_growth, mu_cap)
-        if mu_next == mu_k:
-            z, t = t, z                                     # Z_{k+1} = M + C
-        else:
-            torch.add(m, w, alpha=mu_k / mu_next, out=z)    # Z_{k+1} = M + Y_{k+1}/μ_{k+1}
+        gamma = mu_k / mu_next
+        torch.add(m, a, alpha=gamma, out=z)                 # Z_{k+1} = M + Y_{k+1}/μ_{k+1}
+        a, c = c, a
         mu_k = mu_next
-    torch.sub(m, s, out=t)
-    t.sub_(z)                                               # L = M − S − R
+    t = torch.sub(m, s, out=z)
+    t.sub_(c)                                               # L = M − S − R
     return PCPResult(t.t(), s.t(), k, converged, err, mu, lam_, rank)
