@@ -175,6 +175,14 @@ def test_clipped_batch_mean():
             for k, v in mean.items():
                 assert torch.allclose(clipped[k][i], v * min(1.0, c / (ref_norm + 1e-6)), atol=1e-12)
         assert norms[2] == 0 and total[2] == 0
+    # The loss from the same forward pass: each client's mean loss over its real examples.
+    _, _, losses = clipped_batch_mean(nets[0], params, x, y, mask, 1.0, return_loss=True)
+    for i in range(2):
+        n_real = int(mask[i].sum())
+        with torch.no_grad():
+            ref = torch.nn.functional.cross_entropy(nets[i](x[i, :n_real]), y[i, :n_real])
+        assert losses[i].item() == pytest.approx(ref.item(), rel=1e-9)
+    assert losses[2] == 0
 
 
 def test_clip_factor_is_opacus():

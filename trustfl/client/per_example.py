@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 from trustfl.client import ghost
 from trustfl.errors import ConfigError, PrivacyError
@@ -320,7 +320,9 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
 
 
 def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor,
-                       y: torch.Tensor, mask: torch.Tensor, max_norm: float) -> tuple[Params, torch.Tensor]:
+                       y: torch.Tensor, mask: torch.Tensor, max_norm: float,
+                       return_loss: bool = False) -> tuple[Params, torch.Tensor] | tuple[Params, torch.Tensor,
+                                                                                         torch.Tensor]:
     """Mini-batch clipping (CafCor Algorithm 1, eq. 1): ``Clip((1/n_i) Σ_{b real} g_{ib}; C)`` per client.
 
     ``n_i`` is the number of real examples of client ``i`` (a client with none gets a zero gradient), and
@@ -329,10 +331,11 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
 
     Args:
       model, params_stacked, x, y, mask, max_norm: as in :func:`clipped_grad_sum`.
+      return_loss: also return each client's mean loss ``(m,)`` (from the same forward pass).
 
     Returns:
       ``(clipped, norms)``: ``clipped[k]`` of shape ``(m, *param_shape)`` and the norms ``(m,)`` of the mean
-      gradients before clipping.
+      gradients before clipping; ``(clipped, norms, losses)`` with ``return_loss``.
     """
     params, x, y, keep = _prepare(params_stacked, x, y, mask, max_norm)
     weights = keep.to(x.dtype if x.is_floating_point() else next(iter(params.values())).dtype)
@@ -341,10 +344,11 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
         losses = F.cross_entropy(functional_call(model, p, (xi,)), yi, reduction="none")
         return (losses * wi).sum() / wi.sum().clamp(min=1)
 
-    g = vmap(grad(mean_loss))(params, x, y, weights)
+    g, losses = vmap(grad_and_value(mean_loss))(params, x, y, weights)
     norms = sum(v.flatten(1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
-    return {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}, norms
+    clipped = {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}
+    return (clipped, norms, losses.detach()) if return_loss else (clipped, norms)
 
 
 def _prepare(params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,

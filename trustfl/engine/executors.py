@@ -130,10 +130,8 @@ class VectorizedExecutor(AbstractExecutor):
                 with torch.no_grad():
                     losses = _batched_losses(model, params, x, y, mask)
             elif training.dp_mode == "batch_clip":
-                clipped, _ = clipped_batch_mean(model, params, x, y, mask, training.clip)
+                clipped, _, losses = clipped_batch_mean(model, params, x, y, mask, training.clip, return_loss=True)
                 grads = add_dp_noise(clipped, plans, training.clip, torch.ones(m), gens)
-                with torch.no_grad():
-                    losses = _batched_losses(model, params, x, y, mask)
             else:
                 active = active & mask.any(1)
                 grads, losses = grad_fn(params, x, y, mask.to(x.dtype))
@@ -192,19 +190,23 @@ class SequentialExecutor(AbstractExecutor):
             if training.private:
                 stacked = {k: v.detach().unsqueeze(0) for k, v in params.items()}
                 mask = torch.ones(1, x.shape[0], dtype=torch.bool)
+                loss = None
                 if training.dp_mode == "per_example":
                     g, _ = clipped_grad_sum(model, stacked, x.unsqueeze(0), y.unsqueeze(0), mask, training.clip,
                                             method=training.dp_method)
                     divisor = torch.tensor([float(plan.batch_size)])
                 else:
-                    g, _ = clipped_batch_mean(model, stacked, x.unsqueeze(0), y.unsqueeze(0), mask, training.clip)
+                    g, _, loss = clipped_batch_mean(model, stacked, x.unsqueeze(0), y.unsqueeze(0), mask,
+                                                    training.clip, return_loss=True)
                     divisor = torch.ones(1)
                 g = add_dp_noise(g, [plan], training.clip, divisor, [gen])
                 for k, p in params.items():
                     p.grad = g[k][0]
                 if x.shape[0]:
-                    with torch.no_grad():
-                        total += float(F.cross_entropy(functional_call(model, params, (x,)), y))
+                    if loss is None:
+                        with torch.no_grad():
+                            loss = F.cross_entropy(functional_call(model, params, (x,)), y)
+                    total += float(loss.sum())
                     counted += 1
             else:
                 if x.shape[0] == 0:
