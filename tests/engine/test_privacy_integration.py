@@ -27,6 +27,16 @@ def test_stage_placement_over_budget_is_refused(small_config):
         build_federation(cfg, quiet=True)
 
 
+def test_sample_level_dp_plus_stage_noise_is_checked_as_a_whole(small_config):
+    # Sample-level DP calibrated to ε = 2 spends the whole budget; a noise stage on top must be refused up front.
+    dp = {"mode": "per_example", "epsilon": 2.0}
+    build_federation(small_config(client__dp=dp), quiet=True)
+    stages = [{"name": "clip_l2", "max_norm": 1.0},
+              {"name": "gaussian_noise", "noise_multiplier": 5.0, "sensitivity": 1.0}]
+    with pytest.raises(BudgetExceededError, match="over its budget ε = 2.0"):
+        build_federation(small_config(client__dp=dp, client_stages=stages), quiet=True)
+
+
 def test_running_experiment_never_spends_past_a_budget(small_config):
     cfg = small_config(cohort={"sampler": "all"}, client__dp={"mode": "per_example", "noise_multiplier": 1.0})
     fed = build_federation(cfg, quiet=True)

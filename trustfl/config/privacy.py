@@ -14,7 +14,7 @@ from trustfl.core.rng import numpy_rng
 from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, step_event
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
-from trustfl.privacy.events import composed, describe
+from trustfl.privacy.events import composed, describe, self_composed
 from trustfl.privacy.budgets import calibrate_clients, epsilons_from_distribution, epsilons_from_list
 
 import torch
@@ -89,7 +89,12 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
         plan = ClientPlan(i, torch.arange(sizes[i]), batch_sizes[i], noise[i])
         event = step_event(training, plan)
         if event is not None and not budgets[i].unlimited:
-            check_schedule(i, budgets[i], event, steps[i], dp.accountant, neighboring)
+            if round_events:  # local steps and the stages' events, every round
+                per_round = composed([self_composed(event, num_local_steps(training, sizes[i], batch_sizes[i])),
+                                      *round_events])
+                check_schedule(i, budgets[i], per_round, cfg.rounds, dp.accountant, neighboring)
+            else:
+                check_schedule(i, budgets[i], event, steps[i], dp.accountant, neighboring)
     info["privacy"] = {"mode": dp.mode, "delta": dp.delta, "accountant": dp.accountant, "clip": dp.clip,
                        "epsilon_budget": None if eps is None else [eps[i] for i in range(n)],
                        "noise_multiplier": noise, "planned_steps": steps, "neighboring": neighboring}
