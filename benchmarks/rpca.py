@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--recompute-z", action="store_true")
     ap.add_argument("--svd-compare", action="store_true")
+    ap.add_argument("--out", default=None, help="also write the table to this Markdown file (e.g. "
+                                                 "benchmarks/rpca_timing.md, which benchmarks/robust_hdp.md embeds)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -96,22 +99,31 @@ def main() -> None:
     if args.recompute_z:
         from trustfl.privacy.analysis.rhdp import compute_z
         z = [compute_z(e, 2400, b) for e, b in zip(EPS_DIST6, BATCHES)]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, Dist6 cycled, max_iter {args.max_iter}\n")
-    print("| n | p | config | iterations | converged | wall s | CPU s | L1(w, w_oracle) |")
-    print("|---|---|---|---|---|---|---|---|")
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    emit(f"torch {torch.__version__}, {torch.get_num_threads()} threads, Dist6 cycled, max_iter {args.max_iter}\n")
+    emit("| n | p | config | iterations | converged | wall s | CPU s | L1(w, w_oracle) |")
+    emit("|---|---|---|---|---|---|---|---|")
     for n in clients:
         for p in params:
             x, var = synthetic(n, p, z)
             for config in args.configs:
                 if config == "candes" and p > args.candes_max_p:
-                    print(f"| {n} | {p:.0e} | candes | skipped (p > {args.candes_max_p:.0e}) | | | | |", flush=True)
+                    emit(f"| {n} | {p:.0e} | candes | skipped (p > {args.candes_max_p:.0e}) | | | | |")
                     continue
                 r = run_one(x, var, config, args.max_iter)
-                print(f"| {n} | {p:.0e} | {config} | {r['iterations']} | {r['converged']} | {r['seconds']:.1f} | "
-                      f"{r['cpu']:.1f} | {r['l1']:.4f} |", flush=True)
+                emit(f"| {n} | {p:.0e} | {config} | {r['iterations']} | {r['converged']} | {r['seconds']:.1f} | "
+                     f"{r['cpu']:.1f} | {r['l1']:.4f} |")
             del x
     if args.svd_compare:
-        print("\n" + svd_compare(max(clients), max(params)))
+        emit("\n" + svd_compare(max(clients), max(params)))
+    if args.out:
+        command = "python benchmarks/rpca.py " + " ".join(sys.argv[1:])
+        Path(args.out).write_text(f"Command: `{command}`\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
