@@ -68,7 +68,9 @@ def trustfl_rules(f: int) -> list[tuple[str, str, Callable[[], Any], dict[str, A
         ("nnm", pre, lambda: trustfl.build(pre, "nnm", f=f), {}),
         ("bucketing", pre, lambda: trustfl.build(pre, "bucketing", bucket_size=2), {}),
         ("static_clip", pre, lambda: trustfl.build(pre, "static_clip", max_norm=2.0), {}),
+        ("static_clip (in place)", pre, lambda: trustfl.build(pre, "static_clip", max_norm=2.0, in_place=True), {}),
         ("arc", pre, lambda: trustfl.build(pre, "arc", f=f), {}),
+        ("arc (in place)", pre, lambda: trustfl.build(pre, "arc", f=f, in_place=True), {}),
     ]
 
 
@@ -83,6 +85,7 @@ def byzfl_rule(byzfl: Any, label: str, f: int) -> tuple[Callable[[], Any] | None
         "caf": (lambda: byzfl.CAF(f), False), "caf (power)": (lambda: byzfl.CAF(f), False),
         "nnm": (lambda: byzfl.NNM(f), False), "bucketing": (lambda: byzfl.Bucketing(2), False),
         "static_clip": (lambda: byzfl.Clipping(2.0), True), "arc": (lambda: byzfl.ARC(f), True),
+        "static_clip (in place)": (lambda: byzfl.Clipping(2.0), True), "arc (in place)": (lambda: byzfl.ARC(f), True),
     }
     return table.get(label, (None, False))
 
@@ -144,9 +147,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     print(row, file=sys.stderr, flush=True)
                     continue
                 stage = make()
-                stage(x)  # warm-up (and registry/plugin loading)
+                in_place = getattr(stage, "in_place", False)
+                stage(x.clone() if in_place else x)  # warm-up (and registry/plugin loading)
                 base = peak_rss_reset()
-                row["trustfl"] = best_time(lambda: stage(x), args.repeats)
+                row["trustfl"] = (best_time(lambda v: stage(v), args.repeats, fresh_input=x.clone) if in_place
+                                  else best_time(lambda: stage(x), args.repeats))
                 if base is not None:
                     row["peak_mb"] = max(_status("VmHWM") - base, 0) / 2**20
                 if label in ("caf", "caf (power)", "geometric_median"):
@@ -158,11 +163,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     row["note"] = f"ByzFL skipped: its NNM allocates an (n, n−f, d) tensor ({gb:.1f} GB)"
                     factory = None
                 if factory is not None:
-                    if mutates:
+                    if mutates and in_place:
+                        row["byzfl"] = best_time(lambda v: factory()(v), args.repeats, fresh_input=x.clone)
+                        row["note"] = "both clip in place (input copies made outside the timing)"
+                    elif mutates:
                         row["byzfl"] = best_time(lambda v: factory()(v), args.repeats, fresh_input=x.clone)
                         copy = best_time(x.clone, args.repeats)
-                        row["note"] = (f"ByzFL clips in place (copy made outside the timing); with the copy a "
-                                       f"caller needs to keep its messages: {row['byzfl'] + copy:.3f} s")
+                        row["note"] = (f"ByzFL clips in place (copy made outside the timing), trustfl returns a new "
+                                       f"matrix; ByzFL with the copy a caller needs to keep its messages: "
+                                       f"{row['byzfl'] + copy:.3f} s")
                     else:
                         row["byzfl"] = best_time(lambda: factory()(x), args.repeats)
                     row["ratio"] = row["trustfl"] / row["byzfl"]
@@ -196,15 +205,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-byzfl", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--out", default=None, help="also write the table to this Markdown file (e.g. "
+                                                     "benchmarks/aggregators_timing.md, which benchmarks/cafcor.md embeds)")
+    parser.add_argument("--no-allocator-tuning", action="store_true",
+                        help="leave glibc's allocator alone (trustfl runs apply trustfl.engine.allocator.tune_allocator)")
     args = parser.parse_args()
+    if not args.no_allocator_tuning:
+        # As in every trustfl run (run_experiment): freed (n, d) buffers are reused, not returned to the OS and
+        # faulted in again, which is what a fresh output matrix costs otherwise. Applies to both libraries.
+        from trustfl.engine.allocator import tune_allocator
+        tune_allocator()
     if args.quick:
         args.d = [10_000]
     if args.threads:
         torch.set_num_threads(args.threads)
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs (load average "
-          f"{load}), float32; f = 5 at n = 15, f = 10 at n = 100; ratio = trustfl / byzfl (< 1: trustfl faster)\n")
-    print(markdown(run(args)))
+    head = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs (load average "
+            f"{load}), float32; f = 5 at n = 15, f = 10 at n = 100; ratio = trustfl / byzfl (< 1: trustfl faster); "
+            f"glibc allocator {'as is' if args.no_allocator_tuning else 'tuned as in trustfl runs'}\n")
+    print(head)
+    table = markdown(run(args))
+    print(table)
+    if args.out:
+        command = "python benchmarks/aggregators.py " + " ".join(sys.argv[1:])
+        Path(args.out).write_text(f"Command: `{command}`\n\n{head}\n{table}\n")
 
 
 if __name__ == "__main__":

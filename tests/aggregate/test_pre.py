@@ -116,6 +116,23 @@ def test_static_clip_metric_and_no_copy():
     assert torch.equal(x, torch.tensor([[3.0, 4.0], [0.3, 0.4]]))  # input untouched
 
 
+@pytest.mark.parametrize("make", [lambda: StaticClip(max_norm=2.0), lambda: ARC(f=3)],
+                         ids=["static_clip", "arc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_in_place_clipping_equals_the_copying_one(make, dtype):
+    x = torch.randn(12, 50, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    x[[1, 7]] *= 10.0
+    stage = make()
+    in_place = type(stage)(**{**stage.__dict__, "in_place": True})
+    expected = run(stage, x)
+    y = x.clone()
+    out = run(in_place, y)
+    assert out.x is y and out.metrics == expected.metrics
+    assert torch.equal(out.x, expected.x)          # same rows scaled by the same factors
+    with pytest.raises(ConfigError, match="in_place"):
+        type(stage)(**{**stage.__dict__, "in_place": 1})
+
+
 def test_arc_clips_the_k_largest_to_the_next_norm():
     # n = 10, f = 2: k = ⌊2·(2/10)·8⌋ = 3 → the 3 largest are clipped to the 4th largest norm (7)
     x = torch.arange(1.0, 11.0)[:, None]

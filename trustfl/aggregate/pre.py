@@ -30,11 +30,22 @@ def _row_norms(x: torch.Tensor) -> torch.Tensor:
     return norms
 
 
-def _scale_rows(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x_i · scale_i``; returns ``x`` itself (no copy) when every scale is 1."""
+def _scale_rows(x: torch.Tensor, scale: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """``x_i · scale_i``; returns ``x`` itself (no copy) when every scale is 1. ``in_place``: scale only the rows
+    whose scale is not 1, in ``x`` itself (for callers that own ``x`` and want no ``(n, d)`` output buffer)."""
     if bool((scale == 1).all()):
         return x
+    if in_place:
+        rows = torch.nonzero(scale != 1).flatten()
+        if 2 * rows.numel() > x.shape[0]:  # most rows: one multiply over the matrix beats gathering them
+            return x.mul_(scale.to(x.dtype)[:, None])
+        return x.index_copy_(0, rows, x.index_select(0, rows).mul_(scale[rows].to(x.dtype)[:, None]))
     return x * scale.to(x.dtype)[:, None]
+
+
+def _check_in_place(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"`in_place` must be true or false, found {value!r}.")
 
 
 @register("pre_aggregator", "nnm")
@@ -139,6 +150,8 @@ class StaticClip(AbstractPreAggregator):
 
     Args:
       max_norm: the clipping norm ``C > 0``.
+      in_place: scale the clipped rows in the input itself instead of returning a new matrix (off by default:
+        stages never modify their input; for a caller that owns the messages and wants no extra ``(n, d)``).
 
     Example:
       >>> import torch
@@ -147,16 +160,19 @@ class StaticClip(AbstractPreAggregator):
     """
 
     max_norm: float
+    in_place: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_norm, (int, float)) and not isinstance(self.max_norm, bool)
                 and self.max_norm > 0 and math.isfinite(self.max_norm)):
             raise ConfigError(f"`max_norm` must be a finite float > 0, found {self.max_norm!r}.")
+        _check_in_place(self.in_place)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         norms = _row_norms(x)
         scale = (self.max_norm / norms.clamp_min(self.max_norm)).where(norms > self.max_norm, 1.0)
-        return StageOut(_scale_rows(x, scale), state, {"clipped": float((norms > self.max_norm).sum())})
+        return StageOut(_scale_rows(x, scale, self.in_place), state,
+                        {"clipped": float((norms > self.max_norm).sum())})
 
 
 @register("pre_aggregator", "arc")
@@ -172,6 +188,7 @@ class ARC(AbstractPreAggregator):
 
     Args:
       f: the Byzantine bound.
+      in_place: as for :class:`StaticClip`.
 
     References:
       Allouah, Guerraoui, Gupta, Jellouli, Rizk, Stephan, "Adaptive Gradient Clipping for Robust Federated
@@ -184,9 +201,11 @@ class ARC(AbstractPreAggregator):
     """
 
     f: int
+    in_place: bool = False
 
     def __post_init__(self) -> None:
         require_f(self.f)
+        _check_in_place(self.in_place)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]
@@ -199,4 +218,5 @@ class ARC(AbstractPreAggregator):
         threshold = norms.sort(descending=True).values[k]
         over = norms > threshold
         scale = (threshold / norms.clamp_min(threshold)).where(over, 1.0)
-        return StageOut(_scale_rows(x, scale), state, {"threshold": float(threshold), "clipped": float(over.sum())})
+        return StageOut(_scale_rows(x, scale, self.in_place), state,
+                        {"threshold": float(threshold), "clipped": float(over.sum())})
