@@ -394,7 +394,7 @@ def render(runs: dict[str, Any]) -> None:
                   "steps, ours to a tolerance; its Krum uses n − f − 1 neighbours; its CAF one random power iteration "
                   "per pass; its Clipping/ARC modify their input, compared with ours both as returned copies and with "
                   "`in_place = true`). Copied from `benchmarks/aggregators_timing.md` (written by the command below).",
-                  "", timing.read_text().strip(), ""]
+                  "", timing.read_text().strip(), "", _timing_summary(timing.read_text()), ""]
     total = sum(r["wall_time_s"] for r in runs.values())
     default = sum(r["wall_time_s"] for r in runs.values() if r["part"] != "diag")
     lines += ["## Timings", "", f"Sum of the run wall times above: {total / 60:.1f} min, of which the default "
@@ -402,6 +402,27 @@ def render(runs: dict[str, Any]) -> None:
               "thread). Per-run times are in the tables; records with configs and overrides are in "
               "`benchmarks/cafcor_results.json`; run directories go to /tmp/trustfl_cafcor_runs.", ""]
     (OUT / "cafcor.md").write_text("\n".join(lines))
+
+
+def _timing_summary(table: str) -> str:
+    """Which cells of the aggregator timing table are slower than ByzFL, split by size."""
+    rows = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) >= 6 and cells[5] not in ("", "–", "ratio") and not cells[5].startswith("-"):
+            rows.append((cells[0], cells[1], cells[2], float(cells[3]), float(cells[5])))
+    slow = [r for r in rows if r[4] > 1.0]
+    big = [r for r in slow if r[3] >= 0.01]
+    caf = next((r for r in rows if r[0] == "caf" and r[1] == "100" and r[2] == "431,080"), None)
+    text = (f"Of {len(rows)} timed cells with a ByzFL counterpart, {len(slow)} are slower than ByzFL; "
+            f"{len(slow) - len(big)} of them take under 10 ms (fixed per-call cost: validation and the stage's output "
+            "record, or a different algorithm on tiny inputs, e.g. GM to a tolerance vs 3 steps)")
+    if big:
+        text += "; the others: " + ", ".join(f"{r[0]} at n = {r[1]}, d = {r[2]} ({r[4]:.2f}×)" for r in big)
+    text += "."
+    if caf:
+        text += f" CAF at n = 100, d = 431,080: {caf[3]:.3f} s (target < 2 s), {caf[4]:.2f}× ByzFL."
+    return text
 
 
 def _acc(runs: dict[str, Any], rid: str) -> float | None:
