@@ -17,8 +17,8 @@ Parts (Exp. A scaled over seeds 1..--seeds, the rest one seed; the paper average
     the 431k-parameter CNN. Methods DSGD-LDP, DSGD-CDP (adversary-free, n − f workers, mean), CafCor-SecLDP,
     CafCor-ByzLDP (CAF, f malicious workers; ALIE computed from the noiseless honest momentums,
     ``attack.view = "noiseless"``), and the two CafCor rows again with ALIE on the noisy transmitted momentums.
-  * ``full``: Exp. A full size at f = 5 with the paper's CNN: CafCor-SecLDP, DSGD-CDP, and CafCor-SecLDP with ALIE
-    on the noisy messages (one run each; timed; runs already in the records are kept).
+  * ``full``: Exp. A full size at f = 5 with the paper's CNN: the four methods, and CafCor-SecLDP with ALIE on the
+    noisy messages (one run each; timed; runs already in the records are kept).
   * ``b``: Exp. B scaled — MNIST, (f, n) = (5, 15), Dirichlet α = 1 over the honest workers, SF and LF, example-level
     CDP (per-example clipping C = 5, z = 0.5 on the honest sum, Poisson b = 100), MLP 784-100-10 and T = 200 in
     place of the CNN and T = 400; CAF vs CWTM, CWMed, GM, Multi-Krum, Meamed, and adversary-free DSGD (10 workers).
@@ -172,6 +172,8 @@ def part_a(runs: dict[str, Any], seeds: int, workers: int) -> None:
 FULL = {  # run id → (config, overrides, label): the paper's CNN at f = 5
     "A-cnn-f5-CafCor-SecLDP": ("expA_cafcor_secldp.toml", [], "CafCor-SecLDP"),
     "A-cnn-f5-DSGD-CDP": ("expA_dsgd_cdp.toml", ["data.num_clients=95"], "DSGD-CDP"),
+    "A-cnn-f5-CafCor-ByzLDP": ("expA_cafcor_byzldp.toml", [], "CafCor-ByzLDP"),
+    "A-cnn-f5-DSGD-LDP": ("expA_dsgd_ldp.toml", ["data.num_clients=95"], "DSGD-LDP"),
     "A-cnn-f5-CafCor-SecLDP-noisy": ("expA_cafcor_secldp.toml", ["attack.view=transmitted"],
                                      "CafCor-SecLDP, ALIE on noisy msgs"),
 }
@@ -494,7 +496,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="a,b,full", help="comma-separated parts: a, b, full, diag")
     parser.add_argument("--render", action="store_true", help="only rebuild cafcor.md and the plots")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N for Exp. A scaled (the paper: 5)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 1..N for Exp. A scaled (as the paper: 5)")
     parser.add_argument("--workers", type=int, default=2, help="parallel run processes (one torch thread each)")
     args = parser.parse_args()
     torch.set_num_threads(1)
