@@ -305,3 +305,14 @@ def test_noiseless_attack_view_sees_the_messages_without_privacy_noise():
 def test_attack_view_is_validated():
     with pytest.raises(ConfigError, match="attack.view"):
         config_from_dict({"algorithm": "cafcor", "attack": {"name": "alie", "num_byzantine": 1, "view": "clean"}})
+
+
+def test_noiseless_attack_view_resumes_exactly(tmp_path):
+    base = make_cfg({"threat_model": "secldp", "epsilon": 5.0, "momentum": 0.8}, rounds=6,
+                    engine={"checkpoint_every": 2})
+    cfg = dataclasses.replace(base, attack=dataclasses.replace(base.attack, view="noiseless"))
+    full = run_experiment(cfg, tmp_path / "full", progress=False)
+    run_experiment(cfg, tmp_path / "part", progress=False, stop_after=3)
+    resumed = run_experiment(None, resume=tmp_path / "part", progress=False)
+    # The shadow momentums ALIE reads are part of the checkpoint: resuming changes nothing.
+    assert torch.equal(full.params, resumed.params)

@@ -100,7 +100,8 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
     if fed.attack_view is not None:
         # Simulation-only oracle: the messages without privacy noise, through their own stage state (its DP
         # events are not charged: nothing of it is released).
-        shadow = fed.attack_view.apply(results.updates, state.attack_view, ctx_train)
+        start_state = state.attack_view if state.attack_view is not None else fed.attack_view.init(fed.layout)
+        shadow = fed.attack_view.apply(results.updates, start_state, ctx_train)
         view, view_state = shadow.x, shadow.state
     if crafted:
         honest_ids = [c for c in trainers if c not in fed.byzantine]
