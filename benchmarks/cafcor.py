@@ -204,23 +204,20 @@ DIAG = {  # run id → (config, overrides, label)
 
 
 def part_diag(runs: dict[str, Any]) -> None:
-    for rid, (config, over, label) in DIAG.items():
-        runs[rid] = run_one(rid, config, over, {"part": "diag", "method": label})
-        save(runs)
+    jobs = [(rid, config, over, {"part": "diag", "method": label}) for rid, (config, over, label) in DIAG.items()]
+    run_jobs(runs, jobs, workers=1)
 
 
 def part_b(runs: dict[str, Any]) -> None:
     common = [MLP, f"rounds={EXP_B_ROUNDS}", "engine.eval_every=10", "engine.checkpoint_every=0", *_fallback("b")]
-    rid = "B-mlp-free"
-    runs[rid] = run_one(rid, "expB_dsgd_adversary_free.toml", common,
-                        {"part": "b", "attack": "none", "method": "DSGD (adversary-free)", "model": "mlp"})
-    save(runs)
+    jobs = [("B-mlp-free", "expB_dsgd_adversary_free.toml", common,
+             {"part": "b", "attack": "none", "method": "DSGD (adversary-free)", "model": "mlp"})]
     for attack, name in (("SF", "sign_flip"), ("LF", "label_flip")):
         for label, rule in EXP_B_RULES.items():
-            rid = f"B-mlp-{attack}-{label}"
-            runs[rid] = run_one(rid, "expB_caf_sf.toml", common + [f"attack.name={name}", f"aggregator.name={rule}"],
-                                {"part": "b", "attack": attack, "method": label, "model": "mlp"})
-            save(runs)
+            jobs.append((f"B-mlp-{attack}-{label}", "expB_caf_sf.toml",
+                         common + [f"attack.name={name}", f"aggregator.name={rule}"],
+                         {"part": "b", "attack": attack, "method": label, "model": "mlp"}))
+    run_jobs(runs, jobs, workers=1)
 
 
 def save(runs: dict[str, Any]) -> None:
