@@ -1,0 +1,43 @@
+"""Nothing that worked changes: every shipped config reproduces the metrics it had before the engine refactoring.
+
+The fixtures (``fixtures/*.jsonl``) are the 2-round ``metrics.jsonl`` files written by ``fixtures/generate.py``
+from the code before issue #10. Values must match exactly; only timing keys are skipped. A row may gain keys
+(new metrics), never lose or change one.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from tests.engine.shipped_configs import CONFIGS, VOLATILE, fixture_path, overrides, write_fake_mnist
+from trustfl.config.load import load_config
+from trustfl.experiment import run_experiment
+
+
+@pytest.fixture(scope="module")
+def fake_mnist(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data")
+    write_fake_mnist(path)
+    return path
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_shipped_config_reproduces_its_fixture(config, fake_mnist, tmp_path, one_torch_thread):
+    expected = [json.loads(line) for line in fixture_path(config).read_text().splitlines()]
+    result = run_experiment(load_config(config, overrides(config, fake_mnist)), tmp_path / "run", progress=False)
+    got = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(got) == len(expected) == 2
+    for want, row in zip(expected, got):
+        missing = set(want) - set(row)
+        assert not missing, f"{config}: keys lost: {sorted(missing)}"
+        changed = {k: (want[k], row[k]) for k in want if k not in VOLATILE and not _same(want[k], row[k])}
+        assert not changed, f"{config} round {want['round']}: {changed}"
+    assert bool(torch.isfinite(result.params).all())
