@@ -142,7 +142,7 @@ def main() -> None:
 
             def trustfl_step(method: str) -> Callable[[], object]:
                 def step() -> object:
-                    sums, _ = clipped_grad_sum(nets[0], stacked, x, y, mask, clip, method=method)
+                    sums, _ = clipped_grad_sum(nets[0], stacked, {"x": x, "y": y}, mask, clip, method=method)
                     return noisy_clipped_mean(sums, sigma, clip, float(batch), gens)
                 return step
 
@@ -163,10 +163,10 @@ def main() -> None:
         nets, stacked, x, y = cohort(name, shape, batch, 3, kw)
         mask = torch.ones(3, batch)
         mask[1, -1] = 0
-        sums, _ = clipped_grad_sum(nets[0], stacked, x, y, mask, clip, method="ghost")
+        sums, _ = clipped_grad_sum(nets[0], stacked, {"x": x, "y": y}, mask, clip, method="ghost")
         ref = {k: torch.zeros_like(v) for k, v in stacked.items()}
         for i in range(3):  # materialised reference, one client at a time
-            pe = per_example_grads(nets[0], {k: v[i] for k, v in stacked.items()}, x[i], y[i])
+            pe = per_example_grads(nets[0], {k: v[i] for k, v in stacked.items()}, {"x": x[i], "y": y[i]})
             norms = sum(g.flatten(1).square().sum(-1) for g in pe.values()).sqrt()
             coef = clip_factors(norms, clip) * mask[i]
             for k, g in pe.items():

@@ -7,8 +7,9 @@ from typing import Sequence
 
 from trustfl.errors import TrustFLError
 
-_KINDS_SHOWN = ("dataset", "partitioner", "batch_sampler", "model", "algorithm", "aggregator", "pre_aggregator",
-                "attack", "client_stage", "server_stage", "server_optimizer", "executor")
+_KINDS_SHOWN = ("dataset", "partitioner", "batch_sampler", "model", "objective", "evaluator", "algorithm",
+                "engine", "executor", "gradient_method", "gradient_transform", "step_budget", "aggregator",
+                "pre_aggregator", "attack", "client_stage", "server_stage", "server_optimizer", "downlink_stage")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -28,8 +29,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if "notice" in s:
         print(s["notice"])
     print(f"run directory: {result.run_dir}")
-    print(f"final accuracy: {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f}) after {s['rounds']} rounds "
-          f"in {s['wall_time_s']:.1f} s")
+    primary = s.get("primary_metric", "accuracy")
+    print(f"final {primary}: {s[f'final_{primary}']:.4f} (best {s[f'best_{primary}']:.4f}) after {s['rounds']} "
+          f"rounds in {s['wall_time_s']:.1f} s")
     if "epsilon" in s and s["epsilon"]:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")
@@ -42,8 +44,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     fed = build_federation(cfg, data_dir=args.data_dir)
-    print(f"{args.config}: valid ({cfg.algorithm}, {fed.info['dataset']}, {fed.num_clients} clients, "
-          f"{fed.layout.numel} parameters, {cfg.rounds} rounds)")
+    print(f"{args.config}: valid ({cfg.algorithm}, {fed.info['dataset']}, objective {fed.info['objective']}, "
+          f"engine {cfg.engine.kind}, {fed.num_clients} clients, {fed.layout.numel} parameters, {cfg.rounds} rounds)")
     return 0
 
 

@@ -109,3 +109,45 @@ class StageOut:
     state: Any = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     events: tuple[PrivacyEvent, ...] = ()
+
+
+@dataclass(frozen=True)
+class CohortContext:
+    """What local-training parts (gradient methods, gradient transforms) may know about the clients training
+    together in one call; row ``i`` of every tensor belongs to ``client_ids[i]`` and is computed from it alone.
+
+    Attributes:
+      client_ids: the clients, one per row.
+      round, seed: the round and the run seed (generators derive from them).
+      lr: the local learning rate ``η_l``.
+      batch_sizes: ``(m,)`` expected batch sizes ``E|S_i|``.
+      noise_multipliers: ``(m,)`` sample-level noise multipliers ``z_i`` (0 without DP-SGD).
+      received: what the server sent, decoded: ``"model"`` (the global parameters, unstacked) and any shared
+        statistics of the gradient transforms (e.g. SCAFFOLD's ``"scaffold/c"``), flat.
+      client_state: each client's own entries from the client state store, stacked ``(m, ...)``.
+      layout: the parameters' flat layout.
+    """
+
+    client_ids: tuple[int, ...]
+    round: int
+    seed: int
+    lr: float
+    batch_sizes: torch.Tensor
+    noise_multipliers: torch.Tensor
+    received: Mapping[str, torch.Tensor]
+    client_state: Mapping[str, torch.Tensor]
+    layout: ParamLayout
+
+    @property
+    def size(self) -> int:
+        return len(self.client_ids)
+
+    def generator(self, row: int, stage: str) -> torch.Generator:
+        """The generator of ``stage`` for the client of row ``row`` in this round."""
+        return make_generator(self.seed, self.round, self.client_ids[row], stage)
+
+    def select(self, start: int, stop: int) -> "CohortContext":
+        """Rows ``start:stop`` (a group of a cohort split for memory)."""
+        return CohortContext(self.client_ids[start:stop], self.round, self.seed, self.lr,
+                             self.batch_sizes[start:stop], self.noise_multipliers[start:stop], self.received,
+                             {k: v[start:stop] for k, v in self.client_state.items()}, self.layout)

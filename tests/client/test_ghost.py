@@ -31,7 +31,7 @@ def _data(m: int, b: int, shape: tuple[int, ...], seed: int = 0, classes: int = 
 
 def _reference(model, params, x, y, mask, clips):
     """Materialised per-example gradients of each client (vmap oracle), clipped and summed in plain torch."""
-    pes = [per_example_grads(model, {k: v[i] for k, v in params.items()}, x[i], y[i]) for i in range(x.shape[0])]
+    pes = [per_example_grads(model, {k: v[i] for k, v in params.items()}, {"x": x[i], "y": y[i]}) for i in range(x.shape[0])]
     norms = torch.stack([torch.sqrt(sum(g.flatten(1).square().sum(1) for g in pe.values())) for pe in pes]) * mask
     out = []
     for c in clips:
@@ -46,7 +46,7 @@ def _assert_all_agree(model, params, x, y, mask, clips=(0.05, 1e3)):
     refs, ref_norms = _reference(model, params, x, y, mask, clips)
     for c, ref in zip(clips, refs):
         for method in ("ghost", "vmap"):
-            sums, norms = clipped_grad_sum(model, params, x, y, mask, c, method=method, chunk_size=3)
+            sums, norms = clipped_grad_sum(model, params, {"x": x, "y": y}, mask, c, method=method, chunk_size=3)
             assert torch.allclose(norms, ref_norms, atol=1e-9, rtol=1e-9), method
             for k in ref:
                 assert torch.allclose(sums[k], ref[k], atol=1e-9, rtol=0), (method, k)
@@ -58,7 +58,7 @@ def test_ghost_equals_vmap_equals_reference(name, shape, kw):
     params = _stack(nets)
     x, y = _data(2, 4, shape, seed=1)
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 1, 1]])
-    assert supports_ghost(nets[0], params, x)
+    assert supports_ghost(nets[0], params, {"x": x, "y": y})
     _assert_all_agree(nets[0], params, x, y, mask)
 
 
@@ -145,7 +145,7 @@ def test_unsupported_models_fall_back_to_vmap(factory):
     nets = [factory().double() for _ in range(2)]
     params = _stack(nets)
     x, y = _data(2, 4, (8,), seed=4, classes=3)
-    assert not supports_ghost(nets[0], params, x)
+    assert not supports_ghost(nets[0], params, {"x": x, "y": y})
     _assert_all_agree(nets[0], params, x, y, torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 1]]), (0.2,))
 
 

@@ -65,8 +65,8 @@ def test_per_example_grads_match_one_at_a_time(name, shape, kw):
     x = torch.randn(5, *shape, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 10, (5,), generator=gen)
     params = {k: v.detach() for k, v in net.named_parameters()}
-    got = per_example_grads(net, params, x, y)
-    chunked = per_example_grads(net, params, x, y, chunk_size=2)
+    got = per_example_grads(net, params, {"x": x, "y": y})
+    chunked = per_example_grads(net, params, {"x": x, "y": y}, chunk_size=2)
     for b, ref in enumerate(_loop_grads(net, x, y)):
         for k, v in ref.items():
             assert got[k].shape == (5, *v.shape)
@@ -80,7 +80,7 @@ def test_clipped_sum_matches_reference_with_masks(method):
     mask = torch.ones(3, 7)
     mask[0, 5:] = 0
     mask[2, 0] = 0
-    sums, norms = clipped_grad_sum(nets[0], params, x, y, mask, 0.3, method=method, chunk_size=3)
+    sums, norms = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.3, method=method, chunk_size=3)
     ref, ref_norms = _reference_clipped_sum(nets, x, y, mask, 0.3)
     assert torch.allclose(norms, ref_norms, atol=1e-9, rtol=1e-9)
     assert (norms[mask == 0] == 0).all()
@@ -93,7 +93,7 @@ def test_clipped_norm_at_most_c(method):
     # one example per client: the clipped sum is that example's clipped gradient
     nets, params, x, y = _cohort("cnn_rhdp", (1, 28, 28), {}, m=4, b=1, seed=3)
     for c in (1e-3, 0.1, 1e3):
-        sums, norms = clipped_grad_sum(nets[0], params, x, y, torch.ones(4, 1), c, method=method)
+        sums, norms = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, torch.ones(4, 1), c, method=method)
         total = torch.sqrt(sum(v.flatten(1).square().sum(1) for v in sums.values()))
         assert (total <= c * (1 + 1e-9)).all()
         assert torch.allclose(total, torch.minimum(norms[:, 0], torch.full((4,), c)), rtol=1e-5)
@@ -103,17 +103,17 @@ def test_clipped_norm_at_most_c(method):
 def test_mask_zeros_contribute_nothing(method):
     nets, params, x, y = _cohort("logreg", (64,), {}, m=2, b=6, seed=5)
     mask = torch.tensor([[1, 1, 0, 1, 0, 0], [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    base, base_norms = clipped_grad_sum(nets[0], params, x, y, mask, 0.5, method=method)
+    base, base_norms = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.5, method=method)
     x2, y2 = x.clone(), y.clone()
     x2[~mask] = float("nan")  # garbage in padding rows, including an invalid label
     y2[~mask] = -7
-    got, got_norms = clipped_grad_sum(nets[0], params, x2, y2, mask.double(), 0.5, method=method)
+    got, got_norms = clipped_grad_sum(nets[0], params, {"x": x2, "y": y2}, mask.double(), 0.5, method=method)
     assert torch.equal(got_norms, base_norms)
     for k in base:
         assert torch.allclose(got[k], base[k], atol=1e-12)
     # dropping the padded rows of client 0 (its real examples are 0, 1, 3) gives the same client-0 sum
     keep = torch.tensor([0, 1, 3])
-    alone, _ = clipped_grad_sum(nets[0], {k: v[:1] for k, v in params.items()}, x[:1, keep], y[:1, keep],
+    alone, _ = clipped_grad_sum(nets[0], {k: v[:1] for k, v in params.items()}, {"x": x[:1, keep], "y": y[:1, keep]},
                                 torch.ones(1, 3), 0.5, method=method)
     for k in base:
         assert torch.allclose(alone[k][0], base[k][0], atol=1e-12)
@@ -163,7 +163,7 @@ def test_clipped_batch_mean():
     mask[1, 2:] = 0
     mask[2] = 0  # a client with no real example gets a zero gradient
     for c in (1e-2, 1e3):
-        clipped, norms = clipped_batch_mean(nets[0], params, x, y, mask, c)
+        clipped, norms = clipped_batch_mean(nets[0], params, {"x": x, "y": y}, mask, c)
         total = torch.sqrt(sum(v.flatten(1).square().sum(1) for v in clipped.values()))
         assert (total <= c * (1 + 1e-9)).all()
         for i in range(2):
@@ -176,7 +176,7 @@ def test_clipped_batch_mean():
                 assert torch.allclose(clipped[k][i], v * min(1.0, c / (ref_norm + 1e-6)), atol=1e-12)
         assert norms[2] == 0 and total[2] == 0
     # The loss from the same forward pass: each client's mean loss over its real examples.
-    _, _, losses = clipped_batch_mean(nets[0], params, x, y, mask, 1.0, return_loss=True)
+    _, _, losses = clipped_batch_mean(nets[0], params, {"x": x, "y": y}, mask, 1.0, return_loss=True)
     for i in range(2):
         n_real = int(mask[i].sum())
         with torch.no_grad():
@@ -194,15 +194,15 @@ def test_errors_name_the_argument():
     nets, params, x, y = _cohort("logreg", (64,), {}, m=2, b=3)
     mask = torch.ones(2, 3)
     with pytest.raises(ConfigError, match="method"):
-        clipped_grad_sum(nets[0], params, x, y, mask, 1.0, method="hooks")
+        clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 1.0, method="hooks")
     with pytest.raises(PrivacyError, match="max_norm"):
-        clipped_grad_sum(nets[0], params, x, y, mask, 0.0)
+        clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.0)
     with pytest.raises(ConfigError, match="mask"):
-        clipped_grad_sum(nets[0], params, x, y, torch.ones(2, 4), 1.0)
+        clipped_grad_sum(nets[0], params, {"x": x, "y": y}, torch.ones(2, 4), 1.0)
     with pytest.raises(ConfigError, match="clients"):
-        clipped_grad_sum(nets[0], {k: v[:1] for k, v in params.items()}, x, y, mask, 1.0)
+        clipped_grad_sum(nets[0], {k: v[:1] for k, v in params.items()}, {"x": x, "y": y}, mask, 1.0)
     with pytest.raises(ConfigError, match="chunk_size"):
-        clipped_grad_sum(nets[0], params, x, y, mask, 1.0, method="vmap", chunk_size=0)
+        clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 1.0, method="vmap", chunk_size=0)
     with pytest.raises(PrivacyError, match="noise_multiplier"):
         noisy_clipped_mean({"w": torch.zeros(1, 2)}, -1.0, 1.0, 1.0, [torch.Generator()])
     with pytest.raises(ConfigError, match="generators"):

@@ -2,7 +2,7 @@
 
 One step of client ``i`` with batch ``S_i`` (padded to ``B`` rows; ``mask`` marks the real ones) computes
 
-    g_{ib}   = ∇_θ ℓ(θ_i; x_{ib}, y_{ib}),  ℓ = cross-entropy of the logits           (per-example gradient)
+    g_{ib}   = ∇_θ ℓ(θ_i; batch_{ib}),  ℓ = the objective's per-example loss          (per-example gradient)
     c_{ib}   = min(1, C / (‖g_{ib}‖₂ + 1e-6))                                          (Opacus's clip factor)
     s_i      = Σ_{b real} c_{ib} g_{ib}                                               (clipped_grad_sum)
     g̃_i     = (s_i + N(0, σ²C² I)) / E|S_i|                                         (noisy_clipped_mean)
@@ -27,12 +27,15 @@ import math
 from typing import Callable, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
 from trustfl.client import ghost
 from trustfl.errors import ConfigError, PrivacyError
+from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
+from trustfl.objectives.builtin import CrossEntropy
+
+CROSS_ENTROPY = CrossEntropy()
 
 Params = dict[str, torch.Tensor]
 METHODS = ("ghost", "vmap")
@@ -51,22 +54,22 @@ def clip_factors(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
     return (max_norm / (norms + 1e-6)).clamp(max=1.0)
 
 
-def _one_example_loss(model: nn.Module) -> Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]:
-    def loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = functional_call(model, params, (x.unsqueeze(0),))  # grad needs a scalar: batch of one
-        return F.cross_entropy(logits, y.unsqueeze(0))
+def _one_example_loss(model: nn.Module, objective: AbstractObjective) -> Callable[[Params, Batch], torch.Tensor]:
+    def loss(params: Params, example: Batch) -> torch.Tensor:
+        one = {k: v.unsqueeze(0) for k, v in example.items()}  # grad needs a scalar: batch of one
+        return objective.losses(objective.forward(model, params, one), one).sum()
     return loss
 
 
-def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, *,
-                      chunk_size: int | None = None) -> Params:
+def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch, *,
+                      objective: AbstractObjective = CROSS_ENTROPY, chunk_size: int | None = None) -> Params:
     """Materialised per-example gradients of one client: ``out[k][b] = ∂ℓ(θ; x_b, y_b)/∂θ_k``.
 
     Args:
       model: the model (returns logits); only its structure and buffers are used.
       params: unstacked parameters ``{name: tensor}`` (a subset of ``model.named_parameters()`` names).
-      x: inputs ``(B, *input_shape)``.
-      y: integer labels ``(B,)``.
+      batch: named tensors with ``B`` examples first, e.g. ``{"x": (B, *input_shape), "y": (B,)}``.
+      objective: the per-example loss (default: cross-entropy on ``batch["y"]``).
       chunk_size: examples per vmap chunk (``None``: all at once).
 
     Returns:
@@ -76,30 +79,31 @@ def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], x: t
       >>> from trustfl.models import build_model
       >>> net = build_model("logreg", (4,), 3, seed=0)
       >>> p = {k: v.detach() for k, v in net.named_parameters()}
-      >>> per_example_grads(net, p, torch.zeros(5, 4), torch.zeros(5, dtype=torch.long))["linear.weight"].shape
+      >>> batch = {"x": torch.zeros(5, 4), "y": torch.zeros(5, dtype=torch.long)}
+      >>> per_example_grads(net, p, batch)["linear.weight"].shape
       torch.Size([5, 3, 4])
     """
-    _check_batch(x, y, None, 1)
+    _check_batch(batch, None, 1)
     params = {k: v.detach() for k, v in params.items()}
-    return vmap(grad(_one_example_loss(model)), in_dims=(None, 0, 0), chunk_size=chunk_size)(params, x, y)
+    return vmap(grad(_one_example_loss(model, objective)), in_dims=(None, 0), chunk_size=chunk_size)(params, batch)
 
 
-def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                     mask: torch.Tensor, max_norm: float, *, method: str = "ghost",
-                     chunk_size: int | None = None) -> tuple[Params, torch.Tensor]:
+def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch,
+                     mask: torch.Tensor, max_norm: float, *, objective: AbstractObjective = CROSS_ENTROPY,
+                     method: str = "ghost", chunk_size: int | None = None) -> tuple[Params, torch.Tensor]:
     """Per-client sum of clipped per-example gradients, all ``m`` clients at once.
 
     Computes ``s_i = Σ_b 1[mask_{ib}] · min(1, C/(‖g_{ib}‖ + 1e-6)) · g_{ib}`` with ``g_{ib}`` the gradient of
-    the cross-entropy of example ``b`` of client ``i`` at client ``i``'s parameters.
+    the objective's loss of example ``b`` of client ``i`` at client ``i``'s parameters.
 
     Args:
       model: the model (returns logits); only its structure and buffers are used.
       params_stacked: ``{name: (m, *param_shape)}``, client ``i``'s parameters in row ``i``.
-      x: inputs ``(m, B, *input_shape)``.
-      y: integer labels ``(m, B)``.
+      batch: named tensors with leading dims ``(m, B)``, e.g. ``{"x": (m, B, *input_shape), "y": (m, B)}``.
       mask: ``(m, B)`` bool or float; nonzero marks a real example, zero a padding row (contributes nothing, whatever
-        its ``x`` and ``y``).
+        its batch values).
       max_norm: the clipping norm ``C > 0``.
+      objective: the per-example loss (default: cross-entropy on ``batch["y"]``).
       method: ``"ghost"`` (norms from activations and output gradients; falls back to ``"vmap"`` automatically when
         the model has trained parameters outside exactly ``nn.Linear``/``nn.Conv2d`` layers, tied parameters, or a
         layer called more than once per forward; see :func:`supports_ghost`) or ``"vmap"`` (materialised).
@@ -121,32 +125,33 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         raise ConfigError(f"`method` must be one of {METHODS}, found {method!r}.")
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ConfigError(f"`chunk_size` must be a positive integer or None, found {chunk_size!r}.")
-    params, x, y, keep = _prepare(params_stacked, x, y, mask, max_norm)
+    params, batch, keep = _prepare(params_stacked, batch, mask, max_norm)
     if method == "ghost":
-        layers = _ghost_plan(model, params, x)
+        layers = _ghost_plan(model, params, batch, objective)
         if layers is not None:
-            return _ghost_clipped_sum(model, layers, params, x, y, keep, max_norm)
-    return _vmap_clipped_sum(model, params, x, y, keep, max_norm, chunk_size)
+            return _ghost_clipped_sum(model, layers, params, batch, keep, max_norm, objective)
+    return _vmap_clipped_sum(model, params, batch, keep, max_norm, chunk_size, objective)
 
 
-def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> bool:
+def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
+                   objective: AbstractObjective = CROSS_ENTROPY) -> bool:
     """Whether ``clipped_grad_sum(method="ghost")`` runs the ghost path (else it falls back to ``"vmap"``).
 
     Args:
-      model: the model. params: stacked ``(m, ...)`` parameters. x: inputs ``(m, B, *input_shape)``.
+      model: the model. params: stacked ``(m, ...)`` parameters. batch: named tensors with leading ``(m, B)``.
     """
-    return _ghost_plan(model, {k: v.detach() for k, v in params.items()}, x) is not None
+    return _ghost_plan(model, {k: v.detach() for k, v in params.items()}, batch, objective) is not None
 
 
-def _blank_padding(x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _blank_padding(batch: Batch, keep: torch.Tensor) -> dict[str, torch.Tensor]:
     # Zero padding rows so that NaN/garbage/out-of-range labels there cannot leak into 0·NaN products.
     if bool(keep.all()):
-        return x, y
-    x = torch.where(keep.reshape(*keep.shape, *([1] * (x.dim() - 2))), x, torch.zeros((), dtype=x.dtype))
-    return x, torch.where(keep, y, torch.zeros((), dtype=y.dtype))
+        return dict(batch)
+    return {k: torch.where(keep.reshape(*keep.shape, *([1] * (v.dim() - 2))), v, torch.zeros((), dtype=v.dtype))
+            for k, v in batch.items()}
 
 
-def _ghost_plan(model: nn.Module, params: Params, x: torch.Tensor) -> _Plan | None:
+def _ghost_plan(model: nn.Module, params: Params, batch: Batch, objective: AbstractObjective) -> _Plan | None:
     """Layers with their output shapes (without the batch dim), or None when ghost clipping cannot run."""
     try:
         layers = ghost.ghost_layers(model, params)
@@ -164,7 +169,7 @@ def _ghost_plan(model: nn.Module, params: Params, x: torch.Tensor) -> _Plan | No
     modules = dict(model.named_modules())
     handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
     try:
-        _trace_one_example(model, params, x)
+        _trace_one_example(model, params, batch, objective)
     finally:
         for h in handles:
             h.remove()
@@ -173,16 +178,16 @@ def _ghost_plan(model: nn.Module, params: Params, x: torch.Tensor) -> _Plan | No
     return list(zip(layers, shapes))
 
 
-def _trace_one_example(model: nn.Module, params: Params, x: torch.Tensor) -> None:
+def _trace_one_example(model: nn.Module, params: Params, batch: Batch, objective: AbstractObjective) -> None:
     """Run one example of client 0 without autograd (cheaper than a meta-device trace, which decomposes ops)."""
     with torch.no_grad():
-        functional_call(model, {k: v[0] for k, v in params.items()}, (x[0, :1],))
+        objective.forward(model, {k: v[0] for k, v in params.items()}, {k: v[0, :1] for k, v in batch.items()})
 
 
-def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, x: torch.Tensor,
-                       y: torch.Tensor, keep: torch.Tensor, max_norm: float) -> tuple[Params, torch.Tensor]:
-    acts, backprops = _activations_and_backprops(model, plan, params, x, y, keep)
-    m, b = y.shape
+def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, batch: Batch, keep: torch.Tensor,
+                       max_norm: float, objective: AbstractObjective) -> tuple[Params, torch.Tensor]:
+    acts, backprops = _activations_and_backprops(model, plan, params, batch, keep, objective)
+    m, b = keep.shape
     sq = torch.zeros(m * b, dtype=acts[0].dtype, device=acts[0].device)
     terms = []
     for (layer, _), a, g in zip(plan, acts, backprops):
@@ -198,15 +203,15 @@ def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, x: torch.T
     return {k: sums[k] for k in params}, norms
 
 
-def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params,
-                               x: torch.Tensor, y: torch.Tensor,
-                               keep: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params, batch: Batch, keep: torch.Tensor,
+                               objective: AbstractObjective) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``.
 
     Forward hooks record each layer's input and add a zero probe to its output; the gradient w.r.t. the probes is
     the output gradient. Parameters are detached, so the backward pass computes no weight gradients.
     """
-    m, b = y.shape
+    m, b = keep.shape
+    x = batch[objective.input_key]
     layers = [layer for layer, _ in plan]
     state: dict[str, list[torch.Tensor] | None] = {"probes": None, "acts": None}
 
@@ -216,11 +221,11 @@ def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params,
             return out + state["probes"][i]  # type: ignore[index]
         return tap
 
-    def client_forward(p: Params, probes: list[torch.Tensor], xi: torch.Tensor):
-        state["probes"], state["acts"] = probes, [xi] * len(layers)
-        logits = functional_call(model, p, (xi,))
+    def client_forward(p: Params, probes: list[torch.Tensor], bi: Batch):
+        state["probes"], state["acts"] = probes, [bi[objective.input_key]] * len(layers)
+        outputs = objective.forward(model, p, bi)
         acts, state["probes"], state["acts"] = tuple(state["acts"]), None, None
-        return logits, acts
+        return outputs, acts
 
     modules = dict(model.named_modules())
     probes = [torch.zeros((m, b, *s), dtype=x.dtype, device=x.device, requires_grad=True) for _, s in plan]
@@ -228,11 +233,12 @@ def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params,
     try:
         with torch.enable_grad():
             if m == 1:  # no vmap needed for one client: plain autograd is cheaper
-                logits, acts = client_forward({k: v[0] for k, v in params.items()}, [p[0] for p in probes], x[0])
-                logits, acts = logits.unsqueeze(0), tuple(a.unsqueeze(0) for a in acts)
+                outputs, acts = client_forward({k: v[0] for k, v in params.items()}, [p[0] for p in probes],
+                                               {k: v[0] for k, v in batch.items()})
+                outputs, acts = outputs.unsqueeze(0), tuple(a.unsqueeze(0) for a in acts)
             else:
-                logits, acts = vmap(client_forward)(params, probes, x)
-            losses = F.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none")
+                outputs, acts = vmap(client_forward)(params, probes, batch)
+            losses = objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2))
             backprops = torch.autograd.grad((losses * keep.reshape(-1)).sum(), probes)
     finally:
         for h in handles:
@@ -241,16 +247,17 @@ def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params,
     return [flat(a.detach()) for a in acts], [flat(g) for g in backprops]
 
 
-def _vmap_clipped_sum(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor,
-                      max_norm: float, chunk_size: int | None) -> tuple[Params, torch.Tensor]:
-    m, b = y.shape
-    per_example = vmap(vmap(grad(_one_example_loss(model)), in_dims=(None, 0, 0)))
+def _vmap_clipped_sum(model: nn.Module, params: Params, batch: Batch, keep: torch.Tensor, max_norm: float,
+                      chunk_size: int | None, objective: AbstractObjective) -> tuple[Params, torch.Tensor]:
+    m, b = keep.shape
+    x = batch[objective.input_key]
+    per_example = vmap(vmap(grad(_one_example_loss(model, objective)), in_dims=(None, 0)))
     d = sum(v[0].numel() for v in params.values())
     step = chunk_size or max(1, VMAP_BUDGET // max(1, m * d))
     sums = {k: torch.zeros_like(v) for k, v in params.items()}
     norms = torch.zeros(m, b, dtype=next(iter(params.values())).dtype, device=x.device)
     for s in range(0, b, step):  # chunks of examples (all clients together) bound the memory to m·step·d
-        g = per_example(params, x[:, s:s + step], y[:, s:s + step])
+        g = per_example(params, {k: v[:, s:s + step] for k, v in batch.items()})
         chunk_keep = keep[:, s:s + step]
         sq = sum(v.flatten(2).square().sum(-1) for v in g.values())
         chunk_norms = sq.sqrt() * chunk_keep
@@ -319,10 +326,10 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
     return out
 
 
-def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor,
-                       y: torch.Tensor, mask: torch.Tensor, max_norm: float,
-                       return_loss: bool = False) -> tuple[Params, torch.Tensor] | tuple[Params, torch.Tensor,
-                                                                                         torch.Tensor]:
+def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch,
+                       mask: torch.Tensor, max_norm: float, return_loss: bool = False, *,
+                       objective: AbstractObjective = CROSS_ENTROPY) -> tuple[Params, torch.Tensor] | tuple[
+                           Params, torch.Tensor, torch.Tensor]:
     """Mini-batch clipping (CafCor Algorithm 1, eq. 1): ``Clip((1/n_i) Σ_{b real} g_{ib}; C)`` per client.
 
     ``n_i`` is the number of real examples of client ``i`` (a client with none gets a zero gradient), and
@@ -330,36 +337,36 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
     under replace-one), not each example's.
 
     Args:
-      model, params_stacked, x, y, mask, max_norm: as in :func:`clipped_grad_sum`.
+      model, params_stacked, batch, mask, max_norm, objective: as in :func:`clipped_grad_sum`.
       return_loss: also return each client's mean loss ``(m,)`` (from the same forward pass).
 
     Returns:
       ``(clipped, norms)``: ``clipped[k]`` of shape ``(m, *param_shape)`` and the norms ``(m,)`` of the mean
       gradients before clipping; ``(clipped, norms, losses)`` with ``return_loss``.
     """
-    params, x, y, keep = _prepare(params_stacked, x, y, mask, max_norm)
+    params, batch, keep = _prepare(params_stacked, batch, mask, max_norm)
+    x = batch[objective.input_key]
     weights = keep.to(x.dtype if x.is_floating_point() else next(iter(params.values())).dtype)
 
-    def mean_loss(p: Params, xi: torch.Tensor, yi: torch.Tensor, wi: torch.Tensor) -> torch.Tensor:
-        losses = F.cross_entropy(functional_call(model, p, (xi,)), yi, reduction="none")
+    def mean_loss(p: Params, bi: Batch, wi: torch.Tensor) -> torch.Tensor:
+        losses = objective.losses(objective.forward(model, p, bi), bi)
         return (losses * wi).sum() / wi.sum().clamp(min=1)
 
-    g, losses = vmap(grad_and_value(mean_loss))(params, x, y, weights)
+    g, losses = vmap(grad_and_value(mean_loss))(params, batch, weights)
     norms = sum(v.flatten(1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
     clipped = {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}
     return (clipped, norms, losses.detach()) if return_loss else (clipped, norms)
 
 
-def _prepare(params_stacked: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-             max_norm: float) -> tuple[Params, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validate a cohort batch; return detached params, inputs with padding blanked, and the keep mask."""
+def _prepare(params_stacked: Mapping[str, torch.Tensor], batch: Batch, mask: torch.Tensor,
+             max_norm: float) -> tuple[Params, dict[str, torch.Tensor], torch.Tensor]:
+    """Validate a cohort batch; return detached params, the batch with padding blanked, and the keep mask."""
     _check_norm(max_norm)
     m = _check_stacked(params_stacked)
-    _check_batch(x, y, mask, 2, m)
+    _check_batch(batch, mask, 2, m)
     keep = mask != 0
-    x, y = _blank_padding(x, y, keep)
-    return {k: v.detach() for k, v in params_stacked.items()}, x, y, keep
+    return {k: v.detach() for k, v in params_stacked.items()}, _blank_padding(batch, keep), keep
 
 
 def _check_norm(max_norm: float) -> None:
@@ -377,12 +384,45 @@ def _check_stacked(params: Mapping[str, torch.Tensor]) -> int:
     return m
 
 
-def _check_batch(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, lead: int, m: int | None = None) -> None:
+def _check_batch(batch: Batch, mask: torch.Tensor | None, lead: int, m: int | None = None) -> None:
     what = "m, B" if lead == 2 else "B"
-    if y.dim() != lead or x.dim() < lead + 1 or x.shape[:lead] != y.shape:
-        raise ConfigError(f"`y` must have shape ({what}) and `x` shape ({what}, *input_shape), found x "
-                          f"{tuple(x.shape)} and y {tuple(y.shape)}.")
-    if m is not None and y.shape[0] != m:
-        raise ConfigError(f"`x`/`y` hold {y.shape[0]} clients but the parameters hold m = {m}.")
-    if mask is not None and mask.shape != y.shape:
-        raise ConfigError(f"`mask` must have the shape of `y` {tuple(y.shape)}, found {tuple(mask.shape)}.")
+    if not isinstance(batch, Mapping) or not batch:
+        raise ConfigError(f"`batch` must be a non-empty mapping of named tensors, found {type(batch).__name__}.")
+    shapes = {k: tuple(v.shape) for k, v in batch.items()}
+    lead_shape = next(iter(shapes.values()))[:lead]
+    if len(lead_shape) != lead or any(s[:lead] != lead_shape for s in shapes.values()):
+        raise ConfigError(f"every batch tensor must start with the dims ({what}), found {shapes}.")
+    if m is not None and lead_shape[0] != m:
+        raise ConfigError(f"the batch holds {lead_shape[0]} clients but the parameters hold m = {m}.")
+    if mask is not None and tuple(mask.shape) != lead_shape:
+        raise ConfigError(f"`mask` must have the shape ({what}) = {lead_shape}, found {tuple(mask.shape)}.")
+
+
+def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
+                        batch: Batch, mask: torch.Tensor) -> torch.Tensor:
+    """Each client's masked mean loss ``(1/n_i) Σ_{b real} ℓ(θ_i; batch_{ib})``, shape ``(m,)`` (0 with no example).
+
+    The forward pass runs under ``vmap`` over clients; the losses are computed on the flattened ``(m·B)`` outputs.
+    """
+    outputs = vmap(lambda p, bi: objective.forward(model, p, bi))(params_stacked, batch)
+    m, b = mask.shape
+    losses = objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2)).view(m, b)
+    w = mask.to(losses.dtype)
+    return (losses * w).sum(1) / w.sum(1).clamp(min=1)
+
+
+def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
+                      batch: Batch, mask: torch.Tensor) -> tuple[Params, torch.Tensor]:
+    """Per-client gradients of the per-client mean losses, ``({name: (m, ...)}, losses (m,))``.
+
+    One ``grad`` of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters: client ``i``'s rows depend on ``θ_i`` only, so
+    row ``i`` of the result is ``∇L_i(θ_i)``.
+    """
+    x = batch[objective.input_key]
+    w = mask.to(x.dtype if x.is_floating_point() else next(iter(params_stacked.values())).dtype)
+
+    def total(params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        per_client = batched_mean_losses(model, objective, params, batch, w)
+        return per_client.sum(), per_client.detach()
+
+    return grad(total, has_aux=True)(dict(params_stacked))

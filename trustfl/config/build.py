@@ -5,25 +5,34 @@ ConfigError naming its key path before any training starts.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from trustfl.aggregate.base import PreAggregated
+from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
+from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import lookup
 from trustfl.core.rng import derive_seed, numpy_rng
 from trustfl.core.stage import chain
-from trustfl.data.datasets import dataset_available, load_dataset
-from trustfl.engine.executors import SequentialExecutor, TrainData, VectorizedExecutor
-from trustfl.engine.federation import CohortSampler, Federation
-from trustfl.engine.local import LocalTraining
+from trustfl.data.datasets import Dataset, dataset_available, load_dataset
+from trustfl.engine.base import AbstractEngine
+from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
+from trustfl.engine.federation import ClientRows, CohortSampler, Federation
+from trustfl.engine.local import LocalTraining, TrainData
 from trustfl.errors import BudgetExceededError, ConfigError, PrivacyError, RegistryError, TrustFLError
+from trustfl.evaluate.base import default_evaluators
 from trustfl.models.zoo import build_model
+from trustfl.objectives.base import AbstractObjective
+from trustfl.server.downlink import Downlink
 from trustfl.types import ParamLayout
 
 
@@ -47,13 +56,106 @@ def build_component(kind: str, comp: Component, path: str, **extra: Any) -> Any:
         raise ConfigError(f"`{path}` ({kind} {comp.name!r}): {err}") from None
 
 
-def _stage_chain(kind: str, comps: list[Component], path: str):
-    named, used = [], set()
+def _named(kind: str, comps: list[Component], path: str, taken: set[str] = frozenset()) -> list[tuple[str, Any]]:
+    named, used = [], set(taken)
     for i, comp in enumerate(comps):
         name = comp.name if comp.name not in used else f"{comp.name}_{i}"
         used.add(name)
         named.append((name, build_component(kind, comp, f"{path}[{i}]")))
-    return chain(*named)
+    return named
+
+
+def _stage_chain(kind: str, comps: list[Component], path: str):
+    return chain(*_named(kind, comps, path))
+
+
+def import_plugins(cfg: ExperimentConfig) -> None:
+    """Import the modules of ``plugins`` (module names, or ``.py`` paths relative to the working directory)."""
+    for i, target in enumerate(cfg.plugins):
+        try:
+            if target.endswith(".py"):
+                path = Path(target).expanduser().resolve()
+                if not path.is_file():
+                    raise ImportError(f"no file {str(path)!r}")
+                name = f"trustfl_plugin_{path.stem}"
+                if name not in sys.modules:
+                    spec = importlib.util.spec_from_file_location(name, path)
+                    module = importlib.util.module_from_spec(spec)
+                    sys.modules[name] = module
+                    spec.loader.exec_module(module)
+            else:
+                if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                    sys.path.insert(0, str(Path.cwd()))
+                importlib.import_module(target)
+        except (ImportError, SyntaxError) as err:
+            raise ConfigError(f"`plugins[{i}]`: cannot import {target!r}: {err}") from None
+        except TrustFLError as err:
+            raise ConfigError(f"`plugins[{i}]` ({target!r}): {err}") from None
+
+
+def resolve_engine(cfg: ExperimentConfig) -> AbstractEngine:
+    """The engine ``engine.kind`` names, from the registry."""
+    try:
+        return lookup("engine", cfg.engine.kind)()
+    except RegistryError as err:
+        raise ConfigError(f"`engine.kind`: {err}") from None
+
+
+def objective_name(cfg: ExperimentConfig, dataset: Dataset) -> str:
+    """The registered objective ``objective.name`` stands for (``auto`` resolved from the data set's task)."""
+    if cfg.objective.name != "auto":
+        return cfg.objective.name
+    return "cross_entropy" if dataset.task == "classification" else "mse"
+
+
+def build_objective(cfg: ExperimentConfig, dataset: Dataset) -> AbstractObjective:
+    """The objective (``auto``: cross-entropy for class labels, squared error for real targets), checked against
+    the data set's targets."""
+    comp = Component(objective_name(cfg, dataset), cfg.objective.params)
+    objective = build_component("objective", comp, "objective")
+    if not isinstance(objective, AbstractObjective):
+        raise ConfigError(f"`objective.name`: {comp.name!r} is registered as an objective but builds a "
+                          f"{type(objective).__name__}, not an AbstractObjective.")
+    objective.check_data(dataset.train_y, dataset.num_classes)
+    return objective
+
+
+def build_evaluators(cfg: ExperimentConfig, objective: AbstractObjective) -> tuple[Any, ...]:
+    comps = cfg.evaluators or [Component(n) for n in default_evaluators(objective.task)]
+    path = "evaluators" if cfg.evaluators else f"evaluators (defaults of the {objective.task} task)"
+    evaluators = tuple(build_component("evaluator", c, f"{path}[{i}]") for i, c in enumerate(comps))
+    names = [m for e in evaluators for m in e.metrics]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"`evaluators` report the same metric twice: {names}.")
+    if cfg.report.primary_metric and cfg.report.primary_metric not in names:
+        raise ConfigError(f"`report.primary_metric` is {cfg.report.primary_metric!r}, which no evaluator "
+                          f"reports; evaluated metrics: {', '.join(names)}.")
+    return evaluators
+
+
+def build_local_chain(cfg: ExperimentConfig) -> LocalChain:
+    """Gradient method from ``client.dp.mode``, DP noise, ``client.transforms``, weight decay, momentum, SGD."""
+    c, dp = cfg.client, cfg.client.dp
+    method: AbstractGradientMethod
+    if dp.mode == "per_example":
+        method = PerExampleClipped(dp.clip, dp.method)
+    elif dp.mode == "batch_clip":
+        method = BatchClipped(dp.clip)
+    else:
+        method = PlainGradient()
+    reserved = {"dp_noise", "weight_decay", "momentum"}
+    named: list[tuple[str, Any]] = []
+    if dp.mode != "off":
+        named.append(("dp_noise", DPNoise(dp.clip, divide_by_batch_size=dp.mode == "per_example")))
+    named += _named("gradient_transform", c.transforms, "client.transforms", reserved)
+    if c.weight_decay:
+        named.append(("weight_decay", WeightDecay(c.weight_decay)))
+    if c.momentum:
+        named.append(("momentum", Momentum(c.momentum)))
+    try:
+        return LocalChain(method, tuple(named), SGD(c.lr))
+    except ConfigError as err:
+        raise ConfigError(f"`client.transforms`: {err}") from None
 
 
 def resolve_dataset(cfg: ExperimentConfig) -> tuple[str, str | None]:
@@ -68,9 +170,11 @@ def resolve_dataset(cfg: ExperimentConfig) -> tuple[str, str | None]:
 
 def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: bool = False) -> Federation:
     """Build every object of the experiment ``cfg`` describes (deterministic for ``cfg.seed``)."""
+    import_plugins(cfg)
     recipe = _recipe(cfg.algorithm)
     if recipe is not None:
         cfg = recipe.configure(cfg)
+    resolve_engine(cfg)
     seed = cfg.seed
     info: dict[str, Any] = {"algorithm": cfg.algorithm}
     name, notice = resolve_dataset(cfg)
@@ -85,6 +189,10 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         raise ConfigError(f"`data`: {err}") from None
     info["dataset"] = name
     info["data_source"] = dataset.source
+    objective = build_objective(cfg, dataset)
+    evaluators = build_evaluators(cfg, objective)
+    info["objective"] = objective_name(cfg, dataset)
+    info["evaluators"] = [m for e in evaluators for m in e.metrics]
 
     n, f = cfg.data.num_clients, cfg.attack.num_byzantine
     if cfg.attack.name != "none" and not 0 < f < n:
@@ -95,18 +203,18 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     byzantine = frozenset(range(n - f, n)) if cfg.attack.name != "none" else frozenset()
     holders = n if cfg.attack.byzantine_hold_data else n - len(byzantine)
     partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
-    labels = dataset.train_y.numpy()
+    # Real-valued targets have no classes: label-based partitioners see a single class.
+    labels = dataset.train_y.numpy() if dataset.task == "classification" else np.zeros(len(dataset.train_y), np.int64)
     partition = partitioner(labels, holders, numpy_rng(seed, "partition"))
-    client_rows = [torch.as_tensor(np.asarray(ix), dtype=torch.long) for ix in partition.indices]
-    client_rows += [torch.zeros(0, dtype=torch.long)] * (n - holders)
+    client_rows = ClientRows.from_arrays(partition.indices, n)
     info["partition"] = partition.summary
 
-    model = _build_model(cfg, dataset, seed)
+    model = _build_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes))
     params = {k: v.detach() for k, v in model.named_parameters()}
     layout = ParamLayout.of(params)
     info["num_parameters"] = layout.numel
 
-    sizes = [int(r.numel()) for r in client_rows]
+    sizes = client_rows.sizes()
     batch_sizes = [cfg.client.batch_sizes[i % len(cfg.client.batch_sizes)] if cfg.client.batch_sizes
                    else cfg.client.batch_size for i in range(n)]
     sampler = build_component("batch_sampler", Component(cfg.client.batch_sampler), "client.batch_sampler")
@@ -127,6 +235,9 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     attack = None
     if cfg.attack.name != "none":
         attack = build_component("attack", Component(cfg.attack.name, dict(cfg.attack.params)), "attack")
+        if attack.data_level and dataset.task != "classification":
+            raise ConfigError(f"`attack.name`: {cfg.attack.name!r} poisons class labels, but data set {name!r} "
+                              f"has real-valued targets.")
     aggregator = build_component("aggregator", cfg.aggregator, "aggregator")
     if cfg.pre_aggregators:
         pre = tuple(build_component("pre_aggregator", c, f"pre_aggregators[{i}]")
@@ -136,10 +247,16 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                                  "server")
     executor = (VectorizedExecutor(cfg.engine.max_clients_per_batch) if cfg.engine.executor == "vectorized"
                 else SequentialExecutor())
+    local_chain = build_local_chain(cfg)
+    info["local_chain"] = [type(local_chain.method).__name__] + local_chain.names
+    step_budget = build_component("step_budget", cfg.client.step_budget, "client.step_budget")
+    downlink = Downlink(tuple(_named("downlink_stage", cfg.downlink, "downlink")))
     fed = Federation(
         seed=seed, rounds=cfg.rounds, dataset=dataset, model=model, layout=layout,
         initial_params=layout.flatten(params).clone(),
-        train_data=TrainData(dataset.train_x, dataset.train_y, dataset.num_classes),
+        train_data=TrainData(dataset.tensors("train"), dataset.num_classes),
+        objective=objective, evaluators=evaluators, local_chain=local_chain, downlink=downlink,
+        step_budget=step_budget, test_data=dataset.tensors("test"),
         client_rows=client_rows, batch_sizes=batch_sizes, noise_multipliers=noise, training=training,
         cohort=CohortSampler(cfg.cohort.sampler, cfg.cohort.size, cfg.cohort.rate), byzantine=byzantine,
         attack=attack, client_stages=client_stages,
@@ -161,13 +278,13 @@ def _server_params(cfg: ExperimentConfig) -> dict[str, Any]:
     return {"lr": s.lr, "beta1": s.beta1, "beta2": s.beta2, "tau": s.tau}
 
 
-def _build_model(cfg: ExperimentConfig, dataset, seed: int):
+def _build_model(cfg: ExperimentConfig, dataset, seed: int, num_outputs: int):
     try:
         lookup("model", cfg.model.name)
     except RegistryError as err:
         raise ConfigError(f"`model.name`: {err}") from None
     try:
-        return build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, derive_seed(seed, "model"),
+        return build_model(cfg.model.name, dataset.input_shape, num_outputs, derive_seed(seed, "model"),
                            **cfg.model.params)
     except TypeError as err:
         raise ConfigError(f"`model` ({cfg.model.name!r}): {err}") from None

@@ -104,6 +104,11 @@ class ClientConfig:
     weight_decay: float = 0.0
     batch_sampler: str = "shuffle"
     dp: SampleDPConfig = field(default_factory=SampleDPConfig)
+    transforms: list[Component] = field(default_factory=list)
+    """Gradient transforms (``trustfl list``: proximal, scaffold, ...) applied after the gradient method and DP
+    noise, before weight decay, momentum and the SGD step."""
+    step_budget: Component = field(default_factory=lambda: Component("full"))
+    """How many planned local steps each client completes (``full``; ``stragglers`` with ``fraction``)."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
@@ -152,6 +157,8 @@ class AttackConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
+    kind: str = "sync"
+    """The engine registered under this name (``trustfl list``): ``sync`` today."""
     executor: Literal["vectorized", "sequential"] = "vectorized"
     eval_every: int = 1
     checkpoint_every: int = 10
@@ -168,6 +175,13 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ReportConfig:
+    primary_metric: str = ""
+    """The metric the progress bar, the CLI and the summary lead with (default: the first evaluator's first
+    metric, e.g. ``accuracy`` for classification, ``mse`` for regression)."""
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "experiment"
     algorithm: str = "fedavg"
@@ -175,6 +189,12 @@ class ExperimentConfig:
     rounds: int = 10
     data: DataConfig = field(default_factory=DataConfig)
     model: Component = field(default_factory=lambda: Component("mlp"))
+    objective: Component = field(default_factory=lambda: Component("auto"))
+    """The registered objective (``cross_entropy``, ``mse``, ``bce``, a plugin's own); ``auto`` picks
+    ``cross_entropy`` for class labels and ``mse`` for real-valued targets."""
+    evaluators: list[Component] = field(default_factory=list)
+    """Registered evaluators (``accuracy``, ``loss``, ``mse``, ``mae``, ``r2``, ...); empty: the objective's
+    task's defaults."""
     cohort: CohortConfig = field(default_factory=CohortConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     client_stages: list[Component] = field(default_factory=list)
@@ -183,7 +203,13 @@ class ExperimentConfig:
     aggregator: Component = field(default_factory=lambda: Component("mean"))
     server_stages: list[Component] = field(default_factory=list)
     server: ServerConfig = field(default_factory=ServerConfig)
+    downlink: list[Component] = field(default_factory=list)
+    """Downlink stages (e.g. ``cast`` to bfloat16) the server's messages to clients go through."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    plugins: list[str] = field(default_factory=list)
+    """Python modules imported before the experiment is built: they register a user's own data sets, models,
+    objectives or evaluators (``@trustfl.register``)."""
     recipe: dict[str, Any] = field(default_factory=dict)
     """Algorithm-specific settings read by the recipe named in ``algorithm``."""
 

@@ -19,8 +19,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {}
 # Packages whose modules register components; imported on first look-up so that registration
 # never depends on what the caller happened to import.
-_PLUGIN_PACKAGES = ("models", "data", "aggregate", "attacks", "privacy", "compress", "client", "server",
-                    "engine", "recipes")
+_PLUGIN_PACKAGES = ("models", "data", "objectives", "evaluate", "aggregate", "attacks", "privacy", "compress",
+                    "client", "server", "engine", "recipes")
 _loaded = False
 
 

@@ -1,6 +1,6 @@
 """Data: data sets as tensors, horizontal partitioners, client batch samplers and vertical feature splits.
 
-Registered names: ``dataset`` (digits, breast_cancer, mnist, fashion_mnist), ``partitioner`` (iid, dirichlet,
+Registered names: ``dataset`` (digits, breast_cancer, diabetes, mnist, fashion_mnist), ``partitioner`` (iid, dirichlet,
 shards, quantity_skew) and ``batch_sampler`` (shuffle, fixed, poisson).
 """
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset, resolve_data_dir

@@ -74,12 +74,14 @@ class Dataset:
     Attributes:
       name: the registered name (``"digits"``, ``"mnist"``, ...).
       train_x: float32, shape ``(N, *input_shape)``.
-      train_y: int64 labels in ``[0, num_classes)``, shape ``(N,)``.
+      train_y: int64 labels in ``[0, num_classes)``, shape ``(N,)`` (classification), or float32 targets of shape
+        ``(N,)`` or ``(N, K)`` (regression).
       test_x: float32, shape ``(N_test, *input_shape)``.
-      test_y: int64, shape ``(N_test,)``.
+      test_y: like ``train_y``.
       input_shape: the shape of one example.
-      num_classes: the number of classes.
+      num_classes: the number of classes (0 for regression).
       source: where the data came from, for the run's record.
+      task: ``"classification"`` or ``"regression"``.
     """
 
     name: str
@@ -90,16 +92,27 @@ class Dataset:
     input_shape: tuple[int, ...]
     num_classes: int
     source: str
+    task: str = "classification"
 
     def __post_init__(self) -> None:
+        if self.task not in ("classification", "regression"):
+            raise DataError(f"Dataset {self.name!r}: `task` must be 'classification' or 'regression', found "
+                            f"{self.task!r}.")
+        y_dtype = torch.int64 if self.task == "classification" else torch.float32
         for split in ("train", "test"):
             x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
-            if x.dtype != torch.float32 or y.dtype != torch.int64:
-                raise DataError(f"Dataset {self.name!r}: {split}_x/{split}_y must be float32/int64, "
-                                f"found {x.dtype}/{y.dtype}.")
-            if tuple(x.shape[1:]) != tuple(self.input_shape) or y.shape != (x.shape[0],):
+            if x.dtype != torch.float32 or y.dtype != y_dtype:
+                raise DataError(f"Dataset {self.name!r} ({self.task}): {split}_x/{split}_y must be float32/"
+                                f"{str(y_dtype).removeprefix('torch.')}, found {x.dtype}/{y.dtype}.")
+            targets_ok = y.shape == (x.shape[0],) or (self.task == "regression" and y.dim() == 2
+                                                      and y.shape[0] == x.shape[0])
+            if tuple(x.shape[1:]) != tuple(self.input_shape) or not targets_ok:
                 raise DataError(f"Dataset {self.name!r}: {split}_x has shape {tuple(x.shape)} and {split}_y "
                                 f"{tuple(y.shape)}; expected (N, *{self.input_shape}) and (N,).")
+
+    def tensors(self, split: str) -> dict[str, torch.Tensor]:
+        """The named tensors of ``split`` (``"train"`` or ``"test"``) as a batch mapping: ``x`` and ``y``."""
+        return {"x": getattr(self, f"{split}_x"), "y": getattr(self, f"{split}_y")}
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
@@ -250,6 +263,44 @@ def breast_cancer(data_dir: str | None = None, seed: int = 0, *, max_train: int 
     bunch = load_breast_cancer()
     return _tabular("breast_cancer", bunch.data, bunch.target, seed,
                     "scikit-learn load_breast_cancer (bundled; UCI Wisconsin diagnostic)", max_train, max_test)
+
+
+@register("dataset", "diabetes")
+def diabetes(data_dir: str | None = None, seed: int = 0, *, max_train: int | None = None,
+             max_test: int | None = None) -> Dataset:
+    """scikit-learn's bundled diabetes regression set: 442 patients × 10 features, target = disease progression.
+
+    A seeded random 80/20 split (354 / 88); features and the target are standardised with the training split's
+    mean and std (so a constant predictor has test MSE ≈ 1 and R² ≈ 0). ``data_dir`` is unused.
+    """
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes()
+    x, y = bunch.data.astype(np.float64), bunch.target.astype(np.float64)
+    n = y.shape[0]
+    perm = numpy_rng(seed, "dataset", "diabetes", "split").permutation(n)
+    test_idx, train_idx = np.sort(perm[:round(TEST_FRACTION * n)]), np.sort(perm[round(TEST_FRACTION * n):])
+    x_tr, y_tr, x_te, y_te = x[train_idx], y[train_idx], x[test_idx], y[test_idx]
+    mean, std = x_tr.mean(axis=0), x_tr.std(axis=0)
+    x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
+    y_mean, y_std = y_tr.mean(), y_tr.std()
+    y_tr, y_te = (y_tr - y_mean) / y_std, (y_te - y_mean) / y_std
+    for option, limit in (("max_train", max_train), ("max_test", max_test)):
+        pool = y_tr if option == "max_train" else y_te
+        if limit is not None and not (isinstance(limit, int) and not isinstance(limit, bool)
+                                      and 1 <= limit <= pool.shape[0]):
+            raise ConfigError(f"`{option}` of data set 'diabetes' must be an int in [1, {pool.shape[0]}] or None, "
+                              f"found {limit!r}.")
+    if max_train is not None:
+        x_tr, y_tr = x_tr[:max_train], y_tr[:max_train]
+    if max_test is not None:
+        x_te, y_te = x_te[:max_test], y_te[:max_test]
+    return Dataset(
+        name="diabetes",
+        train_x=torch.from_numpy(x_tr.astype(np.float32)), train_y=torch.from_numpy(y_tr.astype(np.float32)),
+        test_x=torch.from_numpy(x_te.astype(np.float32)), test_y=torch.from_numpy(y_te.astype(np.float32)),
+        input_shape=(x.shape[1],), num_classes=0, task="regression",
+        source="scikit-learn load_diabetes (bundled; Efron et al. 2004), target standardised")
 
 
 def _idx_dataset(name: str, data_dir: str | None, seed: int, max_train: int | None, max_test: int | None,

@@ -38,6 +38,10 @@ class Partition:
     summary: dict
 
 
+SUMMARY_MAX_CLIENTS = 10_000
+"""Above this many clients a partition summary holds size quantiles instead of per-client lists."""
+
+
 def _check_call(labels: np.ndarray, num_clients: int) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
@@ -87,17 +91,23 @@ class AbstractPartitioner:
     def _finish(self, labels: np.ndarray, parts: list[np.ndarray]) -> Partition:
         num_classes = int(labels.max()) + 1 if labels.size else 0
         indices = [np.sort(p).astype(np.int64) for p in parts]
-        histograms = [np.bincount(labels[p], minlength=num_classes).tolist() for p in indices]
+        sizes = np.array([p.size for p in indices], dtype=np.int64)
         params: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore
-        summary = {
+        summary: dict[str, Any] = {
             "partitioner": self.name,
             "params": params,
             "num_clients": len(indices),
             "num_samples": int(labels.size),
             "num_classes": num_classes,
-            "sizes": [int(p.size) for p in indices],
-            "label_histograms": histograms,
         }
+        if len(indices) <= SUMMARY_MAX_CLIENTS:
+            owner = np.repeat(np.arange(len(indices)), sizes)
+            flat = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+            hist = np.bincount(owner * num_classes + labels[flat], minlength=len(indices) * num_classes)
+            summary["sizes"] = sizes.tolist()
+            summary["label_histograms"] = hist.reshape(len(indices), num_classes).tolist()
+        else:  # a large population: quantiles instead of one list per client
+            summary["size_quantiles"] = {str(q): float(np.quantile(sizes, q)) for q in (0, 0.25, 0.5, 0.75, 1)}
         return Partition(indices=indices, summary=summary)
 
 

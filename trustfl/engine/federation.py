@@ -2,20 +2,59 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from trustfl.aggregate.base import AbstractAggregator
 from trustfl.attacks.base import AbstractAttack
+from trustfl.client.step_budget import AbstractStepBudget, FullWork
+from trustfl.client.transforms import LocalChain
 from trustfl.core.stage import Chain
 from trustfl.data.datasets import Dataset
-from trustfl.engine.executors import AbstractExecutor, TrainData
-from trustfl.engine.local import LocalTraining
+from trustfl.engine.executors import AbstractExecutor, LocalJob
+from trustfl.engine.local import LocalTraining, TrainData
+from trustfl.evaluate.base import AbstractEvaluator
+from trustfl.objectives.base import AbstractObjective
 from trustfl.privacy.accountant import LedgerBook
+from trustfl.server.downlink import Downlink
 from trustfl.server.optimizers import AbstractServerOptimizer
 from trustfl.types import ParamLayout
+
+
+class ClientRows(Sequence[torch.Tensor]):
+    """Each client's example indices, stored compactly (one index array and ``n + 1`` offsets).
+
+    ``rows[i]`` is client ``i``'s int64 indices (a view); a population of 10⁶ clients costs 8 MB of offsets.
+    """
+
+    def __init__(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        self.indices, self.offsets = indices, offsets
+
+    @classmethod
+    def from_arrays(cls, arrays: Sequence[np.ndarray], num_clients: int) -> "ClientRows":
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        sizes[:len(arrays)] = [len(a) for a in arrays]
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        flat = np.concatenate([np.asarray(a, dtype=np.int64) for a in arrays]) if len(arrays) else np.zeros(0)
+        return cls(torch.as_tensor(flat, dtype=torch.long), torch.as_tensor(offsets, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    def __getitem__(self, i: int) -> torch.Tensor:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"client {i} out of range for {len(self)} clients")
+        i %= len(self)
+        return self.indices[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (self[i] for i in range(len(self)))
+
+    def sizes(self) -> list[int]:
+        return self.offsets.diff().tolist()
 
 
 @dataclass
@@ -53,7 +92,7 @@ class Federation:
     layout: ParamLayout
     initial_params: torch.Tensor
     train_data: TrainData
-    client_rows: list[torch.Tensor]
+    client_rows: Sequence[torch.Tensor]
     batch_sizes: list[int]
     noise_multipliers: list[float]
     training: LocalTraining
@@ -65,6 +104,13 @@ class Federation:
     server_stages: Chain
     server_optimizer: AbstractServerOptimizer
     executor: AbstractExecutor
+    objective: AbstractObjective | None = None
+    evaluators: tuple[AbstractEvaluator, ...] = ()
+    local_chain: LocalChain | None = None
+    downlink: Downlink = field(default_factory=Downlink)
+    step_budget: AbstractStepBudget = field(default_factory=FullWork)
+    test_data: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Held-out named tensors the evaluators read (``x``, ``y``)."""
     ledger: LedgerBook | None = None
     attack_view: Chain | None = None
     """The client stages an attack's view of honest messages goes through when it differs from the transmitted
@@ -80,6 +126,10 @@ class Federation:
     @property
     def num_clients(self) -> int:
         return len(self.client_rows)
+
+    def local_job(self) -> LocalJob:
+        """What the executors need besides the cohort's plans and context."""
+        return LocalJob(self.model, self.objective, self.local_chain, self.training, self.train_data)
 
 
 @dataclass
@@ -99,3 +149,7 @@ class EngineState:
     rejected_total: int = 0
     attack_view: Any = None
     """Stage state of ``Federation.attack_view`` (e.g. the noiseless worker momentums), simulation only."""
+    clients: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """The client state store (``ClientStateStore.state_dict()``): only clients that have state."""
+    shared: dict[str, Any] = field(default_factory=dict)
+    """State of the gradient transforms' server halves (e.g. SCAFFOLD's server control variate)."""

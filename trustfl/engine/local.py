@@ -1,32 +1,29 @@
-"""Local training: what one client does with the model it received (shared by every executor).
+"""Local training plans: which batches each client draws, how many steps it may take, and their DP events.
 
-A client's local update is plain SGD (optional momentum and weight decay, ``torch.optim.SGD`` semantics) on its
-own batches, for ``epochs`` passes or ``steps`` steps, with an optional sample-level DP gradient:
+What a client computes on those batches is the local chain (``client/transforms.py``): gradient method
+(plain / per-example clipped / batch-clipped) → gradient transforms (DP noise, proximal term, control variates,
+weight decay, momentum) → local SGD. The message a client sends is ``θ_local − θ_received``. Every draw comes
+from the client's own generators, derived from (seed, round, client, stage), so executors agree.
 
-- ``per_example`` (DP-SGD, Abadi et al. 2016): ``g = (Σ_b clip_C(∇ℓ_b) + N(0, z²C²I)) / b`` with ``b`` the
-  expected batch size;
-- ``batch_clip`` (CafCor Alg. 1, eq. 1): ``g = clip_C((1/|B|) Σ_b ∇ℓ_b)`` (+ ``N(0, z²C²I)`` if ``z > 0``).
-
-The message a client sends is its model delta ``θ_local − θ_global``. Every draw comes from the client's own
-generators, derived from (seed, round, client, stage), so executors agree to floating-point error.
+Accounting: ``per_example`` (DP-SGD, Abadi et al. 2016) charges a subsampled Gaussian per step; ``batch_clip``
+(CafCor Alg. 1, eq. 1) an unamplified Gaussian per step.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping
 
 import torch
 from dp_accounting import dp_event
 
 from trustfl.core.rng import make_generator
 from trustfl.data.sampling import AbstractBatchSampler
-from trustfl.types import Params
 
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """How every client trains locally (hyper-parameters shared by the cohort)."""
+    """How every client's local work is scheduled and accounted (hyper-parameters shared by the cohort)."""
 
     sampler: AbstractBatchSampler
     lr: float
@@ -34,7 +31,7 @@ class LocalTraining:
     steps: int = 0
     momentum: float = 0.0
     weight_decay: float = 0.0
-    dp_mode: str = "off"  # off | per_example | batch_clip
+    dp_mode: str = "off"  # off | per_example | batch_clip: what a step's DP event is
     clip: float = 1.0
     dp_method: str = "ghost"
 
@@ -45,7 +42,7 @@ class LocalTraining:
 
 @dataclass(frozen=True)
 class ClientPlan:
-    """One client's job in a round: its data rows, batch size, noise multiplier, and whether it is poisoned."""
+    """One client's job in a round: its data rows, batch size, noise multiplier, poisoning and step budget."""
 
     client_id: int
     rows: torch.Tensor
@@ -53,21 +50,47 @@ class ClientPlan:
     batch_size: int
     noise_multiplier: float = 0.0
     flip_labels: bool = False
+    max_steps: int | None = None
+    """Most local steps the client completes this round (``None``: all planned); a straggler's budget."""
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """The simulator's view of the training data: named tensors (examples first), each client's rows into them.
+
+    ``num_classes`` is 0 for real-valued targets. Data-level poisoning (label flipping) maps ``y`` to
+    ``num_classes − 1 − y`` on the poisoned clients' rows.
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    num_classes: int
+
+    def gather(self, rows: torch.Tensor, flip: torch.Tensor | bool = False) -> dict[str, torch.Tensor]:
+        """The batch of ``rows`` (any shape); ``flip`` (a bool or one per leading row) poisons the labels."""
+        batch = {k: v[rows] for k, v in self.tensors.items()}
+        if "y" in batch and not (isinstance(flip, bool) and not flip):
+            y = batch["y"]
+            if isinstance(flip, bool):
+                batch["y"] = self.num_classes - 1 - y
+            else:
+                batch["y"] = torch.where(flip.view(-1, *([1] * (y.dim() - 1))), self.num_classes - 1 - y, y)
+        return batch
 
 
 def batch_schedule(training: LocalTraining, plan: ClientPlan, seed: int, round_: int) -> list[torch.Tensor]:
-    """The client's batches for this round, as indices into its own rows (from its own "batches" stream)."""
+    """The client's batches for this round, as indices into its own rows (from its own "batches" stream).
+
+    A step budget truncates the schedule: a straggler completes the first ``max_steps`` planned steps.
+    """
     n = int(plan.rows.numel())
     if n == 0:
         return []
     gen = make_generator(seed, round_, plan.client_id, "batches")
     if training.steps > 0:
-        return training.sampler.steps(n, plan.batch_size, gen, num_steps=training.steps)
-    return training.sampler.steps(n, plan.batch_size, gen, epochs=training.epochs)
-
-
-def dp_generator(plan: ClientPlan, seed: int, round_: int) -> torch.Generator:
-    return make_generator(seed, round_, plan.client_id, "dpsgd")
+        schedule = training.sampler.steps(n, plan.batch_size, gen, num_steps=training.steps)
+    else:
+        schedule = training.sampler.steps(n, plan.batch_size, gen, epochs=training.epochs)
+    return schedule if plan.max_steps is None else schedule[:plan.max_steps]
 
 
 def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | None:
@@ -98,20 +121,3 @@ def num_local_steps(training: LocalTraining, num_samples: int, batch_size: int) 
     if training.steps > 0:
         return training.steps
     return training.epochs * math.ceil(num_samples / min(batch_size, num_samples))
-
-
-def add_dp_noise(grads: Params, plans: Sequence[ClientPlan], clip: float, divisor: torch.Tensor,
-                 generators: Sequence[torch.Generator]) -> Params:
-    """``(g_i + N(0, z_i² C² I)) / divisor_i`` per client ``i``, drawing one tensor per parameter in order."""
-    out: Params = {}
-    stds = torch.tensor([p.noise_multiplier * clip for p in plans], dtype=torch.float64)
-    for name, g in grads.items():
-        shape = (len(plans),) + (1,) * (g.dim() - 1)
-        if bool((stds > 0).any()):
-            noise = torch.zeros_like(g)
-            for i, gen in enumerate(generators):
-                if stds[i] > 0:
-                    noise[i] = torch.randn(g.shape[1:], generator=gen, dtype=g.dtype).mul_(float(stds[i]))
-            g = g + noise
-        out[name] = g / divisor.to(g.dtype).view(shape)
-    return out

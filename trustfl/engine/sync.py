@@ -1,27 +1,28 @@
 """The synchronous round engine (STYLE.md pipeline):
 
-sample → client.local_update → client stages (clip, noise, correlated noise, momentum) → [attacks.inject,
-simulation only] → server screening (drop NaN/Inf/wrong-shape messages) → aggregate (pre-aggregators + rule)
-→ server stages (central noise) → server optimizer → accountant.charge(events) → report.
+sample → downlink (encode, decode) → client state store → local chain (objective → gradient method → gradient
+transforms → local SGD) → client stages (clip, noise, correlated noise, momentum) → [attacks.inject, simulation
+only] → server screening (drop NaN/Inf/wrong-shape messages and extras) → aggregate (pre-aggregators + rule)
+→ server stages (central noise) → server optimizer → shared statistics → accountant.charge(events) → report.
 
 The engine decides *when* stages run; the stages decide *what* happens.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from dp_accounting import dp_event
-from torch.func import functional_call
 
+from trustfl.client.state import ClientStateStore
+from trustfl.core.registry import register
 from trustfl.core.rng import SERVER, make_generator
+from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import ClientPlan, num_local_steps, step_event
-from trustfl.types import RoundContext
-
-BYTES_PER_FLOAT32 = 4
+from trustfl.types import CohortContext, RoundContext
 
 
 def initial_state(fed: Federation) -> EngineState:
@@ -30,12 +31,16 @@ def initial_state(fed: Federation) -> EngineState:
                        client_stages=fed.client_stages.init(fed.layout), aggregator=fed.aggregator.init(fed.layout),
                        server_stages=fed.server_stages.init(fed.layout),
                        ledger=None if fed.ledger is None else fed.ledger.state_dict(),
-                       attack_view=None if fed.attack_view is None else fed.attack_view.init(fed.layout))
+                       attack_view=None if fed.attack_view is None else fed.attack_view.init(fed.layout),
+                       shared=fed.local_chain.server_init(fed.layout))
 
 
-def _plan(fed: Federation, cid: int) -> ClientPlan:
+def _plan(fed: Federation, cid: int, r: int) -> ClientPlan:
     flip = bool(fed.attack is not None and fed.attack.data_level and cid in fed.byzantine)
-    return ClientPlan(cid, fed.client_rows[cid], fed.batch_sizes[cid], fed.noise_multipliers[cid], flip)
+    rows = fed.client_rows[cid]
+    planned = num_local_steps(fed.training, int(rows.numel()), fed.batch_sizes[cid])
+    return ClientPlan(cid, rows, fed.batch_sizes[cid], fed.noise_multipliers[cid], flip,
+                      fed.step_budget.max_steps(cid, planned, fed.seed, r))
 
 
 def _round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEvent | None:
@@ -52,24 +57,34 @@ def _screen(x: torch.Tensor, d: int) -> torch.Tensor:
     return torch.isfinite(x).all(dim=1)
 
 
+def _stack(received: list[Any], width: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[bool]]:
+    """Stack well-formed rows; a malformed one (wrong shape or dtype, not a tensor) becomes a NaN row."""
+    shaped = [isinstance(m, torch.Tensor) and m.shape == (width,) and m.dtype == dtype for m in received]
+    if not received:
+        return torch.zeros(0, width, dtype=dtype), shaped
+    return torch.stack([m if ok else torch.full((width,), float("nan"), dtype=dtype)
+                        for m, ok in zip(received, shaped)]), shaped
+
+
 def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
     """Run round ``state.round`` and return the new state and the round's metrics."""
     start = time.perf_counter()
     r = state.round
     d = fed.layout.numel
+    chain = fed.local_chain
     metrics: dict[str, Any] = {"round": r + 1}
     candidates = list(range(fed.num_clients))
     cohort = fed.cohort.sample(candidates, make_generator(fed.seed, r, SERVER, "cohort"))
 
     trainers = [c for c in cohort if c not in fed.byzantine or (fed.attack is not None and fed.attack.data_level)]
     crafted = [c for c in cohort if c not in trainers]
-    plans = [_plan(fed, c) for c in trainers]
+    plans = [_plan(fed, c, r) for c in trainers]
     # Budgets are never silently exceeded: a client whose round would overspend sits the round out.
     if fed.ledger is not None:
         ledger = fed.ledger
         kept = []
         for p in plans:
-            steps = _planned_steps(fed, p)
+            steps = num_local_steps(fed.training, int(p.rows.numel()), p.batch_size)
             event = _round_events(fed, p, steps)
             if event is not None and p.client_id in ledger and ledger[p.client_id].would_exceed(event):
                 continue
@@ -79,8 +94,21 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
         trainers = [p.client_id for p in plans]
     cohort = sorted(trainers + crafted)
 
-    params = fed.layout.unflatten(state.params)
-    results = fed.executor.run(fed.model, params, plans, fed.train_data, fed.training, fed.seed, r)
+    # Downlink: what every cohort client receives, encoded; clients decode it before training.
+    payload = {"model": state.params, **chain.downlink(state.shared)}
+    encoded = fed.downlink.encode(payload)
+    received_payload = fed.downlink.decode(encoded, {k: v.dtype for k, v in payload.items()})
+    bytes_down = fed.downlink.nbytes(encoded) * len(cohort)
+
+    store = ClientStateStore.from_state_dict(state.clients)
+    job_ctx = CohortContext(
+        client_ids=tuple(trainers), round=r, seed=fed.seed, lr=fed.training.lr,
+        batch_sizes=torch.tensor([float(p.batch_size) for p in plans], dtype=torch.float64),
+        noise_multipliers=torch.tensor([p.noise_multiplier for p in plans], dtype=torch.float64),
+        received=received_payload, client_state=store.gather(trainers, chain.client_state_defaults(fed.layout)),
+        layout=fed.layout)
+    results = fed.executor.run(fed.local_job(), plans, job_ctx)
+    store = store.scatter(trainers, results.client_state)
     events = []
     for p, steps in zip(plans, results.num_steps):
         ev = _round_events(fed, p, steps)
@@ -110,21 +138,26 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
             [trainers.index(c) for c in honest_ids], dtype=torch.long)), fed.aggregator)
         for i, c in enumerate(crafted):
             rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
-    # What reaches the server: one message per cohort client, in client order.
-    received = [rows[c] for c in cohort]
-    shaped = [isinstance(m, torch.Tensor) and m.shape == (d,) and m.dtype == state.params.dtype for m in received]
-    bytes_up = sum(int(m.numel()) * m.element_size() for m, ok in zip(received, shaped) if ok)
-    bytes_down = len(cohort) * d * BYTES_PER_FLOAT32
-    stacked = torch.stack([m if ok else torch.full((d,), float("nan"), dtype=state.params.dtype)
-                           for m, ok in zip(received, shaped)]) if cohort else torch.zeros(0, d)
+    # What reaches the server: one message (and its extras) per cohort client, in client order. Crafted
+    # messages carry zero extras: the attacks act on the model message only.
+    stacked, shaped = _stack([rows[c] for c in cohort], d, state.params.dtype)
     accepted = _screen(stacked, d)
+    bytes_up = sum(int(stacked[i].numel()) * stacked.element_size() for i, ok in enumerate(shaped) if ok)
+    extras: dict[str, torch.Tensor] = {}
+    for key, width in chain.extras_widths(fed.layout).items():
+        by_client = dict(zip(trainers, results.extras[key]))
+        ex, ex_shaped = _stack([by_client.get(c, torch.zeros(width, dtype=state.params.dtype)) for c in cohort],
+                               width, state.params.dtype)
+        accepted &= _screen(ex, width)
+        bytes_up += sum(int(ex[i].numel()) * ex.element_size() for i, ok in enumerate(ex_shaped) if ok)
+        extras[key] = ex
     rejected = int((~accepted).sum())
     metrics.update({"cohort_size": len(cohort), "rejected": rejected})
 
-    new = EngineState(r + 1, state.params, state.server_optimizer, client_state, state.aggregator,
-                      state.server_stages, state.ledger, state.bytes_up_total + bytes_up,
-                      state.bytes_down_total + bytes_down, state.wall_time_s, state.rejected_total + rejected,
-                      view_state)
+    new = dataclasses.replace(
+        state, round=r + 1, client_stages=client_state, bytes_up_total=state.bytes_up_total + bytes_up,
+        bytes_down_total=state.bytes_down_total + bytes_down, rejected_total=state.rejected_total + rejected,
+        attack_view=view_state, clients=store.state_dict())
     if bool(accepted.any()):
         keep = torch.nonzero(accepted).flatten()
         ctx = _context(fed, r, cohort, weights_all).select(keep)
@@ -135,6 +168,7 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
         stage_metrics.update(srv.metrics)
         new.params, new.server_optimizer = fed.server_optimizer.step(state.params, srv.x, state.server_optimizer)
         new.aggregator, new.server_stages = agg.state, srv.state
+        new.shared = chain.server_update(state.shared, {k: v[keep] for k, v in extras.items()}, ctx)
     if fed.ledger is not None and events:
         # Byzantine clients (e.g. label flippers that follow the protocol) have no privacy to protect: no ledger.
         fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
@@ -147,10 +181,6 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
                     for k, v in stage_metrics.items()})
     new.wall_time_s = state.wall_time_s + time.perf_counter() - start
     return new, metrics
-
-
-def _planned_steps(fed: Federation, plan: ClientPlan) -> int:
-    return num_local_steps(fed.training, int(plan.rows.numel()), plan.batch_size)
 
 
 def _weights(fed: Federation) -> torch.Tensor | None:
@@ -167,16 +197,12 @@ def _context(fed: Federation, r: int, ids: list[int], weights_all: torch.Tensor 
                         reports={k: v[index] for k, v in fed.reports.items()})
 
 
-@torch.no_grad()
-def evaluate(fed: Federation, params: torch.Tensor) -> dict[str, float]:
-    """Test accuracy and mean cross-entropy of the global model on the held-out test set."""
-    named = fed.layout.unflatten(params)
-    x, y = fed.dataset.test_x, fed.dataset.test_y
-    correct, loss = 0, 0.0
-    for i in range(0, x.shape[0], fed.eval_batch_size):
-        logits = functional_call(fed.model, named, (x[i:i + fed.eval_batch_size],))
-        yb = y[i:i + fed.eval_batch_size]
-        loss += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    n = max(x.shape[0], 1)
-    return {"accuracy": correct / n, "loss": loss / n}
+@register("engine", "sync")
+class SyncEngine(AbstractEngine):
+    """Synchronous rounds: the server waits for every sampled client, then updates once (FedAvg's schedule)."""
+
+    def initial_state(self, fed: Federation) -> EngineState:
+        return initial_state(fed)
+
+    def run_round(self, fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
+        return run_round(fed, state)

@@ -1,8 +1,9 @@
-"""Plots of a run: ``accuracy.png`` and ``loss.png`` against rounds."""
+"""Plots of a run: one ``<metric>.png`` per evaluation metric against rounds (``accuracy.png``, ``loss.png``,
+``mse.png``, ``r2.png``, ...)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import matplotlib
 
@@ -24,10 +25,21 @@ def _plot(rows: list[dict[str, Any]], key: str, label: str, title: str, path: Pa
     plt.close(fig)
 
 
-def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "") -> None:
+_LABELS = {"accuracy": "test accuracy", "loss": "test loss", "mse": "test MSE", "mae": "test MAE",
+           "r2": "test R²"}
+
+
+def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "",
+             metrics: Sequence[str] = ("accuracy", "loss")) -> list[Path]:
+    """Write ``<metric>.png`` for every metric of the run; return the paths."""
     run_dir = Path(run_dir)
-    _plot(rows, "accuracy", "test accuracy", f"{name} — test accuracy", run_dir / "accuracy.png")
-    _plot(rows, "loss", "test loss", f"{name} — test loss", run_dir / "loss.png")
+    paths = []
+    for metric in metrics:
+        label = _LABELS.get(metric, f"test {metric}")
+        path = run_dir / f"{metric.replace('/', '_')}.png"
+        _plot(rows, metric, label, f"{name} — {label}", path)
+        paths.append(path)
+    return paths
 
 
 def plot_comparison(series: dict[str, list[tuple[float, float]]], ylabel: str, title: str, path: str | Path,

@@ -11,6 +11,7 @@ from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
             "wall_time_s")
+_TAIL = ("bytes_up_total", "bytes_down_total", "epsilon_max", "rejected", "wall_time_s")
 
 
 def _fmt(v: Any) -> str:
@@ -36,9 +37,11 @@ def report_run(run_dir: str | Path) -> str:
         raise TrustFLError(f"{run_dir} holds no metrics.jsonl rows: is it a trustfl run directory?")
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    plot_run(run_dir, rows, summary.get("name", run_dir.name))
-    text = format_table(rows)
+    metrics = summary.get("metrics") or [m for m in ("accuracy", "loss") if any(m in r for r in rows)]
+    plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics)
+    text = format_table(rows, ("round", *metrics, *_TAIL))
     if summary:
-        keys = ("final_accuracy", "best_accuracy", "rounds", "wall_time_s", "seed")
+        primary = summary.get("primary_metric", "accuracy")
+        keys = (f"final_{primary}", f"best_{primary}", "rounds", "wall_time_s", "seed")
         text += "\n\n" + "  ".join(f"{k}={_fmt(summary.get(k))}" for k in keys if k in summary)
     return text

@@ -1,0 +1,103 @@
+"""Gradient methods: the head of the local-training chain, from a batch to one gradient per client.
+
+- ``plain``: the gradient of each client's mean loss (FedAvg's local SGD);
+- ``per_example``: DP-SGD's sum of per-example gradients clipped to ``C`` (Abadi et al. 2016, Alg. 1), by ghost
+  norms or materialised ``vmap`` gradients; the ``dp_noise`` transform then adds noise and divides by ``E|S_i|``;
+- ``batch_clip``: CafCor's clipped mini-batch mean ``Clip((1/|S_i|) Σ_b ∇ℓ_b; C)`` (Allouah et al., Alg. 1, eq. 1).
+
+Each method runs a whole stacked cohort at once and returns ``(grads {name: (m, ...)}, losses (m,))``.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+import torch
+from torch import nn
+
+from trustfl.client.per_example import (METHODS, batched_mean_grad, batched_mean_losses, clipped_batch_mean,
+                                        clipped_grad_sum)
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError, PrivacyError
+from trustfl.objectives.base import AbstractObjective, Batch
+from trustfl.types import CohortContext, Params
+
+
+class AbstractGradientMethod(abc.ABC):
+    """Computes one gradient per client from its batch.
+
+    Attributes:
+      skips_empty_batches: ``True`` when a client whose batch is empty takes no step (plain SGD); ``False`` when
+        it still steps (DP-SGD: an empty Poisson batch gives pure noise, and the step is accounted).
+      clip: the sensitivity bound ``C`` of the returned gradient sum (``None``: unbounded).
+    """
+
+    skips_empty_batches: ClassVar[bool] = True
+    clip: float | None = None
+
+    @abc.abstractmethod
+    def compute(self, model: nn.Module, objective: AbstractObjective, params: Mapping[str, torch.Tensor],
+                batch: Batch, mask: torch.Tensor, cohort: CohortContext) -> tuple[Params, torch.Tensor]:
+        """``(grads, losses)`` for stacked ``params`` ``(m, ...)`` and a padded batch ``(m, B, ...)``."""
+
+
+def _check_clip(clip: float) -> None:
+    if not (isinstance(clip, (int, float)) and 0 < clip < float("inf")):
+        raise PrivacyError(f"`clip` must be a finite number > 0, found {clip!r}.")
+
+
+@register("gradient_method", "plain")
+@dataclass(frozen=True)
+class PlainGradient(AbstractGradientMethod):
+    """``g_i = ∇_θ (1/|S_i|) Σ_{b ∈ S_i} ℓ(θ_i; batch_b)``: the plain mini-batch gradient."""
+
+    def compute(self, model, objective, params, batch, mask, cohort):
+        return batched_mean_grad(model, objective, params, batch, mask)
+
+
+@register("gradient_method", "per_example")
+@dataclass(frozen=True)
+class PerExampleClipped(AbstractGradientMethod):
+    """``s_i = Σ_{b ∈ S_i} min(1, C/(‖∇ℓ_b‖ + 1e-6)) ∇ℓ_b`` (DP-SGD's clipped sum, before noise and division).
+
+    Args:
+      clip: ``C > 0``.
+      method: ``"ghost"`` (norms without per-example gradients where the layers allow) or ``"vmap"``.
+    """
+
+    clip: float = 1.0
+    method: str = "ghost"
+    skips_empty_batches: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        _check_clip(self.clip)
+        if self.method not in METHODS:
+            raise ConfigError(f"`method` must be one of {METHODS}, found {self.method!r}.")
+
+    def compute(self, model, objective, params, batch, mask, cohort):
+        sums, _ = clipped_grad_sum(model, params, batch, mask, self.clip, objective=objective, method=self.method)
+        with torch.no_grad():
+            losses = batched_mean_losses(model, objective, params, batch, mask)
+        return sums, losses
+
+
+@register("gradient_method", "batch_clip")
+@dataclass(frozen=True)
+class BatchClipped(AbstractGradientMethod):
+    """``g_i = Clip((1/|S_i|) Σ_{b ∈ S_i} ∇ℓ_b; C)`` (CafCor Alg. 1, eq. 1): user-level sensitivity ``2C``.
+
+    Args:
+      clip: ``C > 0``.
+    """
+
+    clip: float = 1.0
+    skips_empty_batches: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        _check_clip(self.clip)
+
+    def compute(self, model, objective, params, batch, mask, cohort):
+        clipped, _, losses = clipped_batch_mean(model, params, batch, mask, self.clip, return_loss=True,
+                                                objective=objective)
+        return clipped, losses

@@ -1,0 +1,270 @@
+"""Local training as a chain: gradient method → gradient transforms → local optimizer (optax style).
+
+A gradient transform maps the cohort's stacked gradients ``{name: (m, ...)}`` to new ones, with explicit
+per-round state (``init → apply* → finish``). A transform may keep per-client state between participations (in
+the client state store, :meth:`AbstractGradientTransform.client_state_defaults`), send values beside the
+message (``finish`` → extras) and own a server half (``server_init`` / ``downlink`` / ``server_update``), so an
+algorithm such as SCAFFOLD is one part. Transforms see only rows of their own clients, their own state entries
+and what the server sent.
+
+The default chain reproduces ``torch.optim.SGD`` semantics: ``g ← g + λθ`` (weight decay),
+``b ← μb + g`` (momentum), ``θ ← θ − η_l b``; rows whose client takes no step (``active = False``) are unchanged.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+from trustfl.client.gradients import AbstractGradientMethod
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+from trustfl.types import CohortContext, ParamLayout, Params, RoundContext
+
+
+def _rows(active: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return active.view(-1, *([1] * (like.dim() - 1)))
+
+
+class AbstractGradientTransform(abc.ABC):
+    """One step of local training between "compute a gradient" and "apply it".
+
+    Attributes:
+      privacy_noise: ``True`` for transforms whose only job is to add privacy noise.
+    """
+
+    privacy_noise: ClassVar[bool] = False
+
+    def client_state_defaults(self, layout: ParamLayout) -> dict[str, torch.Tensor]:
+        """Per-client entries this transform keeps between rounds, with the value of a client never seen."""
+        return {}
+
+    def extras_widths(self, layout: ParamLayout) -> dict[str, int]:
+        """Flat width of every extra :meth:`finish` sends beside the message (the server screens them)."""
+        return {}
+
+    def init(self, params: Params, cohort: CohortContext) -> Any:
+        """Round state for the cohort (generators, momentum buffers, corrections)."""
+        return None
+
+    @abc.abstractmethod
+    def apply(self, grads: Params, state: Any, params: Params, active: torch.Tensor | None,
+              cohort: CohortContext) -> tuple[Params, Any]:
+        """Transform the stacked gradients; ``active`` (``None``: all) marks the rows that take this step."""
+
+    def finish(self, state: Any, cohort: CohortContext, start: torch.Tensor, end: torch.Tensor,
+               num_steps: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``(new client-state entries, extras sent beside the message)``, stacked, from the flat start and end
+        parameters ``(m, d)`` and the steps taken ``(m,)``."""
+        return {}, {}
+
+    def server_init(self, layout: ParamLayout) -> Any:
+        """State of the server half (``None``: this transform has none)."""
+        return None
+
+    def downlink(self, server_state: Any) -> dict[str, torch.Tensor]:
+        """What the server half sends every client beside the model, flat."""
+        return {}
+
+    def server_update(self, server_state: Any, extras: Mapping[str, torch.Tensor], ctx: RoundContext) -> Any:
+        """Fold the accepted rows' extras into the server state."""
+        return server_state
+
+
+@register("gradient_transform", "dp_noise")
+@dataclass(frozen=True)
+class DPNoise(AbstractGradientTransform):
+    """DP-SGD's noisy mean: ``g̃_i = (g_i + N(0, z_i² C² I)) / d_i`` (Abadi et al. 2016, Alg. 1).
+
+    ``z_i`` is client ``i``'s noise multiplier; ``d_i = E|S_i|`` (its expected batch size) when
+    ``divide_by_batch_size`` (after a clipped *sum*), else 1 (after CafCor's clipped mean). Client ``i``'s draws come
+    from its own ``"dpsgd"`` generator, one tensor per parameter in order, every step.
+
+    Args:
+      clip: ``C``, the sensitivity of the incoming gradient.
+      divide_by_batch_size: divide by ``E|S_i|``.
+    """
+
+    clip: float = 1.0
+    divide_by_batch_size: bool = True
+    privacy_noise: ClassVar[bool] = True
+
+    def init(self, params, cohort):
+        stds = cohort.noise_multipliers.to(torch.float64) * self.clip
+        divisor = cohort.batch_sizes if self.divide_by_batch_size else torch.ones(cohort.size)
+        gens = [cohort.generator(i, "dpsgd") for i in range(cohort.size)]
+        return gens, stds, divisor.to(torch.float32), bool((stds > 0).any())
+
+    def apply(self, grads, state, params, active, cohort):
+        gens, stds, divisor, any_noise = state
+        out: Params = {}
+        for name, g in grads.items():
+            if any_noise:
+                noise = torch.zeros_like(g)
+                for i, gen in enumerate(gens):
+                    if stds[i] > 0:
+                        noise[i] = torch.randn(g.shape[1:], generator=gen, dtype=g.dtype).mul_(float(stds[i]))
+                g = g + noise
+            out[name] = g / divisor.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+        return out, state
+
+
+@register("gradient_transform", "proximal")
+@dataclass(frozen=True)
+class Proximal(AbstractGradientTransform):
+    """FedProx's proximal term (Li et al. 2020, eq. 2): ``g ← g + μ (θ − θ^t)`` with ``θ^t`` the received model.
+
+    Minimises ``h(θ) = F_k(θ) + (μ/2)‖θ − θ^t‖²`` locally; ``μ = 0`` is FedAvg.
+
+    Args:
+      mu: ``μ >= 0``.
+
+    References:
+      Li et al., *Federated optimization in heterogeneous networks*, MLSys 2020. https://arxiv.org/abs/1812.06127
+    """
+
+    mu: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.mu, (int, float)) and 0 <= self.mu < float("inf")):
+            raise ConfigError(f"`mu` must be a finite number >= 0, found {self.mu!r}.")
+
+    def init(self, params, cohort):
+        return cohort.layout.unflatten(cohort.received["model"])
+
+    def apply(self, grads, state, params, active, cohort):
+        return {k: g.add(params[k] - state[k], alpha=self.mu) for k, g in grads.items()}, state
+
+
+@register("gradient_transform", "weight_decay")
+@dataclass(frozen=True)
+class WeightDecay(AbstractGradientTransform):
+    """L2 weight decay as in ``torch.optim.SGD``: ``g ← g + λθ``.
+
+    Args:
+      weight_decay: ``λ >= 0``.
+    """
+
+    weight_decay: float = 0.0
+
+    def apply(self, grads, state, params, active, cohort):
+        return {k: g.add(params[k], alpha=self.weight_decay) for k, g in grads.items()}, state
+
+
+@register("gradient_transform", "momentum")
+@dataclass(frozen=True)
+class Momentum(AbstractGradientTransform):
+    """Heavy-ball momentum as in ``torch.optim.SGD``: ``b ← μb + g``, ``g ← b`` (buffers start at 0 each round).
+
+    Args:
+      momentum: ``μ`` in ``[0, 1)``.
+    """
+
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"`momentum` must be in [0, 1), found {self.momentum!r}.")
+
+    def init(self, params, cohort):
+        return {k: torch.zeros_like(v) for k, v in params.items()}
+
+    def apply(self, grads, state, params, active, cohort):
+        new_state: Params = {}
+        for k, g in grads.items():
+            buf = state[k]
+            new_buf = buf.mul(self.momentum).add_(g)
+            if active is not None:
+                new_buf = torch.where(_rows(active, g), new_buf, buf)
+            new_state[k] = new_buf
+        return dict(new_state), new_state
+
+
+@dataclass(frozen=True)
+class SGD:
+    """The local optimizer: ``θ_i ← θ_i − η_l g_i`` in place, for active rows only."""
+
+    lr: float
+
+    def step(self, params: Params, grads: Params, active: torch.Tensor | None) -> None:
+        for name, p in params.items():
+            g = grads[name]
+            if active is not None:
+                g = g * _rows(active, g).to(g.dtype)
+            p.sub_(g, alpha=self.lr)
+
+
+@dataclass(frozen=True)
+class LocalChain:
+    """Gradient method, named gradient transforms and the local optimizer; what one local step runs.
+
+    Client-state keys, extras and shared statistics of transform ``name`` are stored as ``"name/key"``; a
+    transform sees its own keys without the prefix (and the received ``"model"``).
+    """
+
+    method: AbstractGradientMethod
+    transforms: tuple[tuple[str, AbstractGradientTransform], ...]
+    optimizer: SGD
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.transforms]
+        if len(set(names)) != len(names) or any("/" in n for n in names):
+            raise ConfigError(f"gradient transform names must be unique and contain no '/', found {names}.")
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.transforms]
+
+    def client_state_defaults(self, layout: ParamLayout) -> dict[str, torch.Tensor]:
+        return {f"{n}/{k}": v for n, t in self.transforms for k, v in t.client_state_defaults(layout).items()}
+
+    def _view(self, name: str, cohort: CohortContext) -> CohortContext:
+        pre = f"{name}/"
+        own = lambda d: {k[len(pre):]: v for k, v in d.items() if k.startswith(pre)}  # noqa: E731
+        return dataclasses.replace(cohort, client_state=own(cohort.client_state),
+                                   received={"model": cohort.received["model"], **own(cohort.received)})
+
+    def init(self, params: Params, cohort: CohortContext) -> dict[str, Any]:
+        views = {n: self._view(n, cohort) for n, _ in self.transforms}
+        return {"views": views, **{n: t.init(params, views[n]) for n, t in self.transforms}}
+
+    def step(self, grads: Params, states: dict[str, Any], params: Params, active: torch.Tensor | None) -> None:
+        """Run the transforms on ``grads`` and apply the optimizer to ``params`` in place."""
+        for name, t in self.transforms:
+            grads, states[name] = t.apply(grads, states[name], params, active, states["views"][name])
+        self.optimizer.step(params, grads, active)
+
+    def finish(self, states: dict[str, Any], start: torch.Tensor, end: torch.Tensor,
+               num_steps: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        client_state: dict[str, torch.Tensor] = {}
+        extras: dict[str, torch.Tensor] = {}
+        for name, t in self.transforms:
+            new, sent = t.finish(states[name], states["views"][name], start, end, num_steps)
+            client_state.update({f"{name}/{k}": v for k, v in new.items()})
+            extras.update({f"{name}/{k}": v for k, v in sent.items()})
+        return client_state, extras
+
+    # server halves
+    def server_init(self, layout: ParamLayout) -> dict[str, Any]:
+        return {n: s for n, t in self.transforms if (s := t.server_init(layout)) is not None}
+
+    def downlink(self, server_states: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        return {f"{n}/{k}": v for n, t in self.transforms if n in server_states
+                for k, v in t.downlink(server_states[n]).items()}
+
+    def server_update(self, server_states: Mapping[str, Any], extras: Mapping[str, torch.Tensor],
+                      ctx: RoundContext) -> dict[str, Any]:
+        out = dict(server_states)
+        for n, t in self.transforms:
+            if n in out:
+                pre = f"{n}/"
+                out[n] = t.server_update(out[n], {k[len(pre):]: v for k, v in extras.items() if k.startswith(pre)},
+                                         ctx)
+        return out
+
+    def extras_widths(self, layout: ParamLayout) -> dict[str, int]:
+        """Flat width of every extra the clients send (what the server screens them against)."""
+        return {f"{n}/{k}": w for n, t in self.transforms for k, w in t.extras_widths(layout).items()}

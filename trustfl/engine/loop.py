@@ -1,0 +1,117 @@
+"""The run loop every engine shares: rounds, evaluation rows, checkpoints, resume and progress.
+
+An engine only implements its round (:class:`trustfl.engine.base.AbstractEngine`); this module runs rounds until
+the planned number, evaluates the global model with the federation's evaluators every ``eval_every`` rounds,
+appends a row to ``metrics.jsonl``, saves ``checkpoint.pt`` (the whole :class:`EngineState`, client state store
+included) and shows progress. ``resume`` restores the state bitwise, so a resumed run ends with the same model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trustfl.engine.base import AbstractEngine
+from trustfl.engine.federation import EngineState, Federation
+from trustfl.errors import CheckpointError
+from trustfl.evaluate.base import evaluate_model
+from trustfl.report.files import append_metrics
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str) -> None:
+    tmp = run_dir / (CHECKPOINT + ".tmp")
+    torch.save({"config_hash": cfg_hash, "state": dataclasses.asdict(state)}, tmp)
+    tmp.replace(run_dir / CHECKPOINT)
+
+
+def load_checkpoint(run_dir: Path, cfg_hash: str) -> EngineState:
+    path = run_dir / CHECKPOINT
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: nothing to resume (was checkpoint_every 0?).")
+    try:
+        data = torch.load(path, weights_only=False)
+    except Exception as err:  # a truncated or foreign file
+        raise CheckpointError(f"{path} cannot be read: {err}") from None
+    if data.get("config_hash") != cfg_hash:
+        raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}.")
+    return EngineState(**data["state"])
+
+
+@torch.no_grad()
+def evaluate(fed: Federation, params: torch.Tensor) -> dict[str, float]:
+    """The federation's evaluators on the held-out test set, for the flat global model ``params``."""
+    return evaluate_model(fed.model, fed.objective, fed.evaluators, fed.layout.unflatten(params), fed.test_data,
+                          fed.eval_batch_size)
+
+
+def metric_names(fed: Federation) -> list[str]:
+    """The evaluation metrics a run of ``fed`` records, in evaluator order."""
+    return [name for e in fed.evaluators for name in e.metrics]
+
+
+def _privacy_row(fed: Federation) -> dict[str, float]:
+    if fed.ledger is None or len(fed.ledger) == 0:
+        return {}
+    eps = list(fed.ledger.epsilons().values())
+    return {"epsilon_min": min(eps), "epsilon_median": statistics.median(eps), "epsilon_max": max(eps)}
+
+
+class Progress:
+    """A tqdm bar on a terminal; plain log lines otherwise. Shows the primary metric and the loss."""
+
+    def __init__(self, total: int, start: int, enabled: bool, name: str, primary: str) -> None:
+        self.enabled, self.name, self.total, self.primary = enabled, name, total, primary
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=start, desc=name, unit="round", dynamic_ncols=True)
+
+    def _shown(self, row: dict[str, Any]) -> dict[str, str]:
+        keys = [self.primary] + (["loss"] if self.primary != "loss" and "loss" in row else [])
+        return {k: f"{row[k]:.4f}" for k in keys if isinstance(row.get(k), (int, float))}
+
+    def update(self, row: dict[str, Any] | None, round_: int) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            if row is not None:
+                self.bar.set_postfix(self._shown(row))
+        elif self.enabled and row is not None:
+            shown = " ".join(f"{k}={v}" for k, v in self._shown(row).items())
+            print(f"[{self.name}] round {round_}/{self.total} {shown} time={row['wall_time_s']:.1f}s",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, run_dir: Path, cfg_hash: str,
+               rounds: int, last: int, checkpoint_every: int, progress: Progress,
+               on_eval: Callable[[dict[str, Any]], None] | None = None) -> EngineState:
+    """Run ``engine`` from ``state`` up to round ``last`` (of ``rounds`` planned), writing rows and checkpoints."""
+    metrics_path = run_dir / "metrics.jsonl"
+    names = metric_names(fed)
+    try:
+        while state.round < last:
+            state, round_metrics = engine.run_round(fed, state)
+            row = None
+            if state.round % fed.eval_every == 0 or state.round == rounds:
+                evaluated = evaluate(fed, state.params)
+                row = {"round": round_metrics.pop("round"), **{k: evaluated[k] for k in names},
+                       **round_metrics, "wall_time_s": state.wall_time_s, "rejected_total": state.rejected_total,
+                       **_privacy_row(fed)}
+                append_metrics(metrics_path, row)
+                if on_eval is not None:
+                    on_eval(row)
+            progress.update(row, state.round)
+            if checkpoint_every and (state.round % checkpoint_every == 0 or state.round == last):
+                save_checkpoint(run_dir, state, cfg_hash)
+    finally:
+        progress.close()
+    return state

@@ -1,0 +1,80 @@
+"""The evaluator interface and the chunked evaluation loop.
+
+An evaluator accumulates over chunks of a test set (``init → update* → result``), so a metric of 10⁶ examples
+needs no more memory than one chunk. It sees the model's outputs, the batch and the objective's per-example
+losses; it never sees the training data or any client's state.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from trustfl.objectives.base import AbstractObjective, Batch
+
+
+class AbstractEvaluator(abc.ABC):
+    """Accumulates one or more metrics over test chunks.
+
+    Attributes:
+      metrics: the names :meth:`result` returns, with ``True`` where a larger value is better.
+    """
+
+    metrics: ClassVar[Mapping[str, bool]] = {}
+
+    @abc.abstractmethod
+    def init(self) -> Any:
+        """A fresh accumulator."""
+
+    @abc.abstractmethod
+    def update(self, acc: Any, outputs: torch.Tensor, batch: Batch, objective: AbstractObjective) -> Any:
+        """Fold one chunk into the accumulator and return it."""
+
+    @abc.abstractmethod
+    def result(self, acc: Any) -> dict[str, float]:
+        """The metrics of everything folded in."""
+
+
+_DIRECTION: dict[str, bool] = {}
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of ``metric`` is better (``loss``, ``mse``, ... are not); unknown names: False."""
+    return _DIRECTION.get(metric, False)
+
+
+def declare(evaluator_cls: type[AbstractEvaluator]) -> type[AbstractEvaluator]:
+    """Class decorator: record the direction of the evaluator's metrics for summaries and ``best_*``."""
+    _DIRECTION.update(evaluator_cls.metrics)
+    return evaluator_cls
+
+
+DEFAULTS: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy", "loss"),
+    "regression": ("mse", "mae", "r2", "loss"),
+    "multilabel": ("binary_accuracy", "loss"),
+    "custom": ("loss",),
+}
+"""The evaluators a task gets when the config names none."""
+
+
+def default_evaluators(task: str) -> tuple[str, ...]:
+    return DEFAULTS.get(task, ("loss",))
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, objective: AbstractObjective, evaluators: Sequence[AbstractEvaluator],
+                   params: Mapping[str, torch.Tensor], data: Batch, batch_size: int) -> dict[str, float]:
+    """Every evaluator's metrics of ``params`` on ``data`` (named tensors, examples first), in chunks."""
+    accs = [e.init() for e in evaluators]
+    n = next(iter(data.values())).shape[0] if data else 0
+    for i in range(0, n, batch_size):
+        chunk = {k: v[i:i + batch_size] for k, v in data.items()}
+        outputs = objective.forward(model, params, chunk)
+        accs = [e.update(a, outputs, chunk, objective) for e, a in zip(evaluators, accs)]
+    out: dict[str, float] = {}
+    for e, a in zip(evaluators, accs):
+        out.update(e.result(a))
+    return out

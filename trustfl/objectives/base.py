@@ -1,0 +1,103 @@
+"""The objective interface: (model, parameters, batch) → per-example losses and the model's outputs.
+
+A *batch* is a mapping of named tensors as the data set yields them (``"x"`` inputs, ``"y"`` targets of any dtype
+and shape, extra views for self-supervised objectives), each with the example dimension first. Executors,
+per-example gradient methods and evaluation all reach the loss through an objective, so a new learning problem
+is a new objective, not a new engine.
+"""
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+
+Batch = Mapping[str, torch.Tensor]
+LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
+
+
+class AbstractObjective(abc.ABC):
+    """Maps a model, its parameters and a batch to per-example losses.
+
+    Attributes:
+      task: what the targets are (``"classification"``, ``"regression"``, ``"multilabel"`` or ``"custom"``); it
+        chooses the default evaluators and is checked against the data set by :meth:`check_data`.
+      input_key: the batch entry fed to the model.
+    """
+
+    task: ClassVar[str] = "custom"
+    input_key: ClassVar[str] = "x"
+
+    def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
+        """The model's outputs for ``batch`` (a functional call, so it runs under ``vmap`` and ``grad``)."""
+        return functional_call(model, dict(params), (batch[self.input_key],))
+
+    @abc.abstractmethod
+    def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Per-example losses ``(N,)`` from outputs ``(N, ...)`` and the batch (leading dimension ``N``)."""
+
+    def loss_sum(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``Σ_n losses[n]`` (an objective may compute it in one fused call)."""
+        return self.losses(outputs, batch).sum()
+
+    def per_example(self, model: nn.Module, params: Mapping[str, torch.Tensor],
+                    batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(losses (N,), outputs)`` of one client's batch."""
+        outputs = self.forward(model, params, batch)
+        return self.losses(outputs, batch), outputs
+
+    def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
+        """Raise ConfigError when the training targets cannot be what this objective expects."""
+        return None
+
+    def num_outputs(self, targets: torch.Tensor, num_classes: int) -> int:
+        """How many outputs the model needs: the classes, or the size of one target."""
+        return num_classes if num_classes >= 2 else max(1, math.prod(targets.shape[1:]))
+
+
+@dataclass(frozen=True)
+class LossObjective(AbstractObjective):
+    """An objective from a plain function ``fn(outputs, batch) -> (N,) losses`` (a user's own objective)."""
+
+    fn: LossFn
+    name: str = "custom"
+
+    def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        out = self.fn(outputs, batch)
+        if out.dim() != 1:
+            raise ConfigError(f"objective {self.name!r} must return one loss per example (shape (N,)), found "
+                              f"shape {tuple(out.shape)}.")
+        return out
+
+
+def register_objective(name: str) -> Callable[[LossFn], LossFn]:
+    """Register ``fn(outputs, batch) -> per-example losses`` as the objective ``name``.
+
+    Example:
+      >>> import torch.nn.functional as F
+      >>> @register_objective("huber_example")
+      ... def huber(outputs, batch):
+      ...     return F.huber_loss(outputs.squeeze(-1), batch["y"], reduction="none")
+      >>> import trustfl
+      >>> obj = trustfl.build("objective", "huber_example")
+      >>> obj.losses(torch.zeros(2, 1), {"y": torch.tensor([0.5, 3.0])}).tolist()
+      [0.125, 2.5]
+    """
+
+    def deco(fn: LossFn) -> LossFn:
+        register("objective", name)(lambda: LossObjective(fn, name))
+        return fn
+
+    return deco
+
+
+def flat_batch(batch: Batch, leading: int) -> dict[str, Any]:
+    """Merge the first ``leading`` dimensions of every batch tensor (``(m, B, ...)`` → ``(m·B, ...)``)."""
+    return {k: v.flatten(0, leading - 1) for k, v in batch.items()}

@@ -1,0 +1,83 @@
+"""Built-in objectives: softmax cross-entropy, squared error and binary cross-entropy."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+from trustfl.objectives.base import AbstractObjective, Batch
+
+
+@register("objective", "cross_entropy")
+@dataclass(frozen=True)
+class CrossEntropy(AbstractObjective):
+    """Softmax cross-entropy ``ℓ_n = −log softmax(z_n)[y_n]`` on integer labels ``y`` (classification)."""
+
+    task: ClassVar[str] = "classification"
+
+    def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch["y"], reduction="none")
+
+    def loss_sum(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch["y"], reduction="sum")
+
+    def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
+        if targets.is_floating_point() or targets.dim() != 1 or num_classes < 2:
+            raise ConfigError(f"`objective`: cross_entropy needs integer class labels of shape (N,) and >= 2 "
+                              f"classes, found targets of dtype {targets.dtype} and shape {tuple(targets.shape)}"
+                              f"{'' if num_classes >= 2 else ' (a regression data set)'}; use objective \"mse\".")
+
+
+@register("objective", "mse")
+@dataclass(frozen=True)
+class SquaredError(AbstractObjective):
+    """Squared error ``ℓ_n = mean_k (f(x_n)_k − y_nk)²`` over the target's coordinates (regression).
+
+    A model output of shape ``(N, 1)`` is matched to targets of shape ``(N,)``.
+    """
+
+    task: ClassVar[str] = "regression"
+
+    def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        y = batch["y"]
+        out = outputs.reshape(y.shape) if outputs.numel() == y.numel() else outputs
+        return (out - y).square().reshape(y.shape[0], -1).mean(1)
+
+    def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
+        if not targets.is_floating_point():
+            raise ConfigError(f"`objective`: mse needs real-valued targets, found dtype {targets.dtype} (a "
+                              f"classification data set); use objective \"cross_entropy\".")
+
+
+@register("objective", "bce")
+@dataclass(frozen=True)
+class BinaryCrossEntropy(AbstractObjective):
+    """Binary cross-entropy with logits, averaged over labels: ``ℓ_n = mean_k BCE(σ(z_nk), y_nk)``.
+
+    Targets in ``{0, 1}`` of shape ``(N,)`` (binary, one output) or ``(N, K)`` (multi-label); integer targets are
+    converted to the output dtype.
+    """
+
+    task: ClassVar[str] = "multilabel"
+
+    def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        y = batch["y"]
+        out = outputs.reshape(y.shape) if outputs.numel() == y.numel() else outputs
+        loss = F.binary_cross_entropy_with_logits(out, y.to(out.dtype), reduction="none")
+        return loss.reshape(y.shape[0], -1).mean(1)
+
+    def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
+        if targets.numel() and not bool(((targets == 0) | (targets == 1)).all()):
+            raise ConfigError("`objective`: bce needs targets in {0, 1}; use \"cross_entropy\" for class labels "
+                              "or \"mse\" for real values.")
+        if num_classes > 2:
+            raise ConfigError(f"`objective`: bce takes binary targets, found {num_classes} classes; use "
+                              f"\"cross_entropy\".")
+
+    def num_outputs(self, targets: torch.Tensor, num_classes: int) -> int:
+        return max(1, math.prod(targets.shape[1:]))
