@@ -41,13 +41,14 @@ def _setup(cohort: int, use_mnist: bool):
     fed = build_federation(cfg, quiet=True)
     if not mnist:  # synthetic data of the benchmark's shape: 100 × 600 samples of 784 features
         gen = torch.Generator().manual_seed(0)
-        from trustfl.engine.executors import TrainData
+        from trustfl.engine.federation import ClientRows
+        from trustfl.engine.local import TrainData
         from trustfl.models.zoo import build_model
         from trustfl.types import ParamLayout
         x = torch.randn(60000, 784, generator=gen)
         y = torch.randint(0, 10, (60000,), generator=gen)
-        fed.train_data = TrainData(x, y, 10)
-        fed.client_rows = [torch.arange(i * 600, (i + 1) * 600) for i in range(100)]
+        fed.train_data = TrainData({"x": x, "y": y}, 10)
+        fed.client_rows = ClientRows(torch.arange(60000), torch.arange(0, 60001, 600))
         fed.batch_sizes = [32] * 100
         fed.noise_multipliers = [0.0] * 100
         fed.reports["num_samples"] = torch.full((100,), 600.0, dtype=torch.float64)
@@ -75,7 +76,7 @@ def _plain_round(fed, state_params, cohort_ids, round_):
         for batch in batch_schedule(fed.training, ClientPlan(cid, rows, 32), fed.seed, round_):
             idx = rows[batch]
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(fed.train_data.x[idx]), fed.train_data.y[idx]).backward()
+            F.cross_entropy(model(fed.train_data.tensors["x"][idx]), fed.train_data.tensors["y"][idx]).backward()
             opt.step()
         n = float(rows.numel())
         total += n * torch.nn.utils.parameters_to_vector(model.parameters()).detach()

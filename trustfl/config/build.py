@@ -248,6 +248,11 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     executor = (VectorizedExecutor(cfg.engine.max_clients_per_batch) if cfg.engine.executor == "vectorized"
                 else SequentialExecutor())
     local_chain = build_local_chain(cfg)
+    noisy = [n for n, st in client_stages.stages if st.privacy_noise]
+    if local_chain.extras_widths(layout) and noisy:
+        raise ConfigError(f"`client.transforms` {local_chain.names} send values beside the message (e.g. SCAFFOLD's "
+                          f"control variates) that the message's privacy stages {noisy} do not protect; use "
+                          f"sample-level DP (`client.dp`) instead.")
     info["local_chain"] = [type(local_chain.method).__name__] + local_chain.names
     step_budget = build_component("step_budget", cfg.client.step_budget, "client.step_budget")
     downlink = Downlink(tuple(_named("downlink_stage", cfg.downlink, "downlink")))
