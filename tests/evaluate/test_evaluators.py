@@ -120,9 +120,6 @@ def test_r2_of_a_constant_target_is_nan():
         assert math.isnan(res["r2"]), c
 
 
-@pytest.mark.xfail(strict=True, reason="RSquared computes Σ(y−ȳ)² as Σy² − (Σy)²/n: for a constant target whose "
-                                       "value is not exact in binary the rounding residue is a tiny positive "
-                                       "number, so R² is a huge negative number instead of nan")
 def test_r2_of_a_constant_inexact_target_is_nan():
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
@@ -133,8 +130,6 @@ def test_r2_of_a_constant_inexact_target_is_nan():
     assert math.isnan(res["r2"]), res
 
 
-@pytest.mark.xfail(strict=True, reason="RSquared's one-pass Σy² − (Σy)²/n loses the significant digits of the "
-                                       "total sum of squares when the targets have a large mean")
 def test_r2_with_large_target_offset_matches_sklearn():
     model, x, y = _regression(1000, 1, seed=6, offset=1e6)
     obj = trustfl.build("objective", "mse")

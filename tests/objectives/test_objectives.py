@@ -206,9 +206,6 @@ def test_user_objective_of_wrong_rank_raises(bad):
         obj.losses(torch.zeros(4, 1), {"y": torch.ones(4)})
 
 
-@pytest.mark.xfail(strict=True, reason="LossObjective.losses only checks out.dim() == 1, not out.shape[0] == N: a "
-                                       "(1,) result (a loss averaged over the batch) passes and silently "
-                                       "broadcasts")
 def test_user_objective_with_wrong_length_raises():
     name = _unique("test_user_objective_len")
     # a typical mistake: averaging over the batch instead of the output coordinates gives shape (1,)

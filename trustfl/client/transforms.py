@@ -192,8 +192,8 @@ class SGD:
     def step(self, params: Params, grads: Params, active: torch.Tensor | None) -> None:
         for name, p in params.items():
             g = grads[name]
-            if active is not None:
-                g = g * _rows(active, g).to(g.dtype)
+            if active is not None:  # where, not a product: an idle row's inf/NaN gradient cannot leak in
+                g = torch.where(_rows(active, g), g, torch.zeros((), dtype=g.dtype))
             p.sub_(g, alpha=self.lr)
 
 

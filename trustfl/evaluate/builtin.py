@@ -8,11 +8,11 @@ import torch
 
 from trustfl.core.registry import register
 from trustfl.evaluate.base import AbstractEvaluator, declare
-from trustfl.objectives.base import AbstractObjective, Batch
+from trustfl.objectives.base import AbstractObjective, Batch, match_targets
 
 
 def _matched(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return outputs.reshape(y.shape) if outputs.numel() == y.numel() else outputs
+    return match_targets(outputs, y, "evaluator")
 
 
 @register("evaluator", "accuracy")
@@ -103,26 +103,33 @@ class MeanAbsoluteError(AbstractEvaluator):
 class RSquared(AbstractEvaluator):
     """Coefficient of determination ``R² = 1 − Σ(y − ŷ)² / Σ(y − ȳ)²`` over all target coordinates.
 
-    Accumulates ``Σy``, ``Σy²`` and ``Σ(y − ŷ)²`` in float64 (sklearn's ``r2_score`` with uniform averaging for a
-    single target). A constant test target gives ``nan``.
+    ``Σ(y − ȳ)²`` is accumulated per chunk as (count, mean, M2) and merged with Chan et al.'s pairwise formula,
+    in float64, so targets with a large offset lose no precision (sklearn's ``r2_score`` for a single target). A
+    constant test target gives ``nan``.
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {"r2": True}
 
     def init(self) -> Any:
-        return [0.0, 0.0, 0.0, 0]
+        return [0, 0.0, 0.0, 0.0]  # count, mean, M2, Σ(y − ŷ)²
 
     def update(self, acc, outputs, batch, objective):
         y = batch["y"].double()
-        acc[0] += float(y.sum())
-        acc[1] += float(y.square().sum())
-        acc[2] += float((_matched(outputs, batch["y"]).double() - y).square().sum())
-        acc[3] += int(y.numel())
+        n_b = int(y.numel())
+        if n_b == 0:
+            return acc
+        mean_b = float(y.mean())
+        m2_b = float((y - mean_b).square().sum())
+        n_a, mean_a, m2_a, sse = acc
+        n = n_a + n_b
+        delta = mean_b - mean_a
+        acc[0], acc[1] = n, mean_a + delta * n_b / n
+        acc[2] = m2_a + m2_b + delta * delta * n_a * n_b / n
+        acc[3] = sse + float((_matched(outputs, batch["y"]).double() - y).square().sum())
         return acc
 
     def result(self, acc) -> dict[str, float]:
-        s, s2, sse, n = acc
-        sst = s2 - s * s / n if n else 0.0
+        _, _, sst, sse = acc
         return {"r2": 1.0 - sse / sst if sst > 0 else float("nan")}
 
 

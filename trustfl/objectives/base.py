@@ -71,9 +71,11 @@ class LossObjective(AbstractObjective):
 
     def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         out = self.fn(outputs, batch)
-        if out.dim() != 1:
-            raise ConfigError(f"objective {self.name!r} must return one loss per example (shape (N,)), found "
-                              f"shape {tuple(out.shape)}.")
+        n = outputs.shape[0]
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (n,):
+            found = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ConfigError(f"objective {self.name!r} must return one loss per example (shape ({n},)), found "
+                              f"{found}.")
         return out
 
 
@@ -96,6 +98,15 @@ def register_objective(name: str) -> Callable[[LossFn], LossFn]:
         return fn
 
     return deco
+
+
+def match_targets(outputs: torch.Tensor, targets: torch.Tensor, who: str) -> torch.Tensor:
+    """``outputs`` reshaped to the targets' shape (``(N, 1)`` outputs for ``(N,)`` targets); a model whose outputs
+    do not hold one value per target coordinate is an error, never a silent broadcast."""
+    if outputs.numel() != targets.numel():
+        raise ConfigError(f"{who}: the model gives outputs of shape {tuple(outputs.shape)} for targets of shape "
+                          f"{tuple(targets.shape)}; it needs one output per target coordinate.")
+    return outputs.reshape(targets.shape)
 
 
 def flat_batch(batch: Batch, leading: int) -> dict[str, Any]:

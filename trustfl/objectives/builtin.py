@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.objectives.base import AbstractObjective, Batch
+from trustfl.objectives.base import AbstractObjective, Batch, match_targets
 
 
 @register("objective", "cross_entropy")
@@ -45,7 +45,7 @@ class SquaredError(AbstractObjective):
 
     def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         y = batch["y"]
-        out = outputs.reshape(y.shape) if outputs.numel() == y.numel() else outputs
+        out = match_targets(outputs, y, "objective 'mse'")
         return (out - y).square().reshape(y.shape[0], -1).mean(1)
 
     def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
@@ -67,7 +67,7 @@ class BinaryCrossEntropy(AbstractObjective):
 
     def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         y = batch["y"]
-        out = outputs.reshape(y.shape) if outputs.numel() == y.numel() else outputs
+        out = match_targets(outputs, y, "objective 'bce'")
         loss = F.binary_cross_entropy_with_logits(out, y.to(out.dtype), reduction="none")
         return loss.reshape(y.shape[0], -1).mean(1)
 
