@@ -352,7 +352,12 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
         losses = objective.losses(objective.forward(model, p, bi), bi)
         return (losses * wi).sum() / wi.sum().clamp(min=1)
 
-    g, losses = vmap(grad_and_value(mean_loss))(params, batch, weights)
+    if keep.shape[0] == 1:  # one client: no vmap machinery
+        g, losses = grad_and_value(mean_loss)({k: v[0] for k, v in params.items()},
+                                              {k: v[0] for k, v in batch.items()}, weights[0])
+        g, losses = {k: v.unsqueeze(0) for k, v in g.items()}, losses.unsqueeze(0)
+    else:
+        g, losses = vmap(grad_and_value(mean_loss))(params, batch, weights)
     norms = sum(v.flatten(1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
     clipped = {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}
@@ -402,10 +407,15 @@ def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_s
                         batch: Batch, mask: torch.Tensor) -> torch.Tensor:
     """Each client's masked mean loss ``(1/n_i) Σ_{b real} ℓ(θ_i; batch_{ib})``, shape ``(m,)`` (0 with no example).
 
-    The forward pass runs under ``vmap`` over clients; the losses are computed on the flattened ``(m·B)`` outputs.
+    The forward pass runs under ``vmap`` over clients (plain autograd for one client); the losses are computed on
+    the flattened ``(m·B)`` outputs.
     """
-    outputs = vmap(lambda p, bi: objective.forward(model, p, bi))(params_stacked, batch)
     m, b = mask.shape
+    if m == 1:  # one client (the sequential executor): no vmap machinery
+        outputs = objective.forward(model, {k: v[0] for k, v in params_stacked.items()},
+                                    {k: v[0] for k, v in batch.items()}).unsqueeze(0)
+    else:
+        outputs = vmap(lambda p, bi: objective.forward(model, p, bi))(params_stacked, batch)
     losses = objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2)).view(m, b)
     w = mask.to(losses.dtype)
     return (losses * w).sum(1) / w.sum(1).clamp(min=1)
@@ -425,4 +435,18 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
         per_client = batched_mean_losses(model, objective, params, batch, w)
         return per_client.sum(), per_client.detach()
 
+    if w.shape[0] == 1:  # one client (the sequential executor): plain autograd, no torch.func transforms
+        return _one_client_mean_grad(model, objective, params_stacked, batch, w[0])
     return grad(total, has_aux=True)(dict(params_stacked))
+
+
+def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
+                          batch: Batch, w: torch.Tensor) -> tuple[Params, torch.Tensor]:
+    one = {k: v[0] for k, v in batch.items()}
+    with torch.enable_grad():
+        leaves = {k: v[0].detach().requires_grad_(True) for k, v in params_stacked.items()}
+        losses = objective.losses(objective.forward(model, leaves, one), one)
+        loss = losses.mean() if bool(w.all()) else (losses * w.to(losses.dtype)).sum() / w.sum().clamp(min=1)
+        grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    out = {k: (torch.zeros_like(v) if g is None else g).unsqueeze(0) for (k, v), g in zip(leaves.items(), grads)}
+    return out, loss.detach().view(1)

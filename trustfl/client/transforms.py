@@ -190,11 +190,10 @@ class SGD:
     lr: float
 
     def step(self, params: Params, grads: Params, active: torch.Tensor | None) -> None:
-        for name, p in params.items():
-            g = grads[name]
-            if active is not None:  # where, not a product: an idle row's inf/NaN gradient cannot leak in
-                g = torch.where(_rows(active, g), g, torch.zeros((), dtype=g.dtype))
-            p.sub_(g, alpha=self.lr)
+        gs = [grads[name] for name in params]
+        if active is not None:  # where, not a product: an idle row's inf/NaN gradient cannot leak in
+            gs = [torch.where(_rows(active, g), g, torch.zeros((), dtype=g.dtype)) for g in gs]
+        torch._foreach_sub_(list(params.values()), gs, alpha=self.lr)  # torch.optim.SGD's multi-tensor update
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,9 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
     # Real-valued targets have no classes: label-based partitioners see a single class.
     labels = dataset.train_y.numpy() if dataset.task == "classification" else np.zeros(len(dataset.train_y), np.int64)
-    partition = partitioner(labels, holders, numpy_rng(seed, "partition"))
+    groups = None if dataset.train_groups is None else dataset.train_groups.numpy()
+    partition = (partitioner(labels, holders, numpy_rng(seed, "partition"), groups=groups)
+                 if partitioner.needs_groups else partitioner(labels, holders, numpy_rng(seed, "partition")))
     client_rows = ClientRows.from_arrays(partition.indices, n)
     info["partition"] = partition.summary
 

@@ -82,6 +82,8 @@ class Dataset:
       num_classes: the number of classes (0 for regression).
       source: where the data came from, for the run's record.
       task: ``"classification"`` or ``"regression"``.
+      train_groups: optional int64 ``(N,)`` owner of every training example (a data set with its own federated
+        split, e.g. FedProx's synthetic devices; the ``natural`` partitioner follows it).
     """
 
     name: str
@@ -93,6 +95,7 @@ class Dataset:
     num_classes: int
     source: str
     task: str = "classification"
+    train_groups: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.task not in ("classification", "regression"):

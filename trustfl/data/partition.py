@@ -76,11 +76,17 @@ def _dirichlet(rng: np.random.Generator, alpha: float, m: int) -> np.ndarray:
 
 
 class AbstractPartitioner:
-    """Base of the partitioners: ``__call__(labels, num_clients, rng) -> Partition``."""
+    """Base of the partitioners: ``__call__(labels, num_clients, rng, groups=None) -> Partition``.
+
+    Attributes:
+      needs_groups: ``True`` for partitioners that follow a data set's own per-example owners (``groups``).
+    """
 
     name: ClassVar[str]
+    needs_groups: ClassVar[bool] = False
 
-    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> Partition:
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 groups: np.ndarray | None = None) -> Partition:
         labels = _check_call(labels, num_clients)
         parts = self._split(labels, int(num_clients), rng)
         return self._finish(labels, parts)
@@ -276,3 +282,27 @@ class QuantitySkew(AbstractPartitioner):
         q = _dirichlet(rng, self.alpha, num_clients)
         sizes = 1 + _largest_remainder(q, labels.size - num_clients)
         return _split_by_sizes(rng.permutation(labels.size), sizes)
+
+
+@register("partitioner", "natural")
+@dataclass(frozen=True)
+class Natural(AbstractPartitioner):
+    """The data set's own split: client ``g`` holds the examples whose group is ``g`` (e.g. FedProx's synthetic
+    devices). ``data.num_clients`` must equal the number of groups."""
+
+    name: ClassVar[str] = "natural"
+    needs_groups: ClassVar[bool] = True
+
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 groups: np.ndarray | None = None) -> Partition:
+        labels = _check_call(labels, num_clients)
+        if groups is None:
+            raise ConfigError("partitioner 'natural' needs a data set with per-example groups (e.g. "
+                              "fedprox_synthetic); this data set has none.")
+        groups = np.asarray(groups)
+        count = int(groups.max()) + 1 if groups.size else 0
+        if groups.shape != labels.shape or count != num_clients:
+            raise ConfigError(f"`num_clients` must equal the data set's {count} groups with partitioner 'natural', "
+                              f"found {num_clients}.")
+        order = np.argsort(groups, kind="stable")
+        return self._finish(labels, np.split(order, np.cumsum(np.bincount(groups, minlength=count))[:-1]))

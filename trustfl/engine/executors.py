@@ -96,7 +96,8 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     for i, p in enumerate(plans):
         own_rows[i, :p.rows.numel()] = p.rows
     has_step = torch.arange(total_steps).unsqueeze(1) < torch.tensor(num_steps).unsqueeze(0)  # (steps, m)
-    flip = torch.tensor([p.flip_labels for p in plans])
+    flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans]) if any(p.flip_labels for p in plans) \
+        else False
 
     if start is None:
         params = {k: v.detach().unsqueeze(0).repeat(m, *([1] * v.dim())) for k, v in layout.unflatten(received).items()}

@@ -1,0 +1,92 @@
+"""Before/after timings of the engine: the same rounds run from two checkouts, interleaved, in fresh processes.
+
+Used to hold the engine generalisation (issue #10) to "within 5 % of before". Each measurement runs alternately
+from ``--base`` (a checkout of the older commit, e.g. ``git worktree add /tmp/base <commit>``) and from this tree,
+``--repeats`` times, one torch thread, CPU-time clock, allocator setting on; the median of each side and their
+ratio are reported. Measurements:
+
+- ``engine``: ``benchmarks/engine_throughput.py``'s worker (FedAvg round, 100 clients × 600 synthetic samples of
+  784 features, MLP 784-200-200-10, batch 32, one epoch), vectorized at 10 and 100 clients per round and
+  sequential at 10;
+- ``dpsgd``: a DP-SGD round through the engine (digits, 10 clients per round, MLP 64-200-200-10, per-example
+  clipping with ghost norms, z = 1, batch 32, one epoch), and the same with ``batch_clip``.
+
+Run: ``.venv/bin/python benchmarks/compare_trees.py --base /tmp/base [--repeats 5]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+DP_WORKER = r"""
+import json, resource, sys, time
+import torch
+torch.set_num_threads(1)
+from trustfl.engine.allocator import tune_allocator
+tune_allocator()
+from trustfl.config.load import config_from_dict
+from trustfl.config.build import build_federation
+from trustfl.engine.sync import initial_state, run_round
+mode = sys.argv[1]
+cfg = config_from_dict({"name": "b", "seed": 0, "rounds": 4, "data": {"dataset": "digits", "num_clients": 20},
+    "model": {"name": "mlp", "hidden": [200, 200]}, "cohort": {"sampler": "uniform", "size": 10},
+    "client": {"epochs": 1, "batch_size": 32, "lr": 0.05,
+               "dp": {"mode": mode, "clip": 1.0, "noise_multiplier": 1.0}},
+    "engine": {"checkpoint_every": 0}})
+fed = build_federation(cfg, quiet=True)
+state = initial_state(fed)
+times = []
+for r in range(4):
+    t = time.process_time()
+    state, _ = run_round(fed, state)
+    if r:
+        times.append(time.process_time() - t)
+print(json.dumps({"seconds_per_round": sorted(times)[1]}))
+"""
+
+
+def _engine(tree: Path, method: str, cohort: int) -> float:
+    cmd = [sys.executable, str(tree / "benchmarks" / "engine_throughput.py"), "--worker", method, "--cohort",
+           str(cohort), "--rounds", "3", "--threads", "1", "--clock", "cpu", "--mallopt", "--synthetic"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tree,
+                         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
+
+
+def _dpsgd(tree: Path, mode: str) -> float:
+    out = subprocess.run([sys.executable, "-c", DP_WORKER, mode], check=True, capture_output=True, text=True,
+                         cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, type=Path, help="checkout of the older commit")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    cases = [("FedAvg vectorized, 10 clients", lambda t: _engine(t, "vectorized", 10)),
+             ("FedAvg vectorized, 100 clients", lambda t: _engine(t, "vectorized", 100)),
+             ("FedAvg sequential, 10 clients", lambda t: _engine(t, "sequential", 10)),
+             ("DP-SGD per-example (ghost), 10 clients", lambda t: _dpsgd(t, "per_example")),
+             ("DP-SGD batch_clip, 10 clients", lambda t: _dpsgd(t, "batch_clip"))]
+    lines = ["| round | before s (median) | after s (median) | after / before |", "|---|---|---|---|"]
+    for label, fn in cases:
+        before, after = [], []
+        for _ in range(args.repeats):
+            before.append(fn(args.base.resolve()))
+            after.append(fn(ROOT))
+        b, a = statistics.median(before), statistics.median(after)
+        lines.append(f"| {label} | {b:.4f} | {a:.4f} | {a / b:.3f} |")
+        print(lines[-1], flush=True)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
