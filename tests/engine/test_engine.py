@@ -5,50 +5,41 @@ import math
 import pytest
 import torch
 
-from trustfl.config.build import build_federation
-from trustfl.engine.sync import initial_state, run_round
 from trustfl.experiment import run_experiment
+from tests.engine.rounds import train
 
 
-def _train(cfg, rounds):
-    fed = build_federation(cfg, quiet=True)
-    state = initial_state(fed)
-    history = []
-    for _ in range(rounds):
-        state, metrics = run_round(fed, state)
-        history.append(metrics)
-    return fed, state, history
 
 
 @pytest.mark.parametrize("dp, rounds", [("off", 5), ("per_example", 2), ("batch_clip", 2)])
 def test_vectorized_equals_sequential(small_config, dp, rounds):
     extra = {} if dp == "off" else {"client__dp": {"mode": dp, "clip": 1.0, "noise_multiplier": 0.8}}
-    _, vec, _ = _train(small_config(engine__executor="vectorized", **extra), rounds)
-    _, seq, _ = _train(small_config(engine__executor="sequential", **extra), rounds)
+    _, vec, _ = train(small_config(engine__executor="vectorized", **extra), rounds)
+    _, seq, _ = train(small_config(engine__executor="sequential", **extra), rounds)
     assert float((vec.params - seq.params).abs().max()) <= 1e-5
 
 
 def test_vectorized_handles_unequal_sizes_and_batch_sizes(small_config):
     cfg = small_config(data__partition={"name": "quantity_skew", "alpha": 0.5}, client__batch_sizes=[8, 16, 32],
                        cohort={"sampler": "all"})
-    _, vec, _ = _train(cfg, 2)
-    _, seq, _ = _train(small_config(data__partition={"name": "quantity_skew", "alpha": 0.5},
+    _, vec, _ = train(cfg, 2)
+    _, seq, _ = train(small_config(data__partition={"name": "quantity_skew", "alpha": 0.5},
                                     client__batch_sizes=[8, 16, 32], cohort={"sampler": "all"},
                                     engine__executor="sequential"), 2)
     assert float((vec.params - seq.params).abs().max()) <= 1e-5
 
 
 def test_same_seed_gives_identical_model_and_other_seed_differs(small_config):
-    _, a, ha = _train(small_config(), 3)
-    _, b, hb = _train(small_config(), 3)
-    _, c, _ = _train(small_config(seed=4), 3)
+    _, a, ha = train(small_config(), 3)
+    _, b, hb = train(small_config(), 3)
+    _, c, _ = train(small_config(seed=4), 3)
     assert torch.equal(a.params, b.params)
     assert [m["train_loss"] for m in ha] == [m["train_loss"] for m in hb]
     assert not torch.equal(a.params, c.params)
 
 
 def test_bytes_are_parameters_times_four_times_clients(small_config):
-    fed, state, history = _train(small_config(), 2)
+    fed, state, history = train(small_config(), 2)
     per_client = fed.layout.numel * 4
     for m in history:
         assert m["bytes_up"] == per_client * 5
@@ -85,7 +76,7 @@ def test_run_directory_contents(small_config, tmp_path):
 @pytest.mark.parametrize("attack", ["nan", "inf"])
 def test_nonfinite_messages_are_rejected_and_training_goes_on(small_config, attack):
     cfg = small_config(rounds=4, cohort={"sampler": "all"}, attack={"name": attack, "num_byzantine": 2})
-    fed, state, history = _train(cfg, 4)
+    fed, state, history = train(cfg, 4)
     assert all(m["rejected"] == 2 for m in history)
     assert bool(torch.isfinite(state.params).all())
     assert history[-1]["train_loss"] < history[0]["train_loss"]

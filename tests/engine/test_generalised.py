@@ -4,12 +4,10 @@ FedProx, SCAFFOLD and regression are the proof that the parts compose; the accep
 objectives, no DP-mode branch in an executor, no engine imported by experiment.py) are AST checks.
 """
 import ast
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -20,20 +18,13 @@ from trustfl.engine.local import ClientPlan
 from trustfl.engine.sync import initial_state, run_round
 from trustfl.errors import ConfigError
 from trustfl.experiment import run_experiment
+from tests.engine.rounds import train
 from trustfl.types import CohortContext
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "trustfl"
 
 
-def _train(cfg, rounds):
-    fed = build_federation(cfg, quiet=True)
-    state = initial_state(fed)
-    history = []
-    for _ in range(rounds):
-        state, metrics = run_round(fed, state)
-        history.append(metrics)
-    return fed, state, history
 
 
 # ---------------------------------------------------------------- FedProx
@@ -41,9 +32,9 @@ def _train(cfg, rounds):
 def test_fedprox_with_mu_zero_is_fedavg_bitwise(small_config):
     common = dict(client={"epochs": 2, "batch_size": 16, "lr": 0.1, "momentum": 0.5, "weight_decay": 1e-4,
                           "step_budget": {"name": "stragglers", "fraction": 0.5}})
-    _, fedavg, _ = _train(small_config(**common), 3)
-    _, prox0, _ = _train(small_config(algorithm="fedprox", recipe={"mu": 0.0}, **common), 3)
-    _, prox, _ = _train(small_config(algorithm="fedprox", recipe={"mu": 1.0}, **common), 3)
+    _, fedavg, _ = train(small_config(**common), 3)
+    _, prox0, _ = train(small_config(algorithm="fedprox", recipe={"mu": 0.0}, **common), 3)
+    _, prox, _ = train(small_config(algorithm="fedprox", recipe={"mu": 1.0}, **common), 3)
     assert torch.equal(fedavg.params, prox0.params)
     assert not torch.equal(fedavg.params, prox.params)
 
@@ -78,7 +69,7 @@ def test_stragglers_take_fewer_steps(small_config):
 
 def test_scaffold_server_variate_is_the_mean_of_client_variates(small_config):
     cfg = small_config(algorithm="scaffold", cohort={"sampler": "all"}, server={"weighting": "uniform"})
-    fed, state, history = _train(cfg, 4)
+    fed, state, history = train(cfg, 4)
     d = fed.layout.numel
     client_c = torch.stack([state.clients[c]["scaffold/c"] for c in range(fed.num_clients)])
     server_c = state.shared["scaffold"]["c"]
@@ -92,7 +83,7 @@ def test_scaffold_server_variate_is_the_mean_of_client_variates(small_config):
 
 def test_scaffold_with_partial_participation_allocates_only_sampled_clients(small_config):
     cfg = small_config(algorithm="scaffold", cohort={"sampler": "uniform", "size": 2}, data__num_clients=8)
-    fed, state, _ = _train(cfg, 1)
+    fed, state, _ = train(cfg, 1)
     assert len(state.clients) == 2
 
 
@@ -205,8 +196,8 @@ def test_user_objective_from_a_plugin_module(small_config, tmp_path):
 
 
 def test_bfloat16_downlink_halves_bytes_down_and_still_trains(small_config):
-    _, exact, h1 = _train(small_config(), 3)
-    fed, cast, h2 = _train(small_config(downlink=[{"name": "cast", "dtype": "bfloat16"}]), 3)
+    _, exact, h1 = train(small_config(), 3)
+    fed, cast, h2 = train(small_config(downlink=[{"name": "cast", "dtype": "bfloat16"}]), 3)
     assert h2[0]["bytes_down"] * 2 == h1[0]["bytes_down"] == fed.layout.numel * 4 * 5
     assert h2[0]["bytes_up"] == h1[0]["bytes_up"]
     assert not torch.equal(exact.params, cast.params)

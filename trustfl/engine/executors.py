@@ -95,7 +95,15 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     own_rows = torch.zeros((m, longest), dtype=torch.long)
     for i, p in enumerate(plans):
         own_rows[i, :p.rows.numel()] = p.rows
+    # Which rows step, known from the schedules before any computation (no host sync inside the loop): every
+    # scheduled step counts for a method that steps on empty batches (DP-SGD), only non-empty ones otherwise.
     has_step = torch.arange(total_steps).unsqueeze(1) < torch.tensor(num_steps).unsqueeze(0)  # (steps, m)
+    if job.chain.method.skips_empty_batches:
+        nonempty = torch.zeros((total_steps, m), dtype=torch.bool)
+        for i, sched in enumerate(schedules):
+            nonempty[:len(sched), i] = torch.tensor([b.numel() > 0 for b in sched], dtype=torch.bool)
+        has_step &= nonempty
+    everyone = has_step.all(1).tolist()
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans]) if any(p.flip_labels for p in plans) \
         else False
 
@@ -113,11 +121,12 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         batch = job.data.gather(rows, flip)
         active = has_step[s]
         grads, losses = method.compute(job.model, job.objective, params, batch, mask, cohort)
-        if method.skips_empty_batches:
-            active = active & mask.any(1)
-        loss_sum += torch.where(active, losses.detach().double(), 0.0)
+        if everyone[s]:
+            loss_sum += losses.detach().double()
+        else:
+            loss_sum += torch.where(active, losses.detach().double(), 0.0)
         with torch.no_grad():
-            chain.step(grads, states, params, None if bool(active.all()) else active)
+            chain.step(grads, states, params, None if everyone[s] else active)
     end_flat = layout.flatten(params, batch_dims=1)
     steps_t = torch.tensor(num_steps, dtype=torch.float64)
     client_state, extras = chain.finish(states, start_flat, end_flat, steps_t)

@@ -55,46 +55,48 @@ class MeanLoss(AbstractEvaluator):
         return {"loss": acc[0] / max(acc[1], 1)}
 
 
-@register("evaluator", "mse")
-@declare
-@dataclass(frozen=True)
-class MeanSquaredError(AbstractEvaluator):
-    """``(1/N) Σ_n ‖f(x_n) − y_n‖²/K`` (mean over the K target coordinates), in float64."""
+class _PointwiseError(AbstractEvaluator):
+    """The mean of a pointwise error ``e(ŷ − y)`` over all target coordinates, accumulated in float64."""
 
-    metrics: ClassVar[Mapping[str, bool]] = {"mse": False}
+    def _error(self, diff: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def init(self) -> Any:
         return [0.0, 0]
 
     def update(self, acc, outputs, batch, objective):
         y = batch["y"]
-        acc[0] += float((_matched(outputs, y).double() - y.double()).square().sum())
+        acc[0] += float(self._error(_matched(outputs, y).double() - y.double()).sum())
         acc[1] += int(y.numel())
         return acc
 
     def result(self, acc) -> dict[str, float]:
-        return {"mse": acc[0] / max(acc[1], 1)}
+        (name,) = self.metrics
+        return {name: acc[0] / max(acc[1], 1)}
+
+
+@register("evaluator", "mse")
+@declare
+@dataclass(frozen=True)
+class MeanSquaredError(_PointwiseError):
+    """``(1/N) Σ_n ‖f(x_n) − y_n‖²/K`` (mean over the K target coordinates)."""
+
+    metrics: ClassVar[Mapping[str, bool]] = {"mse": False}
+
+    def _error(self, diff):
+        return diff.square()
 
 
 @register("evaluator", "mae")
 @declare
 @dataclass(frozen=True)
-class MeanAbsoluteError(AbstractEvaluator):
-    """``(1/N) Σ_n |f(x_n) − y_n|`` (mean over all target coordinates), in float64."""
+class MeanAbsoluteError(_PointwiseError):
+    """``(1/N) Σ_n |f(x_n) − y_n|`` (mean over all target coordinates)."""
 
     metrics: ClassVar[Mapping[str, bool]] = {"mae": False}
 
-    def init(self) -> Any:
-        return [0.0, 0]
-
-    def update(self, acc, outputs, batch, objective):
-        y = batch["y"]
-        acc[0] += float((_matched(outputs, y).double() - y.double()).abs().sum())
-        acc[1] += int(y.numel())
-        return acc
-
-    def result(self, acc) -> dict[str, float]:
-        return {"mae": acc[0] / max(acc[1], 1)}
+    def _error(self, diff):
+        return diff.abs()
 
 
 @register("evaluator", "r2")
