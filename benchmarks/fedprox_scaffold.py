@@ -16,12 +16,14 @@ SCAFFOLD reaches FedAvg's final accuracy in fewer rounds (Karimireddy et al. 202
 Tuning (same for every method of a comparison): the client learning rate on a 3-point grid around the config's
 (×1/3, ×1, ×3; FedProx also μ on {μ_cfg/10, μ_cfg, 10 μ_cfg} with μ_cfg the config's μ), one tuning seed (100)
 that is not an evaluation seed, criterion = mean test accuracy of the last 5 rounds. An optimum on a grid edge
-extends that grid by one step (×3 or ÷3, at most 6 points), so no reported optimum sits on an edge unless the
+extends that grid by one step (×3 or ÷3, at most 8 points), so no reported optimum sits on an edge unless the
 table says so. Then 3 evaluation seeds (0, 1, 2), mean ± std.
 
-Run: ``.venv/bin/python benchmarks/fedprox_scaffold.py`` (about 25 minutes on 2 cores); writes
-``benchmarks/fedprox_scaffold.md``, ``fedprox_synthetic_curves.png``, ``fedprox_digits_curves.png``,
-``scaffold_curves.png`` and ``fedprox_scaffold_results.json``.
+Run: ``.venv/bin/python benchmarks/fedprox_scaffold.py`` (about 45 minutes on 2 cores; finished runs under
+``benchmarks/out/fedprox_scaffold/`` whose config is unchanged are reused); writes
+``benchmarks/fedprox_scaffold.md``, ``fedprox_{synthetic,digits}_curves.png`` (tuned),
+``fedprox_{synthetic,digits}_fixed_curves.png`` (the config's own hyper-parameters for both methods, the paper's
+protocol), ``scaffold_curves.png`` and ``fedprox_scaffold_results.json``.
 """
 from __future__ import annotations
 
@@ -35,20 +37,27 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from trustfl.config.load import load_config  # noqa: E402
+from trustfl.config.load import config_to_dict, dump_toml, load_config  # noqa: E402
 from trustfl.experiment import run_experiment  # noqa: E402
+from trustfl.report.files import read_metrics  # noqa: E402
 from trustfl.report.plots import plot_comparison  # noqa: E402
 
 TUNING_SEED = 100
 SEEDS = (0, 1, 2)
 LAST = 5
-MAX_GRID = 6
+MAX_GRID = 8
 OUT = HERE / "out" / "fedprox_scaffold"
 
 
 def _run(config: str, overrides: list[str], tag: str) -> list[dict]:
+    """Run (or reuse the finished run in ``OUT/tag`` when its saved config is this one: a re-run of the script
+    computes only what is new)."""
     cfg = load_config(ROOT / config, overrides + ["engine.checkpoint_every=0"])
-    return run_experiment(cfg, OUT / tag, progress=False).rows
+    run_dir = OUT / tag
+    if (run_dir / "summary.json").is_file() and (run_dir / "config.toml").is_file() \
+            and (run_dir / "config.toml").read_text() == dump_toml(config_to_dict(cfg)):
+        return read_metrics(run_dir)
+    return run_experiment(cfg, run_dir, progress=False).rows
 
 
 def _score(rows: list[dict]) -> float:
@@ -131,10 +140,10 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     results: dict = {"seeds": SEEDS, "tuning_seed": TUNING_SEED, "last": LAST}
     lines = ["# FedProx and SCAFFOLD on a heterogeneous split", "",
-             "Command: `.venv/bin/python benchmarks/fedprox_scaffold.py` (writes this file, the two plots and "
+             "Command: `.venv/bin/python benchmarks/fedprox_scaffold.py` (writes this file, the plots and "
              "`fedprox_scaffold_results.json`). Setting and tuning protocol: the script's docstring. Every method "
              "gets the same learning-rate grid and tuning seed; grids whose optimum was on an edge were extended "
-             "by the script until it was inside.", ""]
+             "by the script (at most 8 points; a row says when its optimum is still on an edge).", ""]
 
     results["fedprox"] = {}
     for key, config, title in [
@@ -162,9 +171,30 @@ def main() -> None:
                          f"{_ms([_score(r) for r in seeds])} | {_ms([s[0] for s in stab])} | "
                          f"{_ms([s[1] for s in stab])} |")
         lines += ["", f"![FedProx curves, {key}]({plot})", ""]
+        # The paper's protocol: every method at the same given hyper-parameters (the config's lr; μ from the
+        # config), no tuning at all.
+        cfg = load_config(ROOT / config)
+        fixed = {"lr": cfg.client.lr, "mu": None}
+        runs_f = {"FedAvg (μ = 0)": evaluate(config, ["algorithm=fedavg", "recipe={}"], f"prox-{key}-fedavg",
+                                             fixed),
+                  f"FedProx (μ = {cfg.recipe['mu']})": evaluate(config, [], f"prox-{key}-fedprox",
+                                                               {"lr": cfg.client.lr, "mu": cfg.recipe["mu"]})}
+        plot_f = f"fedprox_{key}_fixed_curves.png"
+        _curves(runs_f, f"FedProx vs FedAvg at the config's lr = {cfg.client.lr}: {key}", HERE / plot_f)
+        lines += [f"Same comparison at the config's own hyper-parameters for both methods (lr = {cfg.client.lr}, "
+                  f"μ = {cfg.recipe['mu']}; no tuning, the paper's protocol):", "",
+                  f"| method | final accuracy (last {LAST} rounds) | std of accuracy, rounds {rounds // 2 + 1}–"
+                  f"{rounds} | largest drop below best |", "|---|---|---|---|"]
+        for label, seeds in runs_f.items():
+            stab = [_stability(r) for r in seeds]
+            lines.append(f"| {label} | {_ms([_score(r) for r in seeds])} | {_ms([s[0] for s in stab])} | "
+                         f"{_ms([s[1] for s in stab])} |")
+        lines += ["", f"![FedProx curves at fixed lr, {key}]({plot_f})", ""]
         results["fedprox"][key] = {"fedavg": fedavg_p, "fedprox": fedprox, "trials": trials_a + trials_p,
                                    "runs": {k: [[r["accuracy"] for r in rows] for rows in v]
-                                            for k, v in runs_p.items()}}
+                                            for k, v in runs_p.items()},
+                                   "fixed_runs": {k: [[r["accuracy"] for r in rows] for rows in v]
+                                                  for k, v in runs_f.items()}}
 
     sc_cfg = "configs/scaffold/digits_dirichlet.toml"
     fedavg_s, trials_fa = tune(sc_cfg, ["algorithm=fedavg"], "scaf-fedavg", False)
