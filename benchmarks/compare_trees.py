@@ -70,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, type=Path, help="checkout of the older commit")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default="", help="run only the cases whose label contains this text")
     args = parser.parse_args()
     cases = [("FedAvg vectorized, 10 clients", lambda t: _engine(t, "vectorized", 10)),
              ("FedAvg vectorized, 100 clients", lambda t: _engine(t, "vectorized", 100)),
@@ -77,7 +78,7 @@ def main() -> None:
              ("DP-SGD per-example (ghost), 10 clients", lambda t: _dpsgd(t, "per_example")),
              ("DP-SGD batch_clip, 10 clients", lambda t: _dpsgd(t, "batch_clip"))]
     lines = ["| round | before s (median) | after s (median) | after / before |", "|---|---|---|---|"]
-    for label, fn in cases:
+    for label, fn in [c for c in cases if args.only in c[0]]:
         before, after = [], []
         for _ in range(args.repeats):
             before.append(fn(args.base.resolve()))

@@ -309,3 +309,16 @@ def test_experiment_imports_no_engine():
     engines = {m for m in modules if m.startswith("trustfl.engine.")
                and '@register("engine"' in (ROOT / (m.replace(".", "/") + ".py")).read_text()}
     assert not engines
+
+
+def test_empty_poisson_batches_are_skipped_alike_by_both_executors(small_config):
+    """Plain SGD takes no step on an empty batch; tiny Poisson batches make some (schedule-derived masks)."""
+    common = dict(client={"epochs": 1, "batch_size": 2, "lr": 0.1, "batch_sampler": "poisson", "momentum": 0.5},
+                  cohort={"sampler": "all"})
+    fed, vec, _ = train(small_config(**common), 2)
+    _, seq, _ = train(small_config(engine={"executor": "sequential", "checkpoint_every": 0}, **common), 2)
+    from trustfl.engine.local import batch_schedule
+    sizes = [int(b.numel()) for c in range(fed.num_clients)
+             for b in batch_schedule(fed.training, ClientPlan(c, fed.client_rows[c], 2), fed.seed, 0)]
+    assert 0 in sizes  # the case under test occurs
+    assert float((vec.params - seq.params).abs().max()) <= 1e-5

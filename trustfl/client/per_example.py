@@ -444,7 +444,7 @@ def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params
                           batch: Batch, w: torch.Tensor) -> tuple[Params, torch.Tensor]:
     one = {k: v[0] for k, v in batch.items()}
     with torch.enable_grad():
-        leaves = {k: v[0].detach().requires_grad_(True) for k, v in params_stacked.items()}
+        leaves = {k: v[0].requires_grad_(True) for k, v in params_stacked.items()}  # views of no-grad tensors
         losses = objective.losses(objective.forward(model, leaves, one), one)
         loss = losses.mean() if bool(w.all()) else (losses * w.to(losses.dtype)).sum() / w.sum().clamp(min=1)
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)

@@ -86,11 +86,17 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     num_steps = [len(s) for s in schedules]
     total_steps = max(num_steps, default=0)
     widest = max((int(b.numel()) for s in schedules for b in s), default=1) or 1
-    # (steps, m, widest) positions into each client's own rows; -1 pads
+    # (steps, m, widest) positions into each client's own rows, -1 pads: one scatter of every batch
+    sizes = [int(b.numel()) for sched in schedules for b in sched]
+    step_of = [s for sched in schedules for s in range(len(sched))]
+    client_of = [i for i, sched in enumerate(schedules) for _ in sched]
     pos = torch.full((total_steps, m, widest), -1, dtype=torch.long)
-    for i, sched in enumerate(schedules):
-        for s, batch in enumerate(sched):
-            pos[s, i, :batch.numel()] = batch
+    if sum(sizes):
+        counts = torch.tensor(sizes)
+        starts = torch.cumsum(counts, 0) - counts
+        column = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
+        pos[torch.repeat_interleave(torch.tensor(step_of), counts), torch.repeat_interleave(torch.tensor(client_of),
+            counts), column] = torch.cat([b for sched in schedules for b in sched])
     longest = max(int(p.rows.numel()) for p in plans) or 1
     own_rows = torch.zeros((m, longest), dtype=torch.long)
     for i, p in enumerate(plans):
@@ -98,11 +104,9 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     # Which rows step, known from the schedules before any computation (no host sync inside the loop): every
     # scheduled step counts for a method that steps on empty batches (DP-SGD), only non-empty ones otherwise.
     has_step = torch.arange(total_steps).unsqueeze(1) < torch.tensor(num_steps).unsqueeze(0)  # (steps, m)
-    if job.chain.method.skips_empty_batches:
-        nonempty = torch.zeros((total_steps, m), dtype=torch.bool)
-        for i, sched in enumerate(schedules):
-            nonempty[:len(sched), i] = torch.tensor([b.numel() > 0 for b in sched], dtype=torch.bool)
-        has_step &= nonempty
+    if job.chain.method.skips_empty_batches and 0 in sizes:
+        empty = [k for k, size in enumerate(sizes) if size == 0]
+        has_step[[step_of[k] for k in empty], [client_of[k] for k in empty]] = False
     everyone = has_step.all(1).tolist()
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans]) if any(p.flip_labels for p in plans) \
         else False
@@ -115,18 +119,17 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     chain, method = job.chain, job.chain.method
     states = chain.init(params, cohort)
     loss_sum = torch.zeros(m, dtype=torch.float64)
+    masks = pos >= 0  # (steps, m, widest), and every step's rows into the data, computed once
+    all_rows = torch.gather(own_rows.expand(total_steps, m, longest), 2, pos.clamp(min=0))
     for s in range(total_steps):
-        mask = pos[s] >= 0
-        rows = torch.gather(own_rows, 1, pos[s].clamp(min=0))
-        batch = job.data.gather(rows, flip)
-        active = has_step[s]
-        grads, losses = method.compute(job.model, job.objective, params, batch, mask, cohort)
+        batch = job.data.gather(all_rows[s], flip)
+        grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], cohort)
         if everyone[s]:
             loss_sum += losses.detach().double()
         else:
-            loss_sum += torch.where(active, losses.detach().double(), 0.0)
+            loss_sum += torch.where(has_step[s], losses.detach().double(), 0.0)
         with torch.no_grad():
-            chain.step(grads, states, params, None if everyone[s] else active)
+            chain.step(grads, states, params, None if everyone[s] else has_step[s])
     end_flat = layout.flatten(params, batch_dims=1)
     steps_t = torch.tensor(num_steps, dtype=torch.float64)
     client_state, extras = chain.finish(states, start_flat, end_flat, steps_t)
