@@ -142,9 +142,14 @@ class CohortContext:
     def size(self) -> int:
         return len(self.client_ids)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the clients train: the device of the received model."""
+        return self.received["model"].device
+
     def generator(self, row: int, stage: str) -> torch.Generator:
-        """The generator of ``stage`` for the client of row ``row`` in this round."""
-        return make_generator(self.seed, self.round, self.client_ids[row], stage)
+        """The generator of ``stage`` for the client of row ``row`` in this round, on :attr:`device`."""
+        return make_generator(self.seed, self.round, self.client_ids[row], stage, device=self.device)
 
     def select(self, start: int, stop: int) -> "CohortContext":
         """Rows ``start:stop`` (a group of a cohort split for memory)."""

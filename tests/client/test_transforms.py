@@ -321,7 +321,7 @@ def test_scaffold_server_update_divides_by_population():
     g = _gen(11)
     sc = Scaffold()
     layout = ParamLayout.of(_global())
-    server = sc.server_init(layout)
+    server = sc.server_init(layout.flatten(_global()))
     assert torch.equal(server["c"], torch.zeros(D))
     assert torch.equal(sc.downlink(server)["c"], server["c"])
     deltas = torch.randn(3, D, generator=g)
@@ -342,8 +342,8 @@ def test_scaffold_server_variate_is_the_mean_of_client_variates_under_full_parti
     g = _gen(12)
     sc = Scaffold()
     layout = ParamLayout.of(_global())
-    server = sc.server_init(layout)
-    c_i = sc.client_state_defaults(layout)["c"].double().expand(n, D).clone()
+    server = sc.server_init(layout.flatten(_global()))
+    c_i = sc.client_state_defaults(layout.flatten(_global()))["c"].double().expand(n, D).clone()
     server = {"c": server["c"].double()}
     for rnd in range(3):
         cohort = _scaffold_cohort(n, c_i, server["c"], lr)
@@ -362,9 +362,9 @@ def test_scaffold_keys_are_prefixed_in_a_chain():
     lr = 0.1
     chain = LocalChain(PlainGradient(), (("scaffold", Scaffold()), ("momentum", Momentum(0.5))), SGD(lr))
     layout = ParamLayout.of(_global())
-    defaults = chain.client_state_defaults(layout)
+    defaults = chain.client_state_defaults(layout.flatten(_global()))
     assert set(defaults) == {"scaffold/c"} and defaults["scaffold/c"].shape == (D,)
-    server = chain.server_init(layout)
+    server = chain.server_init(layout.flatten(_global()))
     assert set(server) == {"scaffold"}  # momentum has no server half
     down = chain.downlink(server)
     assert set(down) == {"scaffold/c"} and down["scaffold/c"].shape == (D,)
@@ -417,8 +417,8 @@ def test_chain_with_slash_in_name_raises():
 def test_chain_names_keep_order():
     chain = LocalChain(PlainGradient(), (("wd", WeightDecay(0.1)), ("mom", Momentum(0.9))), SGD(0.1))
     assert chain.names == ["wd", "mom"]
-    assert chain.client_state_defaults(ParamLayout.of(_global())) == {}
-    assert chain.server_init(ParamLayout.of(_global())) == {}
+    assert chain.client_state_defaults(ParamLayout.of(_global()).flatten(_global())) == {}
+    assert chain.server_init(ParamLayout.of(_global()).flatten(_global())) == {}
 
 
 @pytest.mark.parametrize("clip", [0, -1.0, float("inf"), float("nan")])

@@ -29,8 +29,8 @@ from trustfl.core.registry import register
 class Scaffold(AbstractGradientTransform):
     """SCAFFOLD's drift correction with client variates ``c_i`` (state ``c``) and the server variate ``c``."""
 
-    def client_state_defaults(self, layout):
-        return {"c": torch.zeros(layout.numel)}
+    def client_state_defaults(self, params):
+        return {"c": torch.zeros_like(params)}
 
     def extras_widths(self, layout):
         return {"c": layout.numel}
@@ -50,8 +50,8 @@ class Scaffold(AbstractGradientTransform):
         new_c = torch.where(stepped, state["c_i"] - state["c"].unsqueeze(0) + drift, state["c_i"])
         return {"c": new_c}, {"c": new_c - state["c_i"]}
 
-    def server_init(self, layout):
-        return {"c": torch.zeros(layout.numel)}
+    def server_init(self, params):
+        return {"c": torch.zeros_like(params)}
 
     def downlink(self, server_state):
         return {"c": server_state["c"]}

@@ -38,8 +38,9 @@ class AbstractGradientTransform(abc.ABC):
 
     privacy_noise: ClassVar[bool] = False
 
-    def client_state_defaults(self, layout: ParamLayout) -> dict[str, torch.Tensor]:
-        """Per-client entries this transform keeps between rounds, with the value of a client never seen."""
+    def client_state_defaults(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-client entries this transform keeps between rounds, with the value of a client never seen;
+        ``params`` is the flat global model (its size, dtype and device)."""
         return {}
 
     def extras_widths(self, layout: ParamLayout) -> dict[str, int]:
@@ -61,8 +62,8 @@ class AbstractGradientTransform(abc.ABC):
         parameters ``(m, d)`` and the steps taken ``(m,)``."""
         return {}, {}
 
-    def server_init(self, layout: ParamLayout) -> Any:
-        """State of the server half (``None``: this transform has none)."""
+    def server_init(self, params: torch.Tensor) -> Any:
+        """State of the server half (``None``: this transform has none); ``params`` is the flat global model."""
         return None
 
     def downlink(self, server_state: Any) -> dict[str, torch.Tensor]:
@@ -93,10 +94,11 @@ class DPNoise(AbstractGradientTransform):
     privacy_noise: ClassVar[bool] = True
 
     def init(self, params, cohort):
-        stds = cohort.noise_multipliers.to(torch.float64) * self.clip
-        divisor = cohort.batch_sizes if self.divide_by_batch_size else torch.ones(cohort.size)
+        stds = (cohort.noise_multipliers.to(torch.float64) * self.clip).tolist()
+        divisor = cohort.batch_sizes if self.divide_by_batch_size else torch.ones(cohort.size,
+                                                                                  device=cohort.batch_sizes.device)
         gens = [cohort.generator(i, "dpsgd") for i in range(cohort.size)]
-        return gens, stds, divisor.to(torch.float32), bool((stds > 0).any())
+        return gens, stds, divisor.to(torch.float32), any(s > 0 for s in stds)
 
     def apply(self, grads, state, params, active, cohort):
         gens, stds, divisor, any_noise = state
@@ -106,7 +108,8 @@ class DPNoise(AbstractGradientTransform):
                 noise = torch.zeros_like(g)
                 for i, gen in enumerate(gens):
                     if stds[i] > 0:
-                        noise[i] = torch.randn(g.shape[1:], generator=gen, dtype=g.dtype).mul_(float(stds[i]))
+                        noise[i] = torch.randn(g.shape[1:], generator=gen, dtype=g.dtype,
+                                               device=gen.device).mul_(stds[i])
                 g = g + noise
             out[name] = g / divisor.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
         return out, state
@@ -217,8 +220,8 @@ class LocalChain:
     def names(self) -> list[str]:
         return [n for n, _ in self.transforms]
 
-    def client_state_defaults(self, layout: ParamLayout) -> dict[str, torch.Tensor]:
-        return {f"{n}/{k}": v for n, t in self.transforms for k, v in t.client_state_defaults(layout).items()}
+    def client_state_defaults(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {f"{n}/{k}": v for n, t in self.transforms for k, v in t.client_state_defaults(params).items()}
 
     def _view(self, name: str, cohort: CohortContext) -> CohortContext:
         pre = f"{name}/"
@@ -247,8 +250,8 @@ class LocalChain:
         return client_state, extras
 
     # server halves
-    def server_init(self, layout: ParamLayout) -> dict[str, Any]:
-        return {n: s for n, t in self.transforms if (s := t.server_init(layout)) is not None}
+    def server_init(self, params: torch.Tensor) -> dict[str, Any]:
+        return {n: s for n, t in self.transforms if (s := t.server_init(params)) is not None}
 
     def downlink(self, server_states: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         return {f"{n}/{k}": v for n, t in self.transforms if n in server_states

@@ -32,9 +32,9 @@ def derive_seed(seed: int, *keys: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
-def make_generator(seed: int, *keys: object) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded from ``derive_seed(seed, *keys)``."""
-    gen = torch.Generator()
+def make_generator(seed: int, *keys: object, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` (default the CPU) seeded from ``derive_seed(seed, *keys)``."""
+    gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(seed, *keys))
     return gen
 

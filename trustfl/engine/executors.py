@@ -82,6 +82,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     m = len(plans)
     layout = cohort.layout
     received = cohort.received["model"]
+    device = cohort.device
     schedules = [batch_schedule(job.training, p, cohort.seed, cohort.round) for p in plans]
     num_steps = [len(s) for s in schedules]
     total_steps = max(num_steps, default=0)
@@ -101,6 +102,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     own_rows = torch.zeros((m, longest), dtype=torch.long)
     for i, p in enumerate(plans):
         own_rows[i, :p.rows.numel()] = p.rows
+    pos, own_rows = pos.to(device), own_rows.to(device)  # schedules are drawn on the CPU, indices live with the data
     # Which rows step, known from the schedules before any computation (no host sync inside the loop): every
     # scheduled step counts for a method that steps on empty batches (DP-SGD), only non-empty ones otherwise.
     has_step = torch.arange(total_steps).unsqueeze(1) < torch.tensor(num_steps).unsqueeze(0)  # (steps, m)
@@ -108,8 +110,9 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         empty = [k for k, size in enumerate(sizes) if size == 0]
         has_step[[step_of[k] for k in empty], [client_of[k] for k in empty]] = False
     everyone = has_step.all(1).tolist()
-    flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans]) if any(p.flip_labels for p in plans) \
-        else False
+    has_step = has_step.to(device)
+    flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans], device=device) \
+        if any(p.flip_labels for p in plans) else False
 
     if start is None:
         params = {k: v.detach().unsqueeze(0).repeat(m, *([1] * v.dim())) for k, v in layout.unflatten(received).items()}
@@ -118,7 +121,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     start_flat = layout.flatten(params, batch_dims=1)
     chain, method = job.chain, job.chain.method
     states = chain.init(params, cohort)
-    loss_sum = torch.zeros(m, dtype=torch.float64)
+    loss_sum = torch.zeros(m, dtype=torch.float64, device=device)
     masks = pos >= 0  # (steps, m, widest), and every step's rows into the data, computed once
     all_rows = torch.gather(own_rows.expand(total_steps, m, longest), 2, pos.clamp(min=0))
     for s in range(total_steps):
@@ -131,7 +134,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         with torch.no_grad():
             chain.step(grads, states, params, None if everyone[s] else has_step[s])
     end_flat = layout.flatten(params, batch_dims=1)
-    steps_t = torch.tensor(num_steps, dtype=torch.float64)
+    steps_t = torch.tensor(num_steps, dtype=torch.float64, device=device)
     client_state, extras = chain.finish(states, start_flat, end_flat, steps_t)
     updates = end_flat - received.unsqueeze(0)
     return ClientResults(updates, (loss_sum / steps_t.clamp(min=1)).float(), num_steps, client_state, extras)
@@ -140,8 +143,8 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
 def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             start: Mapping[str, torch.Tensor] | None, size: int) -> ClientResults:
     if not plans:
-        d = cohort.layout.numel
-        return ClientResults(torch.zeros(0, d), torch.zeros(0), [], {}, {})
+        received = cohort.received["model"]
+        return ClientResults(received.new_zeros((0, received.numel())), received.new_zeros(0), [], {}, {})
     parts = []
     for i in range(0, len(plans), size):
         group_start = None if start is None else {k: v[i:i + size] for k, v in start.items()}

@@ -32,7 +32,7 @@ def initial_state(fed: Federation) -> EngineState:
                        server_stages=fed.server_stages.init(fed.layout),
                        ledger=None if fed.ledger is None else fed.ledger.state_dict(),
                        attack_view=None if fed.attack_view is None else fed.attack_view.init(fed.layout),
-                       shared=fed.local_chain.server_init(fed.layout))
+                       shared=fed.local_chain.server_init(params))
 
 
 def _plan(fed: Federation, cid: int, r: int) -> ClientPlan:
@@ -57,13 +57,13 @@ def _screen(x: torch.Tensor, d: int) -> torch.Tensor:
     return torch.isfinite(x).all(dim=1)
 
 
-def _stack(received: list[Any], width: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[bool]]:
-    """Stack well-formed rows; a malformed one (wrong shape or dtype, not a tensor) becomes a NaN row."""
-    shaped = [isinstance(m, torch.Tensor) and m.shape == (width,) and m.dtype == dtype for m in received]
+def _stack(received: list[Any], width: int, like: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+    """Stack well-formed rows (width, ``like``'s dtype and device); a malformed one becomes a NaN row."""
+    shaped = [isinstance(m, torch.Tensor) and m.shape == (width,) and m.dtype == like.dtype
+              and m.device == like.device for m in received]
     if not received:
-        return torch.zeros(0, width, dtype=dtype), shaped
-    return torch.stack([m if ok else torch.full((width,), float("nan"), dtype=dtype)
-                        for m, ok in zip(received, shaped)]), shaped
+        return like.new_zeros((0, width)), shaped
+    return torch.stack([m if ok else like.new_full((width,), float("nan")) for m, ok in zip(received, shaped)]), shaped
 
 
 def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
@@ -101,11 +101,12 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
     bytes_down = fed.downlink.nbytes(encoded) * len(cohort)
 
     store = ClientStateStore.from_state_dict(state.clients)
+    device = state.params.device
     job_ctx = CohortContext(
         client_ids=tuple(trainers), round=r, seed=fed.seed, lr=fed.training.lr,
-        batch_sizes=torch.tensor([float(p.batch_size) for p in plans], dtype=torch.float64),
-        noise_multipliers=torch.tensor([p.noise_multiplier for p in plans], dtype=torch.float64),
-        received=received_payload, client_state=store.gather(trainers, chain.client_state_defaults(fed.layout)),
+        batch_sizes=torch.tensor([float(p.batch_size) for p in plans], dtype=torch.float64, device=device),
+        noise_multipliers=torch.tensor([p.noise_multiplier for p in plans], dtype=torch.float64, device=device),
+        received=received_payload, client_state=store.gather(trainers, chain.client_state_defaults(state.params)),
         layout=fed.layout)
     results = fed.executor.run(fed.local_job(), plans, job_ctx)
     store = store.scatter(trainers, results.client_state)
@@ -140,14 +141,14 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
             rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
     # What reaches the server: one message (and its extras) per cohort client, in client order. Crafted
     # messages carry zero extras: the attacks act on the model message only.
-    stacked, shaped = _stack([rows[c] for c in cohort], d, state.params.dtype)
+    stacked, shaped = _stack([rows[c] for c in cohort], d, state.params)
     accepted = _screen(stacked, d)
     bytes_up = sum(int(stacked[i].numel()) * stacked.element_size() for i, ok in enumerate(shaped) if ok)
     extras: dict[str, torch.Tensor] = {}
     for key, width in chain.extras_widths(fed.layout).items():
         by_client = dict(zip(trainers, results.extras[key]))
-        ex, ex_shaped = _stack([by_client.get(c, torch.zeros(width, dtype=state.params.dtype)) for c in cohort],
-                               width, state.params.dtype)
+        ex, ex_shaped = _stack([by_client.get(c, state.params.new_zeros(width)) for c in cohort], width,
+                               state.params)
         accepted &= _screen(ex, width)
         bytes_up += sum(int(ex[i].numel()) * ex.element_size() for i, ok in enumerate(ex_shaped) if ok)
         extras[key] = ex
