@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--base", required=True, type=Path, help="checkout of the older commit")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="", help="run only the cases whose label contains this text")
+    parser.add_argument("--out", type=Path, help="also write the table (with the command) to this Markdown file")
     args = parser.parse_args()
     cases = [("FedAvg vectorized, 10 clients", lambda t: _engine(t, "vectorized", 10)),
              ("FedAvg vectorized, 100 clients", lambda t: _engine(t, "vectorized", 100)),
@@ -88,6 +89,10 @@ def main() -> None:
         lines.append(f"| {label} | {b:.4f} | {a:.4f} | {a / b:.3f} |")
         print(lines[-1], flush=True)
     print("\n".join(lines))
+    if args.out is not None:
+        command = "`.venv/bin/python benchmarks/compare_trees.py " + " ".join(sys.argv[1:]) + "`"
+        args.out.write_text(f"Command: {command} (base: {args.base}; one torch thread, process CPU time, medians of "
+                            f"{args.repeats} alternating runs).\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
