@@ -446,7 +446,7 @@ def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params
     with torch.enable_grad():
         leaves = {k: v[0].requires_grad_(True) for k, v in params_stacked.items()}  # views of no-grad tensors
         losses = objective.losses(objective.forward(model, leaves, one), one)
-        loss = losses.mean() if bool(w.all()) else (losses * w.to(losses.dtype)).sum() / w.sum().clamp(min=1)
+        loss = (losses * w.to(losses.dtype)).sum() / w.sum().clamp(min=1)  # = mean on a full batch; no host sync
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     out = {k: (torch.zeros_like(v) if g is None else g).unsqueeze(0) for (k, v), g in zip(leaves.items(), grads)}
     return out, loss.detach().view(1)
