@@ -4,7 +4,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "trustfl"
 BASE = {"core", "types", "errors"}
-STAGES = {"aggregate", "attacks", "privacy", "compress", "client", "server", "models", "data", "objectives",
+STAGES = {"aggregate", "attacks", "privacy", "compress", "simtime", "client", "server", "models", "data", "objectives",
           "evaluate"}
 TOP = {"engine", "config", "cli", "cli_privacy", "report", "experiment", "recipes"}
 

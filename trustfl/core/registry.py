@@ -20,7 +20,7 @@ _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {}
 # Packages whose modules register components; imported on first look-up so that registration
 # never depends on what the caller happened to import.
 _PLUGIN_PACKAGES = ("models", "data", "objectives", "evaluate", "aggregate", "attacks", "privacy", "compress",
-                    "client", "server", "engine", "recipes")
+                    "simtime", "client", "server", "engine", "recipes")
 _loaded = False
 
 
