@@ -120,6 +120,9 @@ class Federation:
     reports: dict[str, torch.Tensor] = field(default_factory=dict)
     eval_every: int = 1
     eval_batch_size: int = 2048
+    links: Any = None
+    """The compressors on the uplink and downlink (:class:`trustfl.engine.links.Links`); ``None``: float32
+    messages both ways."""
     info: dict[str, Any] = field(default_factory=dict)
     """JSON-serialisable facts saved with the run (partition summary, per-client budgets and noise, notices)."""
 
@@ -153,3 +156,7 @@ class EngineState:
     """The client state store (``ClientStateStore.state_dict()``): only clients that have state."""
     shared: dict[str, Any] = field(default_factory=dict)
     """State of the gradient transforms' server halves (e.g. SCAFFOLD's server control variate)."""
+    clock: dict[str, Any] = field(default_factory=dict)
+    """An asynchronous engine's virtual clock and schedule state (server time, each client's last contact)."""
+    bits_up_total: int = 0
+    bits_down_total: int = 0

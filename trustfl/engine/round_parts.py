@@ -1,0 +1,210 @@
+"""The parts of a round every engine shares: admission, the uplink, screening, aggregation and the server update.
+
+An engine decides *when* clients train and *which* model each starts from; it then hands the clients' local
+results to :func:`deliver`, which runs the fixed server-side pipeline (STYLE.md):
+
+client stages (clip, noise, ...) → uplink (what the server decodes; a compressor, or a model message turned into
+the server's delta) → [attacks.inject, simulation only] → screening (NaN/Inf/wrong shape dropped) → aggregate
+(pre-aggregators + rule) → server stages → server optimizer → shared statistics → accountant.charge(events).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from dp_accounting import dp_event
+
+from trustfl.client.state import ClientStateStore
+from trustfl.engine.executors import ClientResults
+from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.local import ClientPlan, num_local_steps, step_event
+from trustfl.types import CohortContext, RoundContext
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """What the server receives from the client-stage outputs ``x (m, d)`` of clients ``ids``.
+
+    ``to_server(x, ids) -> (server_view, bits_per_row, decode_failures)``; ``None`` sends ``x`` as float32
+    deltas (the synchronous FedAvg message). ``scale`` multiplies the aggregate before the server optimizer
+    (QuAFL's ``s/(s+1)``, FedNova's ``τ_eff``).
+    """
+
+    to_server: Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, int, int]] | None = None
+    scale: float | torch.Tensor = 1.0
+
+
+def make_plan(fed: Federation, cid: int, r: int, max_steps: int | None = None) -> ClientPlan:
+    """Client ``cid``'s job in round ``r``; ``max_steps`` (an engine's clock) overrides the step budget."""
+    flip = bool(fed.attack is not None and fed.attack.data_level and cid in fed.byzantine)
+    rows = fed.client_rows[cid]
+    planned = num_local_steps(fed.training, int(rows.numel()), fed.batch_sizes[cid])
+    budget = fed.step_budget.max_steps(cid, planned, fed.seed, r) if max_steps is None else max_steps
+    return ClientPlan(cid, rows, fed.batch_sizes[cid], fed.noise_multipliers[cid], flip, budget)
+
+
+def round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEvent | None:
+    event = step_event(fed.training, plan)
+    if event is None or steps == 0:
+        return None
+    return event if steps == 1 else dp_event.SelfComposedDpEvent(event, steps)
+
+
+def screen(x: torch.Tensor, d: int) -> torch.Tensor:
+    """Rows the server accepts: right width and every coordinate finite."""
+    if x.ndim != 2 or x.shape[1] != d:
+        return torch.zeros(x.shape[0] if x.ndim else 0, dtype=torch.bool)
+    return torch.isfinite(x).all(dim=1)
+
+
+def stack_rows(received: list[Any], width: int, like: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+    """Stack well-formed rows (width, ``like``'s dtype and device); a malformed one becomes a NaN row."""
+    shaped = [isinstance(m, torch.Tensor) and m.shape == (width,) and m.dtype == like.dtype
+              and m.device == like.device for m in received]
+    if not received:
+        return like.new_zeros((0, width)), shaped
+    return torch.stack([m if ok else like.new_full((width,), float("nan")) for m, ok in zip(received, shaped)]), shaped
+
+
+def admit(fed: Federation, r: int, cohort: list[int], metrics: dict[str, Any],
+          max_steps: dict[int, int] | None = None) -> tuple[list[ClientPlan], list[int], list[int]]:
+    """Plans of the cohort's training clients, the crafted (Byzantine) ids, and the cohort after admission.
+
+    Budgets are never silently exceeded: a client whose round would overspend sits the round out.
+    """
+    trainers = [c for c in cohort if c not in fed.byzantine or (fed.attack is not None and fed.attack.data_level)]
+    crafted = [c for c in cohort if c not in trainers]
+    plans = [make_plan(fed, c, r, None if max_steps is None else max_steps[c]) for c in trainers]
+    if fed.ledger is not None:
+        ledger = fed.ledger
+        kept = []
+        for p in plans:
+            steps = num_local_steps(fed.training, int(p.rows.numel()), p.batch_size)  # the planned work
+            event = round_events(fed, p, steps)
+            if event is not None and p.client_id in ledger and ledger[p.client_id].would_exceed(event):
+                continue
+            kept.append(p)
+        metrics["clients_out_of_budget"] = len(plans) - len(kept)
+        plans = kept
+    return plans, crafted, sorted([p.client_id for p in plans] + crafted)
+
+
+def cohort_context(fed: Federation, r: int, plans: list[ClientPlan], received: dict[str, torch.Tensor],
+                   store: ClientStateStore, lr: float | None = None) -> CohortContext:
+    params = received["model"]
+    device = params.device
+    ids = [p.client_id for p in plans]
+    return CohortContext(
+        client_ids=tuple(ids), round=r, seed=fed.seed, lr=fed.training.lr if lr is None else lr,
+        batch_sizes=torch.tensor([float(p.batch_size) for p in plans], dtype=torch.float64, device=device),
+        noise_multipliers=torch.tensor([p.noise_multiplier for p in plans], dtype=torch.float64, device=device),
+        received=received, client_state=store.gather(ids, fed.local_chain.client_state_defaults(params)),
+        layout=fed.layout)
+
+
+def weights(fed: Federation) -> torch.Tensor | None:
+    if fed.weighting == "uniform":
+        return None
+    return fed.reports["num_samples"].to(torch.float64).clamp(min=1)
+
+
+def context(fed: Federation, r: int, ids: list[int], weights_all: torch.Tensor | None) -> RoundContext:
+    index = torch.tensor(ids, dtype=torch.long)
+    return RoundContext(round=r, seed=fed.seed, client_ids=tuple(ids),
+                        weights=None if weights_all is None else weights_all[index],
+                        num_byzantine=len(fed.byzantine), num_clients=fed.num_clients,
+                        reports={k: v[index] for k, v in fed.reports.items()})
+
+
+def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafted: list[int], cohort: list[int],
+            results: ClientResults, store: ClientStateStore, bytes_down: int, metrics: dict[str, Any],
+            uplink: Uplink = Uplink()) -> tuple[EngineState, dict[str, Any]]:
+    """Everything after local training: client stages → uplink → attack → screening → aggregation → server."""
+    r = state.round
+    d = fed.layout.numel
+    chain = fed.local_chain
+    trainers = [p.client_id for p in plans]
+    events = []
+    for p, steps in zip(plans, results.num_steps):
+        ev = round_events(fed, p, steps)
+        # Data-level Byzantine clients train too, but have no privacy to protect and no ledger.
+        if ev is not None and p.client_id not in fed.byzantine:
+            events.append((p.client_id, ev))
+
+    weights_all = weights(fed)
+    ctx_train = context(fed, r, trainers, weights_all)
+    out = fed.client_stages.apply(results.updates, state.client_stages, ctx_train)
+    client_state, messages = out.state, out.x
+    events.extend(out.events)
+    stage_metrics = dict(out.metrics)
+    bits_row, failures = None, 0
+    if uplink.to_server is not None:
+        messages, bits_row, failures = uplink.to_server(messages, trainers)
+
+    rows: dict[int, torch.Tensor] = dict(zip(trainers, messages))
+    view, view_state = messages, state.attack_view
+    if fed.attack_view is not None:
+        # Simulation-only oracle: the messages without privacy noise, through their own stage state (its DP
+        # events are not charged: nothing of it is released).
+        start_state = state.attack_view if state.attack_view is not None else fed.attack_view.init(fed.layout)
+        shadow = fed.attack_view.apply(results.updates, start_state, ctx_train)
+        view, view_state = shadow.x, shadow.state
+        if uplink.to_server is not None:
+            view = uplink.to_server(view, trainers)[0]
+    if crafted:
+        honest_ids = [c for c in trainers if c not in fed.byzantine]
+        honest = view[[trainers.index(c) for c in honest_ids]] if honest_ids else view[:0]
+        byz = fed.attack.craft(honest, len(crafted), ctx_train.select(torch.tensor(
+            [trainers.index(c) for c in honest_ids], dtype=torch.long)), fed.aggregator)
+        for i, c in enumerate(crafted):
+            rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
+    # What reaches the server: one message (and its extras) per cohort client, in client order. Crafted
+    # messages carry zero extras: the attacks act on the model message only.
+    stacked, shaped = stack_rows([rows[c] for c in cohort], d, state.params)
+    accepted = screen(stacked, d)
+    if bits_row is None:
+        bytes_up = sum(int(stacked[i].numel()) * stacked.element_size() for i, ok in enumerate(shaped) if ok)
+    else:
+        bytes_up = sum(shaped) * bits_row // 8
+    extras: dict[str, torch.Tensor] = {}
+    for key, width in chain.extras_widths(fed.layout).items():
+        by_client = dict(zip(trainers, results.extras[key]))
+        ex, ex_shaped = stack_rows([by_client.get(c, state.params.new_zeros(width)) for c in cohort], width,
+                                   state.params)
+        accepted &= screen(ex, width)
+        bytes_up += sum(int(ex[i].numel()) * ex.element_size() for i, ok in enumerate(ex_shaped) if ok)
+        extras[key] = ex
+    rejected = int((~accepted).sum())
+    metrics.update({"cohort_size": len(cohort), "rejected": rejected})
+    if uplink.to_server is not None:
+        metrics["decode_failures"] = int(failures)
+
+    new = dataclasses.replace(
+        state, round=r + 1, client_stages=client_state, bytes_up_total=state.bytes_up_total + bytes_up,
+        bytes_down_total=state.bytes_down_total + bytes_down, rejected_total=state.rejected_total + rejected,
+        attack_view=view_state, clients=store.state_dict())
+    if bool(accepted.any()):
+        keep = torch.nonzero(accepted).flatten()
+        ctx = context(fed, r, cohort, weights_all).select(keep)
+        agg = fed.aggregator.apply(stacked[keep], state.aggregator, ctx)
+        stage_metrics.update({f"aggregator/{k}": v for k, v in agg.metrics.items()})
+        srv = fed.server_stages.apply(agg.x, state.server_stages, ctx)
+        events.extend(srv.events)
+        stage_metrics.update(srv.metrics)
+        step = srv.x if isinstance(uplink.scale, float) and uplink.scale == 1.0 else srv.x * uplink.scale
+        new.params, new.server_optimizer = fed.server_optimizer.step(state.params, step, state.server_optimizer)
+        new.aggregator, new.server_stages = agg.state, srv.state
+        new.shared = fed.local_chain.server_update(state.shared, {k: v[keep] for k, v in extras.items()}, ctx)
+    if fed.ledger is not None and events:
+        # Byzantine clients (e.g. label flippers that follow the protocol) have no privacy to protect: no ledger.
+        fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
+        new.ledger = fed.ledger.state_dict()
+    metrics.update({"bytes_up": bytes_up, "bytes_down": bytes_down, "bytes_up_total": new.bytes_up_total,
+                    "bytes_down_total": new.bytes_down_total})
+    if len(results.train_loss):
+        metrics["train_loss"] = float(results.train_loss.mean())
+    metrics.update({k: float(v) if isinstance(v, (int, float, torch.Tensor)) else v
+                    for k, v in stage_metrics.items()})
+    return new, metrics
