@@ -1,0 +1,81 @@
+"""Every registered compressor through the same checks (STYLE rule 25), the identity, and the doctests."""
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+import torch
+
+import trustfl
+import trustfl.compress
+from trustfl.compress import AbstractCompressor, Encoded, Identity
+
+NAMES = ("identity", "lattice", "qsgd", "qsgd_minmax")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_the_registry_lists_every_compressor():
+    assert set(NAMES) <= set(trustfl.names("compressor"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_conformance(name):
+    comp = trustfl.build("compressor", name)
+    assert isinstance(comp, AbstractCompressor)
+    m, d = 3, 333
+    x = torch.randn(m, d, generator=_gen(0)) * 0.1
+    x64 = x.double()
+    enc = comp.encode(x64, _gen(1), 17)
+    assert isinstance(enc, Encoded) and enc.rows == m and enc.dim == d
+    assert all(t.shape[0] == m for t in enc.payload.values())
+    assert enc.bits_per_row() == 8 * enc.nbytes() // m
+    assert enc.bits_per_row() >= comp.bits_per_coordinate * d
+    key = x + 1e-3 if comp.needs_key else None
+    dec, failures = comp.decode(enc, key, 17)
+    assert dec.shape == (m, d) and dec.dtype == torch.float32
+    assert failures.shape == (m,) and failures.dtype == torch.int64 and int(failures.sum()) == 0
+    bound = {  # the per-coordinate error each quantizer guarantees at its defaults
+        "identity": 0.0,
+        "lattice": 16 * 1e-4,  # |error| < step per rotated coordinate, <= sqrt(block)·step after rotating back
+        "qsgd": x.norm(dim=1, keepdim=True) / 7,  # one level, norm/s
+        "qsgd_minmax": (x.amax(dim=1, keepdim=True) - x.amin(dim=1, keepdim=True)) / 15,  # one level
+    }[name]
+    assert ((dec - x).abs() <= bound * (1 + 1e-5) + 1e-7).all()
+    again = comp.encode(x64, _gen(1), 17)  # deterministic given the generator
+    assert all(torch.equal(again.payload[k], v) for k, v in enc.payload.items())
+    assert not x64.equal(torch.zeros_like(x64))  # the input was not modified in place
+    torch.testing.assert_close(x64.float(), x)
+    assert comp.with_segments((300, 33)).bits_per_coordinate == comp.bits_per_coordinate
+    with pytest.raises(ValueError):
+        comp.encode(x[0], _gen(1), 17)  # rows are required
+
+
+def test_identity_is_exact_at_32_bits():
+    x = torch.randn(4, 100, generator=_gen(2)) * 1e3
+    comp = Identity()
+    enc = comp.encode(x, None, 0)
+    dec, failures = comp.decode(enc, None, 0)
+    assert torch.equal(dec, x) and failures.tolist() == [0] * 4
+    assert comp.bits_per_coordinate == 32 and enc.bits_per_row() == 32 * 100
+    x.add_(1.0)  # the payload is a copy, not a view of the sender's tensor
+    assert not torch.equal(enc.payload["values"], x)
+
+
+def test_encoded_checks_the_row_dimension():
+    with pytest.raises(ValueError, match="leading dimension"):
+        Encoded({"codes": torch.zeros(2, 4, dtype=torch.uint8)}, rows=3, dim=4)
+
+
+def test_docstring_examples_run():
+    failed = attempted = 0
+    modules = [trustfl.compress] + [importlib.import_module(info.name)
+                                    for info in pkgutil.iter_modules(trustfl.compress.__path__, "trustfl.compress.")]
+    for module in modules:
+        result = doctest.testmod(module, extraglobs={"torch": torch})
+        failed, attempted = failed + result.failed, attempted + result.attempted
+    assert failed == 0 and attempted >= 30

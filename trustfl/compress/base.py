@@ -1,0 +1,147 @@
+"""The compressor interface: ``encode`` on the sender, ``decode`` on the receiver, exact bit counts.
+
+A compressor maps a batch of ``m`` messages ``x`` of shape ``(m, d)`` to an :class:`Encoded` whose payload
+tensors all have a leading row dimension ``m``; the bits a message costs are counted from the bytes of those
+tensors (:meth:`Encoded.bits_per_row`), so the accounting can never drift from what is produced. The engine
+places the two halves (STYLE rule 6): the sender encodes, the receiver decodes, with a key (reference point)
+for quantizers whose decoding needs one (:attr:`AbstractCompressor.needs_key`).
+
+Randomness: ``gen`` is the sender's private generator (dithering, stochastic rounding), on ``x``'s device;
+``shared_seed`` is an integer both ends know (the lattice quantizer's random rotation).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from trustfl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What one encoder call transmits: ``payload`` tensors with a leading row dimension m (one row per message).
+
+    Attributes:
+      payload: the transmitted tensors, e.g. ``{"codes": uint8 (m, nbytes), "scale": float32 (m, k)}``.
+      rows: ``m``.
+      dim: ``d``, the coordinates per message (before any padding the encoder adds).
+    """
+
+    payload: dict[str, torch.Tensor]
+    rows: int
+    dim: int
+
+    def __post_init__(self) -> None:
+        for name, t in self.payload.items():
+            if t.ndim == 0 or t.shape[0] != self.rows:
+                raise ValueError(f"payload tensor {name!r} must have a leading dimension of {self.rows} rows, "
+                                 f"found shape {tuple(t.shape)}.")
+
+    def bits_per_row(self) -> int:
+        """``8 ×`` the bytes of all payload tensors ``/ rows``: the bits one message actually costs."""
+        return 8 * sum(t[0].numel() * t.element_size() for t in self.payload.values()) if self.rows else 0
+
+    def nbytes(self) -> int:
+        """Bytes of the whole payload (all rows)."""
+        return sum(t.numel() * t.element_size() for t in self.payload.values())
+
+
+class AbstractCompressor(abc.ABC):
+    """An encode/decode pair over ``(m, d)`` float rows.
+
+    Attributes:
+      needs_key: ``True`` when decoding needs the receiver's reference point (the lattice quantizer).
+      bits_per_coordinate: the nominal bits per coordinate, for scaling communication time
+        (``sit(b) = sit_32 · b / 32``); :meth:`Encoded.bits_per_row` gives the exact count, headers included.
+    """
+
+    needs_key: ClassVar[bool] = False
+
+    @property
+    @abc.abstractmethod
+    def bits_per_coordinate(self) -> float:
+        """Nominal bits per coordinate."""
+
+    @abc.abstractmethod
+    def encode(self, x: torch.Tensor, gen: torch.Generator | None, shared_seed: int) -> Encoded:
+        """Encode ``x`` (m, d) float rows.
+
+        Args:
+          x: the messages, one per row.
+          gen: private randomness of the sender (dithering, stochastic rounding), on ``x``'s device; ``None``
+            uses torch's default generator (not reproducible).
+          shared_seed: an integer both ends know (for the random rotation).
+        """
+
+    @abc.abstractmethod
+    def decode(self, enc: Encoded, key: torch.Tensor | None, shared_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode ``enc``.
+
+        Args:
+          enc: what :meth:`encode` produced.
+          key: (m, d) or (d,) (broadcast to every row) reference points; required iff :attr:`needs_key`.
+          shared_seed: the integer given to :meth:`encode`.
+
+        Returns:
+          ``(decoded, failures)``: decoded (m, d) float32 on the key's device (the payload's when there is no
+          key), and failures (m,) int64, the coordinates detected as decoded wrongly or unsafely (always 0 for
+          compressors that cannot fail).
+        """
+
+    def with_segments(self, sizes: Sequence[int]) -> "AbstractCompressor":
+        """This compressor for messages made of consecutive segments (parameter tensors) of ``sizes``.
+
+        Compressors whose statistics are per tensor (``qsgd_minmax``) return a copy that uses the boundaries;
+        the others ignore them and return ``self``.
+        """
+        check_segments(sizes)
+        return self
+
+
+def check_segments(sizes: Sequence[int] | None, name: str = "segments") -> tuple[int, ...] | None:
+    """Return ``sizes`` as a tuple of positive ints (or ``None``), else raise :class:`ConfigError`."""
+    if sizes is None:
+        return None
+    sizes = tuple(sizes)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ConfigError(f"`{name}` must be a non-empty sequence of positive integers, found {sizes!r}.")
+    return sizes
+
+
+def check_rows(x: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``x`` is a floating ``(m, d)`` matrix with ``d >= 1``."""
+    if x.ndim != 2 or not x.is_floating_point() or x.shape[1] == 0:
+        raise ValueError(f"compressors encode a floating (m, d) tensor with d >= 1, found {x.dtype} "
+                         f"{tuple(x.shape)}.")
+
+
+def check_key(key: torch.Tensor | None, enc: Encoded, required: bool) -> torch.Tensor | None:
+    """``key`` as float32 (m, d) or (d,), or ``None``; raise ``ValueError`` if required and missing or misshapen."""
+    if key is None:
+        if required:
+            raise ValueError("this compressor decodes against a reference point: pass `key` ((m, d) or (d,)).")
+        return None
+    if key.shape not in ((enc.rows, enc.dim), (enc.dim,)):
+        raise ValueError(f"`key` must have shape ({enc.rows}, {enc.dim}) or ({enc.dim},), found {tuple(key.shape)}.")
+    return key.to(torch.float32)
+
+
+_DITHER_BITS = 16
+
+
+def add_dither_(y: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """Add a uniform dither ``u`` in (0, 1) to ``y`` in place and return ``y``; draws from ``gen`` on y's device.
+
+    ``u = (k + ½)/2**16`` with ``k`` uniform on ``0..2**16 − 1``: four draws per 64 random bits, which is 4×
+    cheaper than ``torch.rand`` on one CPU thread. ``floor(y + u)`` is then an unbiased rounding of ``y`` up to
+    ``2**-17`` (plus float32 rounding of ``y + u``, which is coarser than that once ``|y| >= 2**8``).
+    """
+    numel = y.numel()
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=y.device)
+    words.random_(-2 ** 63, None, generator=gen)  # the full 64-bit range (a bare random_() leaves the sign bit 0)
+    k = words.view(torch.int16)[:numel].view(y.shape)  # uniform on −2**15..2**15 − 1
+    y.add_(k, alpha=2.0 ** -_DITHER_BITS)
+    return y.add_(0.5 + 2.0 ** -(_DITHER_BITS + 1))
