@@ -156,7 +156,7 @@ def test_objective_must_match_the_data(small_config):
 
 
 def test_unknown_engine_and_primary_metric_are_named(small_config):
-    with pytest.raises(ConfigError, match="`engine.kind`.*valid names: sync"):
+    with pytest.raises(ConfigError, match="`engine.kind`.*valid names: async, sync"):
         build_federation(small_config(engine={"kind": "warp"}), quiet=True)
     with pytest.raises(ConfigError, match="`report.primary_metric`"):
         build_federation(small_config(report={"primary_metric": "r2"}), quiet=True)
@@ -244,9 +244,9 @@ def test_executors_start_each_client_from_its_own_parameters(small_config):
     vec = VectorizedExecutor().run(fed.local_job(), plans, cohort, start=stacked)
     seq = SequentialExecutor().run(fed.local_job(), plans, cohort, start=stacked)
     assert torch.allclose(vec.updates, seq.updates, atol=1e-5)
-    for k, plan in enumerate(plans):  # each client alone, sent its own start as the model: same local model
+    for k, plan in enumerate(plans):  # each client alone, sent its own start as the model: same progress
         alone = VectorizedExecutor().run(fed.local_job(), [plan], _cohort(fed, [plan], starts[k]))
-        assert torch.allclose(vec.updates[k] + g, alone.updates[0] + starts[k], atol=1e-5)
+        assert torch.allclose(vec.updates[k], alone.updates[0], atol=1e-5)
     assert not torch.allclose(vec.updates[1], VectorizedExecutor().run(fed.local_job(), plans, cohort).updates[1],
                               atol=1e-4)
     same = VectorizedExecutor().run(fed.local_job(), plans, cohort, start=fed.layout.unflatten(g.repeat(3, 1)))

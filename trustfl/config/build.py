@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,10 @@ from trustfl.core.rng import derive_seed, numpy_rng
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
 from trustfl.engine.base import AbstractEngine
+from trustfl.engine.asynchronous import Timing
 from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
 from trustfl.engine.federation import ClientRows, CohortSampler, Federation
+from trustfl.engine.links import Links
 from trustfl.engine.local import LocalTraining, TrainData
 from trustfl.errors import BudgetExceededError, ConfigError, PrivacyError, RegistryError, TrustFLError
 from trustfl.evaluate.base import default_evaluators
@@ -272,10 +275,47 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         attack_view=client_stages.without_privacy_noise() if attack is not None and cfg.attack.view == "noiseless"
         else None,
         reports={"num_samples": torch.tensor(sizes, dtype=torch.float64)},
-        eval_every=cfg.engine.eval_every, eval_batch_size=cfg.engine.eval_batch_size, info=info)
+        eval_every=cfg.engine.eval_every, eval_batch_size=cfg.engine.eval_batch_size, info=info,
+        links=build_links(cfg, layout), **build_timing(cfg, n))
     if recipe is not None:
         recipe.finalize(fed, cfg)
+    engine = resolve_engine(cfg)
+    if hasattr(engine, "check"):
+        engine.check(fed)
     return fed
+
+
+def build_links(cfg: ExperimentConfig, layout: ParamLayout) -> Links | None:
+    """The uplink and downlink compressors (``None`` when both are ``none``). QSGD's per-tensor scales follow
+    the model's parameter tensors."""
+    built = {}
+    for direction in ("uplink", "downlink"):
+        comp = getattr(cfg.compress, direction)
+        if comp.name == "none":
+            built[direction] = None
+            continue
+        compressor = build_component("compressor", comp, f"compress.{direction}")
+        built[direction] = compressor.with_segments([math.prod(s) for s in layout.shapes])
+    if built["uplink"] is None and built["downlink"] is None:
+        return None
+    if cfg.engine.kind == "sync" and built["downlink"] is not None and built["downlink"].needs_key:
+        raise ConfigError(f"`compress.downlink`: {cfg.compress.downlink.name!r} decodes against a reference point "
+                          "the clients of the synchronous engine do not hold; use it with the async engine's "
+                          "polling schedule (QuAFL) or pick a compressor without a key (qsgd, qsgd_minmax).")
+    return Links(built["uplink"], built["downlink"], cfg.seed)
+
+
+def build_timing(cfg: ExperimentConfig, num_clients: int) -> dict[str, Any]:
+    """The async engine's clock settings and schedule (nothing for the synchronous engine)."""
+    if cfg.engine.kind != "async":
+        return {}
+    speed = build_component("speed_model", cfg.engine.speed, "engine.speed")
+    try:
+        speed = speed.bind(num_clients, seed=cfg.seed)
+    except TrustFLError as err:
+        raise ConfigError(f"`engine.speed` ({cfg.engine.speed.name!r}): {err}") from None
+    timing = Timing(speed, cfg.engine.interaction_time, cfg.engine.wait_time, cfg.engine.time_limit)
+    return {"timing": timing, "schedule": build_component("schedule", cfg.engine.schedule, "engine.schedule")}
 
 
 def _server_params(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -158,7 +158,20 @@ class AttackConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     kind: str = "sync"
-    """The engine registered under this name (``trustfl list``): ``sync`` today."""
+    """The engine registered under this name (``trustfl list``): ``sync`` (rounds that wait for every sampled
+    client) or ``async`` (server steps on a virtual clock)."""
+    schedule: Component = field(default_factory=lambda: Component("synchronous"))
+    """``async`` engine: who reports at each server step (``polling`` = QuAFL, ``synchronous`` = FedAvg/FedNova in
+    simulated time, ``buffered`` = FedBuff/FedAsync); recipes set it."""
+    speed: Component = field(default_factory=lambda: Component("exponential_groups"))
+    """``async`` engine: how long each client's local steps take (``exponential_groups``,
+    ``exponential_uniform_means``, ``deterministic``, ``trace``)."""
+    interaction_time: float = 1.0
+    """Server interaction time ``sit`` of one step with 32-bit messages (scaled by the links' bits / 32)."""
+    wait_time: float = 0.0
+    """Server waiting time ``swt`` between two steps."""
+    time_limit: float = 0.0
+    """Stop once the simulated time reaches this (0: run ``rounds`` server steps)."""
     executor: Literal["vectorized", "sequential"] = "vectorized"
     eval_every: int = 1
     checkpoint_every: int = 10
@@ -172,6 +185,18 @@ class EngineConfig:
         check(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, "an integer >= 1")
         check(self.max_clients_per_batch >= 0, "max_clients_per_batch", self.max_clients_per_batch,
               "an integer >= 0")
+        for name in ("interaction_time", "wait_time", "time_limit"):
+            value = getattr(self, name)
+            check(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    uplink: Component = field(default_factory=lambda: Component("none"))
+    """The compressor of the clients' messages (``identity``, ``lattice``, ``qsgd``, ``qsgd_minmax``); ``none``:
+    float32 messages."""
+    downlink: Component = field(default_factory=lambda: Component("none"))
+    """The compressor of the server's model on its way to the clients."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +231,7 @@ class ExperimentConfig:
     downlink: list[Component] = field(default_factory=list)
     """Downlink stages (e.g. ``cast`` to bfloat16) the server's messages to clients go through."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    compress: CompressConfig = field(default_factory=CompressConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     plugins: list[str] = field(default_factory=list)
     """Python modules imported before the experiment is built: they register a user's own data sets, models,

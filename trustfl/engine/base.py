@@ -22,3 +22,7 @@ class AbstractEngine(abc.ABC):
     @abc.abstractmethod
     def run_round(self, fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
         """Run round ``state.round``; return the new state and the round's metrics."""
+
+    def finished(self, fed: Federation, state: EngineState) -> bool:
+        """Whether the run ends before its planned rounds (e.g. a simulated-time limit)."""
+        return False

@@ -8,7 +8,7 @@ batches are masked (a masked step leaves parameters and transform state untouche
 row ``i`` of every batched tensor is computed from client ``i``'s data, state and generators only.
 
 Each client starts from its own parameters when it has them (``start`` stacked ``(m, ...)``), else from the
-received model; the message is ``θ_local − θ_received``.
+received model; the update is the progress ``θ_local − θ_start`` (``θ_received`` by default).
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     end_flat = layout.flatten(params, batch_dims=1)
     steps_t = torch.tensor(num_steps, dtype=torch.float64, device=device)
     client_state, extras = chain.finish(states, start_flat, end_flat, steps_t)
-    updates = end_flat - received.unsqueeze(0)
+    updates = end_flat - start_flat  # each client's progress from where it started (the received model by default)
     return ClientResults(updates, (loss_sum / steps_t.clamp(min=1)).float(), num_steps, client_state, extras)
 
 

@@ -120,6 +120,10 @@ class Federation:
     reports: dict[str, torch.Tensor] = field(default_factory=dict)
     eval_every: int = 1
     eval_batch_size: int = 2048
+    timing: Any = None
+    """The async engine's clock settings (:class:`trustfl.engine.asynchronous.Timing`)."""
+    schedule: Any = None
+    """The async engine's schedule (polling, synchronous, buffered)."""
     links: Any = None
     """The compressors on the uplink and downlink (:class:`trustfl.engine.links.Links`); ``None``: float32
     messages both ways."""

@@ -98,10 +98,11 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
     metrics_path = run_dir / "metrics.jsonl"
     names = metric_names(fed)
     try:
-        while state.round < last:
+        while state.round < last and not engine.finished(fed, state):
             state, round_metrics = engine.run_round(fed, state)
             row = None
-            if state.round % fed.eval_every == 0 or state.round == rounds:
+            done = engine.finished(fed, state)
+            if state.round % fed.eval_every == 0 or state.round == rounds or done:
                 evaluated = evaluate(fed, state.params)
                 row = {"round": round_metrics.pop("round"), **{k: evaluated[k] for k in names},
                        **round_metrics, "wall_time_s": state.wall_time_s, "rejected_total": state.rejected_total,
@@ -110,7 +111,7 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
                 if on_eval is not None:
                     on_eval(row)
             progress.update(row, state.round)
-            if checkpoint_every and (state.round % checkpoint_every == 0 or state.round == last):
+            if checkpoint_every and (state.round % checkpoint_every == 0 or state.round == last or done):
                 save_checkpoint(run_dir, state, cfg_hash)
     finally:
         progress.close()

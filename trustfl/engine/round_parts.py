@@ -36,6 +36,34 @@ class Uplink:
     scale: float | torch.Tensor = 1.0
 
 
+def broadcast(fed: Federation, state: EngineState, r: int, receivers: int) -> tuple[dict[str, torch.Tensor], int]:
+    """What every cohort client receives, decoded (the model and the transforms' shared statistics), and the
+    bytes sent to ``receivers`` clients. Downlink stages encode it; the model goes through the downlink
+    compressor, if any."""
+    payload = {"model": state.params, **fed.local_chain.downlink(state.shared)}
+    encoded = fed.downlink.encode(payload)
+    received = fed.downlink.decode(encoded, {k: v.dtype for k, v in payload.items()})
+    bytes_down = fed.downlink.nbytes(encoded) * receivers
+    if fed.links is not None and fed.links.downlink is not None:
+        sent = fed.links.down(state.params, r)
+        received["model"] = sent.decoded[0]
+        rest = fed.downlink.nbytes({k: v for k, v in encoded.items() if k != "model"})
+        bytes_down = (rest + sent.bits_per_message // 8) * receivers
+    return received, bytes_down
+
+
+def compressed_deltas(fed: Federation, r: int) -> Uplink:
+    """The uplink of delta messages (FedAvg, FedBuff): through the uplink compressor, if any (a lattice
+    quantizer decodes against 0, the delta's natural reference point)."""
+    if fed.links is None or fed.links.uplink is None:
+        return Uplink()
+
+    def to_server(x: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, int, int]:
+        sent = fed.links.up(x, None, r)
+        return sent.decoded, sent.bits_per_message, sent.decode_failures
+    return Uplink(to_server)
+
+
 def make_plan(fed: Federation, cid: int, r: int, max_steps: int | None = None) -> ClientPlan:
     """Client ``cid``'s job in round ``r``; ``max_steps`` (an engine's clock) overrides the step budget."""
     flip = bool(fed.attack is not None and fed.attack.data_level and cid in fed.byzantine)
@@ -140,7 +168,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
     events.extend(out.events)
     stage_metrics = dict(out.metrics)
     bits_row, failures = None, 0
-    if uplink.to_server is not None:
+    if uplink.to_server is not None and trainers:
         messages, bits_row, failures = uplink.to_server(messages, trainers)
 
     rows: dict[int, torch.Tensor] = dict(zip(trainers, messages))
@@ -151,7 +179,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         start_state = state.attack_view if state.attack_view is not None else fed.attack_view.init(fed.layout)
         shadow = fed.attack_view.apply(results.updates, start_state, ctx_train)
         view, view_state = shadow.x, shadow.state
-        if uplink.to_server is not None:
+        if uplink.to_server is not None and trainers:
             view = uplink.to_server(view, trainers)[0]
     if crafted:
         honest_ids = [c for c in trainers if c not in fed.byzantine]

@@ -19,7 +19,7 @@ from trustfl.core.registry import register
 from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.round_parts import admit, cohort_context, deliver
+from trustfl.engine.round_parts import admit, broadcast, cohort_context, compressed_deltas, deliver
 
 
 def initial_state(fed: Federation) -> EngineState:
@@ -40,21 +40,12 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
     sampled = fed.cohort.sample(list(range(fed.num_clients)), make_generator(fed.seed, r, SERVER, "cohort"))
     plans, crafted, cohort = admit(fed, r, sampled, metrics)
 
-    # Downlink: what every cohort client receives, encoded; clients decode it before training.
-    payload = {"model": state.params, **fed.local_chain.downlink(state.shared)}
-    encoded = fed.downlink.encode(payload)
-    received = fed.downlink.decode(encoded, {k: v.dtype for k, v in payload.items()})
-    bytes_down = fed.downlink.nbytes(encoded) * len(cohort)
-    if fed.links is not None:
-        received["model"], bits, _ = fed.links.down(state.params, r)
-        bytes_down = bits * len(cohort) // 8
-
+    received, bytes_down = broadcast(fed, state, r, len(cohort))
     store = ClientStateStore.from_state_dict(state.clients)
     results = fed.executor.run(fed.local_job(), plans, cohort_context(fed, r, plans, received, store))
     store = store.scatter([p.client_id for p in plans], results.client_state)
-    uplink = fed.links.uplink_deltas(r) if fed.links is not None else None
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, bytes_down, metrics,
-                           *([uplink] if uplink is not None else []))
+                           compressed_deltas(fed, r))
     new.wall_time_s = state.wall_time_s + time.perf_counter() - start
     return new, metrics
 

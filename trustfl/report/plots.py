@@ -1,5 +1,5 @@
 """Plots of a run: one ``<metric>.png`` per evaluation metric against rounds (``accuracy.png``, ``loss.png``,
-``mse.png``, ``r2.png``, ...)."""
+``mse.png``, ``r2.png``, ...); an asynchronous run adds ``<metric>_vs_sim_time.png`` and ``<metric>_vs_bits.png``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,12 +11,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _plot(rows: list[dict[str, Any]], key: str, label: str, title: str, path: Path) -> None:
-    pts = [(r["round"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+_AXES = {"round": "round", "sim_time": "simulated time", "bits": "bits sent (up + down)"}
+
+
+def _x(row: dict[str, Any], axis: str) -> float | None:
+    if axis == "bits":
+        return row["bits_up_total"] + row["bits_down_total"] if "bits_up_total" in row else None
+    return row.get(axis)
+
+
+def _plot(rows: list[dict[str, Any]], key: str, label: str, title: str, path: Path, axis: str = "round") -> None:
+    pts = [(_x(r, axis), r[key]) for r in rows if isinstance(r.get(key), (int, float)) and _x(r, axis) is not None]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
-    ax.set_xlabel("round")
+    ax.set_xlabel(_AXES[axis])
     ax.set_ylabel(label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -39,15 +48,22 @@ def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "",
         path = run_dir / f"{metric.replace('/', '_')}.png"
         _plot(rows, metric, label, f"{name} — {label}", path)
         paths.append(path)
+        if any("sim_time" in r for r in rows):  # an asynchronous run: also against simulated time and bits
+            for axis in ("sim_time", "bits"):
+                path = run_dir / f"{metric.replace('/', '_')}_vs_{axis}.png"
+                _plot(rows, metric, label, f"{name} — {label}", path, axis)
+                paths.append(path)
     return paths
 
 
 def plot_comparison(series: dict[str, list[tuple[float, float]]], ylabel: str, title: str, path: str | Path,
-                    xlabel: str = "round") -> None:
+                    xlabel: str = "round", log_x: bool = False) -> None:
     """One line per labelled series of (x, y) points (used by benchmark reproductions)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=100)
     for label, pts in series.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
+    if log_x:
+        ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

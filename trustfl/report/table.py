@@ -11,7 +11,8 @@ from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
             "wall_time_s")
-_TAIL = ("bytes_up_total", "bytes_down_total", "epsilon_max", "rejected", "wall_time_s")
+_TAIL = ("sim_time", "local_steps_total", "bits_up_total", "bits_down_total", "bytes_up_total", "bytes_down_total",
+         "epsilon_max", "rejected", "wall_time_s")
 
 
 def _fmt(v: Any) -> str:

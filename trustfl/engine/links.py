@@ -1,0 +1,73 @@
+"""The compressed links between server and clients: one compressor on the uplink, one on the downlink.
+
+A link call is the simulated transmission: the sender encodes, the receiver decodes (with its own reference
+point when the compressor needs one, e.g. the lattice quantizer), and the bits counted are those of the encoded
+payload. Decode failures of a quantizer with a reference point are counted exactly (a simulation oracle: the
+receiver's value is compared with what decoding against the sender's own value gives), never silently wrong. The
+shared seed (for the lattice rotation) derives from the run seed, the round and the direction; the
+sender's private randomness (dithering, stochastic rounding) from the run seed, the round, the sender and the
+direction, on the device of the data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trustfl.compress.base import AbstractCompressor, Encoded
+from trustfl.core.rng import SERVER, derive_seed, make_generator
+
+UNCOMPRESSED_BITS = 32
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What the receivers decoded (``(m, d)``), the bits of one message and the coordinates flagged as unsafe."""
+
+    decoded: torch.Tensor
+    bits_per_message: int
+    decode_failures: int
+
+
+@dataclass(frozen=True)
+class Links:
+    """``uplink`` and ``downlink`` compressors (``None``: float32 both ways)."""
+
+    uplink: AbstractCompressor | None
+    downlink: AbstractCompressor | None
+    seed: int
+
+    def nominal_bits(self, direction: str) -> float:
+        comp = self.uplink if direction == "up" else self.downlink
+        return float(UNCOMPRESSED_BITS if comp is None else comp.bits_per_coordinate)
+
+    def _send(self, comp: AbstractCompressor | None, x: torch.Tensor, key: torch.Tensor | None, r: int,
+              sender: int, direction: str, receivers: int) -> Sent:
+        if comp is None:
+            return Sent(x.expand(receivers, -1) if x.shape[0] == 1 else x, UNCOMPRESSED_BITS * x.shape[1], 0)
+        gen = make_generator(self.seed, r, sender, f"compress/{direction}", device=x.device)
+        shared = derive_seed(self.seed, r, SERVER, f"compress/{direction}/shared") % (2 ** 62)
+        enc = comp.encode(x, gen, shared)
+        if enc.rows != receivers:  # one message decoded by several receivers (the server's broadcast)
+            enc = Encoded({k: v.expand(receivers, *v.shape[1:]) for k, v in enc.payload.items()}, receivers, enc.dim)
+        decoded, flagged = comp.decode(enc, key, shared)
+        failures = int(flagged.sum())
+        if comp.needs_key and key is not None:
+            # Simulation oracle: decoding against the sender's own value is always exact, so any coordinate the
+            # receiver decoded differently landed on a wrong lattice point (the receiver's own check only sees
+            # coordinates near the edge of its decoding window).
+            exact, _ = comp.decode(enc, x.expand(receivers, -1), shared)
+            failures = max(failures, int(((decoded - exact).abs() > 0.5 * getattr(comp, "step", 0.0)).sum()))
+        return Sent(decoded.to(x.dtype), enc.bits_per_row(), failures)
+
+    def up(self, messages: torch.Tensor, keys: torch.Tensor | None, r: int) -> Sent:
+        """Clients' ``(m, d)`` messages as the server decodes them (``keys``: the server's reference points)."""
+        if keys is None and self.uplink is not None and self.uplink.needs_key:
+            keys = torch.zeros_like(messages)
+        return self._send(self.uplink, messages, keys, r, SERVER - 1, "up", messages.shape[0])
+
+    def down(self, model: torch.Tensor, r: int, keys: torch.Tensor | None = None, receivers: int = 1) -> Sent:
+        """The server's ``(d,)`` model, encoded once, as ``receivers`` clients decode it (``keys``: theirs)."""
+        if keys is not None:
+            receivers = keys.shape[0]
+        return self._send(self.downlink, model.unsqueeze(0), keys, r, SERVER, "down", receivers)

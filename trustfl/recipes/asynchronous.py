@@ -1,0 +1,106 @@
+"""Recipes of the asynchronous engine: QuAFL and its baselines FedBuff, FedAsync and FedNova.
+
+Each recipe names the async engine's schedule and fills it from ``[recipe]``; speeds, time, compressors, DP,
+aggregators and attacks come from the rest of the config, as for every algorithm.
+
+- ``quafl`` (Zakerinia et al., "Communication-Efficient Federated Learning With Data and Client Heterogeneity",
+  Alg. 1): the ``polling`` schedule. ``[recipe]``: ``client_averaging``, ``server_averaging`` (default true),
+  ``decode_key`` (``"base"``: the paper's ``X^i``; ``"current"``: the authors' code), ``speed_weights``
+  (default false), ``lr_scaling`` (``"none"``, the paper; ``"code"``: local lr × (s+1)/s, the authors' code,
+  only with server averaging). Models are averaged with equal weights ``1/(s+1)`` (``server.weighting`` is set
+  to ``uniform``).
+- ``fedbuff`` (Nguyen et al. 2022, "Federated learning with buffered asynchronous aggregation"): the
+  ``buffered`` schedule. ``[recipe]``: ``variant`` (``"original"``: staleness weight 1/√(1+τ), the client
+  restarts from the updated model; ``"code"``: the QuAFL authors' simplification — no staleness weight,
+  restart from the pre-update model, local lr × s/n), ``server_lr`` (default 1).
+- ``fedasync`` (Xie, Koyejo, Gupta 2019, "Asynchronous federated optimization"): the ``buffered`` schedule with
+  one client per step and ``x ← (1 − α_τ) x + α_τ x_i``, ``α_τ = α (1+τ)^{−a}``. ``[recipe]``: ``alpha``
+  (default 0.6), ``a`` (default 0.5).
+- ``fednova`` (Wang et al. 2020, "Tackling the objective inconsistency problem in heterogeneous federated
+  optimization"): the ``synchronous`` schedule; each client runs the steps it completes before ``deadline``
+  (at least one) and the update is normalised by the steps. ``[recipe]``: ``deadline`` (simulated time).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+from trustfl.recipes.base import AbstractRecipe, recipe_keys
+
+
+def _on_async(cfg: ExperimentConfig, algorithm: str, schedule: str, params: dict[str, Any],
+              **changes: Any) -> ExperimentConfig:
+    if cfg.engine.kind not in ("sync", "async"):
+        raise ConfigError(f"`engine.kind` {cfg.engine.kind!r} cannot run algorithm {algorithm!r}; use \"async\".")
+    engine = dataclasses.replace(cfg.engine, kind="async", schedule=Component(schedule, params))
+    return dataclasses.replace(cfg, engine=engine, **changes)
+
+
+def _flag(rec: dict[str, Any], key: str, default: bool) -> bool:
+    value = rec.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"`recipe.{key}` must be true or false, found {value!r}.")
+    return value
+
+
+def _choice(rec: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = rec.get(key, default)
+    if value not in allowed:
+        raise ConfigError(f"`recipe.{key}` must be one of {', '.join(map(repr, allowed))}, found {value!r}.")
+    return value
+
+
+class QuAFL(AbstractRecipe):
+    def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        rec = recipe_keys(cfg, "quafl", ("client_averaging", "server_averaging", "decode_key", "speed_weights",
+                                         "lr_scaling"))
+        server_avg = _flag(rec, "server_averaging", True)
+        scaling = _choice(rec, "lr_scaling", "none", ("none", "code"))
+        s = max(cfg.cohort.size, 1)
+        params = {"client_averaging": _flag(rec, "client_averaging", True), "server_averaging": server_avg,
+                  "decode_key": _choice(rec, "decode_key", "base", ("base", "current")),
+                  "speed_weights": _flag(rec, "speed_weights", False),
+                  "lr_scale": (s + 1) / s if scaling == "code" and server_avg else 1.0}
+        return _on_async(cfg, "quafl", "polling", params,
+                         server=dataclasses.replace(cfg.server, weighting="uniform"))
+
+
+class FedBuff(AbstractRecipe):
+    def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        rec = recipe_keys(cfg, "fedbuff", ("variant", "server_lr"))
+        variant = _choice(rec, "variant", "original", ("original", "code"))
+        server_lr = rec.get("server_lr", 1.0)
+        params: dict[str, Any] = {"mixing": "fedbuff", "server_lr": server_lr}
+        if variant == "code":
+            params.update(staleness="none", refresh="current",
+                          lr_scale=max(cfg.cohort.size, 1) / max(cfg.data.num_clients, 1))
+        return _on_async(cfg, "fedbuff", "buffered", params,
+                         server=dataclasses.replace(cfg.server, weighting="uniform"))
+
+
+class FedAsync(AbstractRecipe):
+    def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        rec = recipe_keys(cfg, "fedasync", ("alpha", "a"))
+        if cfg.cohort.sampler != "uniform" or cfg.cohort.size != 1:
+            raise ConfigError("FedAsync updates the model at every client report: set `cohort.sampler` = "
+                              "\"uniform\" and `cohort.size` = 1.")
+        params = {"mixing": "fedasync", "alpha": rec.get("alpha", 0.6), "a": rec.get("a", 0.5)}
+        return _on_async(cfg, "fedasync", "buffered", params)
+
+
+class FedNova(AbstractRecipe):
+    def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        rec = recipe_keys(cfg, "fednova", ("deadline",))
+        if "deadline" not in rec:
+            raise ConfigError("algorithm \"fednova\" needs `recipe.deadline` (simulated time each client trains "
+                              "per round).")
+        return _on_async(cfg, "fednova", "synchronous", {"deadline": rec["deadline"]})
+
+
+register("algorithm", "quafl")(QuAFL)
+register("algorithm", "fedbuff")(FedBuff)
+register("algorithm", "fedasync")(FedAsync)
+register("algorithm", "fednova")(FedNova)
