@@ -47,7 +47,8 @@ class Links:
             return Sent(x.expand(receivers, -1) if x.shape[0] == 1 else x, UNCOMPRESSED_BITS * x.shape[1], 0)
         gen = make_generator(self.seed, r, sender, f"compress/{direction}", device=x.device)
         shared = derive_seed(self.seed, r, SERVER, f"compress/{direction}/shared") % (2 ** 62)
-        enc = comp.encode(x, gen, shared)
+        sent = comp.encode(x, gen, shared)
+        enc = sent
         if enc.rows != receivers:  # one message decoded by several receivers (the server's broadcast)
             enc = Encoded({k: v.expand(receivers, *v.shape[1:]) for k, v in enc.payload.items()}, receivers, enc.dim)
         decoded, flagged = comp.decode(enc, key, shared)
@@ -55,8 +56,8 @@ class Links:
         if comp.needs_key and key is not None:
             # Simulation oracle: decoding against the sender's own value is always exact, so any coordinate the
             # receiver decoded differently landed on a wrong lattice point (the receiver's own check only sees
-            # coordinates near the edge of its decoding window).
-            exact, _ = comp.decode(enc, x.expand(receivers, -1), shared)
+            # coordinates near the edge of its decoding window). One exact decode per message, not per receiver.
+            exact, _ = comp.decode(sent, x, shared)
             failures = max(failures, int(((decoded - exact).abs() > 0.5 * getattr(comp, "step", 0.0)).sum()))
         return Sent(decoded.to(x.dtype), enc.bits_per_row(), failures)
 
