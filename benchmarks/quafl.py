@@ -3,9 +3,9 @@
 Setting (configs/quafl/*.toml): MNIST (digits with a printed notice when `make data` has not run), MLP 784-32-10,
 n = 20 clients with i.i.d. shards, a quarter slow (steps ~ Exp(mean 8), others Exp(mean 2)), s = 5 clients per
 server step, K = 5 local steps, batch 128, sit = 10 time units for 32-bit messages (scaled by b/32), swt = 0, a
-time limit of 1500 units. Methods: QuAFL with the lattice quantizer (b = 14, and b = 8), QuAFL fp32, QuAFL with
-QSGD on the models (b = 14 and b = 8), FedAvg in simulated time, FedBuff, FedBuff + QSGD (b = 14), and the
-paper's sequential baseline (one slow node, one SGD step per server step).
+time limit of 1500 units. Methods: QuAFL with the lattice quantizer (b = 14, 8 and 4; lattice step 1e-4, 2e-3
+and 2e-2), QuAFL fp32, QuAFL with QSGD on the models (b = 14, 8 and 4), FedAvg in simulated time, FedBuff,
+FedBuff + QSGD (b = 14), and the paper's sequential baseline (one slow node, one SGD step per server step).
 
 Claims checked (Zakerinia et al., Figs. 11/12, 22/23, 24/25): QuAFL reaches FedAvg's accuracy in less simulated
 time and with about b/32 of its bits; the lattice quantizer beats QSGD on models at the same bits.
@@ -45,17 +45,33 @@ LATTICE8 = ['compress.uplink={name="lattice", bits=8, step=2e-3}',
             'compress.downlink={name="lattice", bits=8, step=2e-3}', "name=quafl-lattice8"]
 QSGD8 = ['compress.uplink={name="qsgd_minmax", levels=256}', 'compress.downlink={name="qsgd_minmax", levels=256}',
          "name=quafl-qsgd8"]
+LATTICE4 = ['compress.uplink={name="lattice", bits=4, step=2e-2}',
+            'compress.downlink={name="lattice", bits=4, step=2e-2}', "name=quafl-lattice4"]
+QSGD4 = ['compress.uplink={name="qsgd_minmax", levels=16}', 'compress.downlink={name="qsgd_minmax", levels=16}',
+         "name=quafl-qsgd4"]
 METHODS = {  # label: (config, overrides)
     "QuAFL, lattice b=14": ("configs/quafl/quafl.toml", []),
     "QuAFL, lattice b=8": ("configs/quafl/quafl.toml", LATTICE8),
     "QuAFL, fp32": ("configs/quafl/quafl_fp32.toml", []),
     "QuAFL, QSGD b=14": ("configs/quafl/quafl_qsgd.toml", []),
     "QuAFL, QSGD b=8": ("configs/quafl/quafl_qsgd.toml", QSGD8),
+    "QuAFL, lattice b=4": ("configs/quafl/quafl.toml", LATTICE4),
+    "QuAFL, QSGD b=4": ("configs/quafl/quafl_qsgd.toml", QSGD4),
     "FedAvg": ("configs/quafl/fedavg.toml", []),
     "FedBuff": ("configs/quafl/fedbuff.toml", []),
     "FedBuff + QSGD b=14": ("configs/quafl/fedbuff_qsgd.toml", []),
     "Sequential SGD (one slow node)": ("configs/quafl/sequential.toml", []),
 }
+
+
+SKEW = ['data.partition={name="class_groups", classes=[0, 1, 2], share=0.25}',
+        'evaluators=[{name="accuracy"}, {name="loss"}, {name="class_accuracy", classes=[0, 1, 2]}]']
+SKEWED = {  # the label-skew scenario (QuAFL Fig. 4): slow clients 0-4 own classes 0-2
+    "QuAFL, lattice b=14 (label skew)": ("configs/quafl/quafl_label_skew.toml", []),
+    "FedAvg (label skew)": ("configs/quafl/fedavg.toml", SKEW + ["name=fedavg-label-skew"]),
+    "FedBuff (label skew)": ("configs/quafl/fedbuff.toml", SKEW + ["name=fedbuff-label-skew"]),
+}
+METHODS.update(SKEWED)
 
 
 def _tag(label: str) -> str:
@@ -131,9 +147,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run only the methods whose label contains this text")
     args = parser.parse_args()
-    labels = [m for m in METHODS if args.only in m]
+    labels = [m for m in METHODS if args.only in m and (m in SKEWED) == ("skew" in args.only)] \
+        if args.only else [m for m in METHODS if m not in SKEWED]
+    skewed = [m for m in SKEWED if not args.only or args.only in m]
     chosen, trials, runs = {}, {}, {}
-    for label in labels:
+    for label in list(dict.fromkeys(labels + skewed)):
         chosen[label], trials[label] = tune(label)
         config, over = METHODS[label]
         runs[label] = [_run(config, over + [f"client.lr={chosen[label]['lr']}", f"seed={s}"],
@@ -141,6 +159,9 @@ def main() -> None:
         for rows in runs[label]:
             for r in rows:
                 r["bits"] = _bits(r)
+    skew_runs = {k: runs.pop(k) for k in skewed if k in runs}
+    if not runs:
+        runs, labels = skew_runs, skewed
     data_source = next(iter(runs.values()))[0][-1]
     dataset = json.loads((OUT / f"{_tag(labels[0])}-seed0" / "summary.json").read_text()).get("dataset", "?")
     target = statistics.mean(_score(r) for r in runs["FedAvg"]) if "FedAvg" in runs else None
@@ -180,6 +201,28 @@ def main() -> None:
                     log_x=True)
     lines += ["![accuracy vs simulated time](quafl_time.png)", "", "![accuracy vs bits](quafl_bits.png)", ""]
 
+    if skew_runs and runs is not skew_runs:
+        lines += ["## Label skew: the slow clients own classes 0-2", "",
+                  "`configs/quafl/quafl_label_skew.toml`; FedAvg and FedBuff are their configs with the same "
+                  "partition (`data.partition = {name = \"class_groups\", classes = [0, 1, 2], share = 0.25}`). "
+                  "Tuned on the same grid (criterion: overall accuracy). Classes 0-2 accuracy: the test accuracy on "
+                  "the examples of the slow clients' classes only (evaluator `class_accuracy`).", "",
+                  "| method | tuned lr (grid) | final accuracy | final accuracy, classes 0-2 | accuracy at half time | "
+                  "server steps |", "|---|---|---|---|---|---|"]
+        for label, seeds in skew_runs.items():
+            c = chosen[label]
+            edge = " (optimum on the grid edge)" if c["optimum_on_edge"] else ""
+            half = [next((r["accuracy"] for r in reversed(rows) if r["sim_time"] <= limit / 2), 0.0) for rows in seeds]
+            lines.append(f"| {label} | {c['lr']} ({', '.join(map(str, c['grid']))}){edge} | "
+                         f"{_ms([_score(r) for r in seeds])} | "
+                         f"{_ms([statistics.mean(x['class_accuracy'] for x in r[-LAST:]) for r in seeds])} | "
+                         f"{_ms(half)} | "
+                         f"{_ms([rows[-1]['server_step'] for rows in seeds], '.0f')} |")
+        plot_comparison({k: _series(v, "sim_time", tgrid) for k, v in skew_runs.items()},
+                        "test accuracy (mean of 3 seeds)", "Label skew: accuracy against simulated time",
+                        HERE / "quafl_label_skew.png", xlabel="simulated time")
+        lines += ["", "![label skew](quafl_label_skew.png)", ""]
+        runs.update(skew_runs)
     if "QuAFL, lattice b=14" in chosen:
         lr = chosen["QuAFL, lattice b=14"]["lr"]
         big = [_run("configs/quafl/quafl_n100.toml", [f"client.lr={lr}", f"seed={s}"], f"n100-seed{s}")

@@ -155,3 +155,18 @@ def test_split_features_errors() -> None:
         split_features(10, 2, unit=3)
     with pytest.raises(ConfigError, match="rng"):
         split_features(10, 2, shuffle=True)
+
+
+def test_class_groups_give_the_first_clients_only_their_classes() -> None:
+    labels = np.repeat(np.arange(10), 60)
+    part = trustfl.build("partitioner", "class_groups", classes=[7, 8, 9], share=0.25)(
+        labels, 8, np.random.default_rng(3))
+    owned = [set(labels[i].tolist()) for i in part.indices]
+    assert all(o == {7, 8, 9} for o in owned[:2]) and all(o == set(range(7)) for o in owned[2:])
+    assert sorted(np.concatenate(part.indices).tolist()) == list(range(600))
+    sizes = [len(i) for i in part.indices]
+    assert sizes[:2] == [90, 90] and max(sizes[2:]) - min(sizes[2:]) <= 1
+    with pytest.raises(ConfigError, match="share"):
+        trustfl.build("partitioner", "class_groups", share=1.0)
+    with pytest.raises(ConfigError, match="classes"):
+        trustfl.build("partitioner", "class_groups", classes=[11])(labels, 8, np.random.default_rng(0))

@@ -128,6 +128,44 @@ class IID(AbstractPartitioner):
         return np.array_split(rng.permutation(labels.size), num_clients)
 
 
+@register("partitioner", "class_groups")
+@dataclass(frozen=True)
+class ClassGroups(AbstractPartitioner):
+    """Two groups of clients with disjoint classes: clients ``0 … ⌈share·n⌉−1`` hold every example of ``classes``,
+    the others every other example; i.i.d. within each group (near-equal sizes).
+
+    With the ``exponential_groups`` speed model (whose slow clients are the same leading ids) this is QuAFL's
+    Fig. 4 setting: the slow clients own a few classes that an algorithm favouring fast clients under-learns.
+
+    Args:
+      classes: the first group's classes.
+      share: the first group's share of the clients, in (0, 1).
+    """
+
+    name: ClassVar[str] = "class_groups"
+    classes: tuple[int, ...] = (0, 1, 2)
+    share: float = 0.25
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
+        if not self.classes or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                                       for c in self.classes):
+            raise ConfigError(f"`classes` must be a non-empty list of class ids >= 0, found {list(self.classes)}.")
+        if not (isinstance(self.share, (int, float)) and 0 < self.share < 1):
+            raise ConfigError(f"`share` must be a number in (0, 1), found {self.share!r}.")
+
+    def _split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        first = int(np.ceil(self.share * num_clients))
+        if not 0 < first < num_clients:
+            raise ConfigError(f"`share` = {self.share} leaves a group of {num_clients} clients empty.")
+        in_first = np.isin(labels, self.classes)
+        if not in_first.any() or in_first.all():
+            raise ConfigError(f"`classes` {list(self.classes)} must hold some but not all of the examples.")
+        a = np.array_split(rng.permutation(np.flatnonzero(in_first)), first)
+        b = np.array_split(rng.permutation(np.flatnonzero(~in_first)), num_clients - first)
+        return a + b
+
+
 @register("partitioner", "dirichlet")
 @dataclass(frozen=True)
 class Dirichlet(AbstractPartitioner):

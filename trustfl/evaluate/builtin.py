@@ -35,6 +35,37 @@ class Accuracy(AbstractEvaluator):
         return {"accuracy": acc[0] / max(acc[1], 1)}
 
 
+@register("evaluator", "class_accuracy")
+@declare
+@dataclass(frozen=True)
+class ClassAccuracy(AbstractEvaluator):
+    """Accuracy on the test examples of some classes only: ``(1/|N_C|) Σ_{n: y_n ∈ C} 1[argmax z_n = y_n]``
+    (e.g. the classes only slow clients hold, to see whether an algorithm under-learns them).
+
+    Args:
+      classes: the class ids ``C``.
+    """
+
+    metrics: ClassVar[Mapping[str, bool]] = {"class_accuracy": True}
+    classes: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
+
+    def init(self) -> Any:
+        return [0, 0]
+
+    def update(self, acc, outputs, batch, objective):
+        y = batch["y"]
+        chosen = torch.isin(y, torch.tensor(self.classes, dtype=y.dtype, device=y.device))
+        acc[0] += int(((outputs.argmax(1) == y) & chosen).sum())
+        acc[1] += int(chosen.sum())
+        return acc
+
+    def result(self, acc) -> dict[str, float]:
+        return {"class_accuracy": acc[0] / max(acc[1], 1)}
+
+
 @register("evaluator", "loss")
 @declare
 @dataclass(frozen=True)
