@@ -65,7 +65,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-mallopt", action="store_true", help="keep glibc's default allocator settings")
+    parser.add_argument("--out", help="also write the output (command, setting, table) to this Markdown file")
     args = parser.parse_args()
+    lines: list[str] = []
+
+    def emit(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
     mallopt = False
     if not args.no_mallopt:
         from trustfl.engine.allocator import tune_allocator
@@ -76,13 +82,13 @@ def main() -> None:
     x = torch.randn(args.rows, args.d, generator=gen) * 0.05
     key = x + torch.randn(args.rows, args.d, generator=gen) * 1e-3
 
-    print("Command: `" + " ".join([".venv/bin/python", "benchmarks/compress_speed.py", *sys.argv[1:]]) + "`")
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {platform.processor() or platform.machine()}, "
+    emit("Command: `" + " ".join([".venv/bin/python", "benchmarks/compress_speed.py", *sys.argv[1:]]) + "`")
+    emit(f"torch {torch.__version__}, {args.threads} thread(s), {platform.processor() or platform.machine()}, "
           f"load average {os.getloadavg()[0]:.2f}, d = {args.d:,}, rows = {args.rows}, "
           f"median of {args.repeats}, allocator {'trustfl (mallopt)' if mallopt else 'glibc default'}\n")
-    print("| compressor | bits/coord | encode ms (wall / cpu) | decode ms (wall / cpu) | M coord/s (cpu) "
+    emit("| compressor | bits/coord | encode ms (wall / cpu) | decode ms (wall / cpu) | M coord/s (cpu) "
           "| M coord/s (wall) | failures | max abs error |")
-    print("|---|---|---|---|---|---|---|---|")
+    emit("|---|---|---|---|---|---|---|---|")
     for label, name, params in CASES:
         comp = trustfl.build("compressor", name, **params)
         k = key if comp.needs_key else None
@@ -91,10 +97,12 @@ def main() -> None:
         ew, ec = _time(lambda: comp.encode(x, gen, shared_seed=1), args.repeats)
         dw, dc = _time(lambda: comp.decode(enc, k, shared_seed=1), args.repeats)
         n = args.rows * args.d
-        print(f"| {label} | {enc.bits_per_row() / args.d:.3f} | {ew * 1e3:.2f} / {ec * 1e3:.2f} "
+        emit(f"| {label} | {enc.bits_per_row() / args.d:.3f} | {ew * 1e3:.2f} / {ec * 1e3:.2f} "
               f"| {dw * 1e3:.2f} / {dc * 1e3:.2f} | {n / (ec + dc) / 1e6:.1f} | {n / (ew + dw) / 1e6:.1f} "
               f"| {int(failures.sum())} | {float((dec - x).abs().max()):.2e} |")
 
+    if args.out:
+        Path(args.out).write_text("# Compressor throughput\n\n" + "\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()
