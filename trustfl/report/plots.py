@@ -60,8 +60,9 @@ def plot_comparison(series: dict[str, list[tuple[float, float]]], ylabel: str, t
                     xlabel: str = "round", log_x: bool = False) -> None:
     """One line per labelled series of (x, y) points (used by benchmark reproductions)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=100)
-    for label, pts in series.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
+    for i, (label, pts) in enumerate(series.items()):  # beyond the 10 default colours, dashed lines
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label,
+                linestyle="-" if i < 10 else "--")
     if log_x:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
