@@ -39,3 +39,13 @@ class UnsupportedEventError(PrivacyError):
 
 class CheckpointError(TrustFLError):
     """A checkpoint is missing, corrupt or belongs to another configuration."""
+
+
+class UsageError(TrustFLError):
+    """Command-line arguments that do not fit together (``--resume`` with a CONFIG), or a path the command
+    cannot use (a run directory that cannot be created)."""
+
+
+class MessageError(TrustFLError, ValueError):
+    """A malformed input given to a stage directly: a message matrix with non-finite rows, a wrong shape or dtype,
+    or malformed per-row weights; the message names the component and the offending rows."""

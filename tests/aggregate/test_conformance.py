@@ -1,7 +1,8 @@
 """Conformance table: every registered aggregator and pre-aggregator through the same checks (STYLE.md rule 25).
 
-Names registered by other modules are built with no parameters; a name that cannot be built that way, or cannot
-run on plain messages (e.g. it needs per-client reports), is skipped with the reason.
+Every context carries the per-row reports the report-weighted rules read (``num_samples``, ``reported_epsilon``,
+``oracle_noise_variance``; see :func:`reports`). Names registered by other modules are built with no parameters; a
+name that cannot be built that way, or cannot run on these messages, is skipped with the reason.
 """
 import pytest
 import torch
@@ -17,6 +18,7 @@ PARAMS = {
     "aggregator": {
         "mean": {}, "cwtm": {"f": F}, "cwmed": {}, "meamed": {"f": F}, "geometric_median": {}, "krum": {"f": F},
         "multi_krum": {"f": F}, "mda": {"f": F}, "centered_clipping": {"tau": 3.0}, "caf": {"f": F},
+        "dpfedavg": {}, "weiavg": {}, "oracle": {}, "pfa": {}, "robust_hdp": {},
     },
     "pre_aggregator": {"nnm": {"f": F}, "bucketing": {"bucket_size": 2}, "static_clip": {"max_norm": 2.0},
                        "arc": {"f": F}},
@@ -42,8 +44,17 @@ def messages(dtype: torch.dtype, seed: int = 0, n: int = N) -> torch.Tensor:
     return x.to(dtype)
 
 
-def context(n: int, seed: int = 4) -> RoundContext:
-    return RoundContext(round=2, seed=seed, client_ids=tuple(range(n)), num_clients=n)
+def reports(n: int) -> dict[str, torch.Tensor]:
+    """Per-row reports for ``n`` rows: positive, varied (two ε groups, so PFA projects) and deterministic."""
+    i = torch.arange(n, dtype=torch.float64)
+    return {"num_samples": 10.0 + i, "reported_epsilon": torch.where(i % 3 == 0, 8.0, 1.0) + 0.1 * i,
+            "oracle_noise_variance": 1.0 + (i % 4)}
+
+
+def context(n: int, seed: int = 4, perm: torch.Tensor | None = None) -> RoundContext:
+    """The round context of ``n`` rows; with ``perm``, the rows (ids and reports) permuted like the messages."""
+    ctx = RoundContext(round=2, seed=seed, client_ids=tuple(range(n)), num_clients=n, reports=reports(n))
+    return ctx if perm is None else ctx.select(perm)
 
 
 def build(kind: str, name: str, params):
@@ -60,9 +71,10 @@ def build(kind: str, name: str, params):
     return stage
 
 
-def run(stage, x: torch.Tensor, seed: int = 4):
+def run(stage, x: torch.Tensor, seed: int = 4, perm: torch.Tensor | None = None):
+    """``stage`` on ``x`` (or on ``x[perm]`` with the context's rows permuted alike)."""
     state = stage.init(ParamLayout(("x",), ((x.shape[1],),)))
-    return stage.apply(x, state, context(x.shape[0], seed))
+    return stage.apply(x if perm is None else x[perm], state, context(x.shape[0], seed, perm))
 
 
 def same_rows(a: torch.Tensor, b: torch.Tensor, **tol) -> bool:
@@ -88,7 +100,7 @@ def test_aggregator_conformance(kind, name, params, dtype):
     assert all(isinstance(v, float) for v in out.metrics.values())
     assert torch.equal(run(agg, x).x, out.x)  # deterministic for a seed
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(1))
-    assert torch.allclose(run(agg, x[perm]).x, out.x, **TOL[dtype])  # permutation-invariant
+    assert torch.allclose(run(agg, x, perm=perm).x, out.x, **TOL[dtype])  # permutation-invariant
 
 
 @pytest.mark.parametrize("kind,name,params", cases("aggregator"))
@@ -119,10 +131,10 @@ def test_pre_aggregator_conformance(kind, name, params, dtype):
     assert torch.equal(x, copy)
     assert torch.equal(run(pre, x).x, out.x)
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(1))
-    assert same_rows(run(pre, x[perm]).x, out.x, **TOL[dtype])  # equivariant: same rows, permuted
+    assert same_rows(run(pre, x, perm=perm).x, out.x, **TOL[dtype])  # equivariant: same rows, permuted
     # wrapped around a rule, the composition is permutation-invariant
     wrapped = PreAggregated((pre,), trustfl.build("aggregator", "cwtm", f=1))
-    assert torch.allclose(run(wrapped, x[perm]).x, run(wrapped, x).x, **TOL[dtype])
+    assert torch.allclose(run(wrapped, x, perm=perm).x, run(wrapped, x).x, **TOL[dtype])
 
 
 @pytest.mark.parametrize("kind,name,params", cases("pre_aggregator"))

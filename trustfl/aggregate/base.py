@@ -1,48 +1,123 @@
-"""Aggregator and pre-aggregator bases, the pre-aggregation wrapper and the (weighted) mean.
+"""Aggregator and pre-aggregator bases, the pre-aggregation wrapper, the (weighted) mean and the overflow-safe helpers.
 
 An aggregator is a stage from a message matrix ``x`` of shape ``(n, d)`` to a vector of shape ``(d,)``; its output
 dtype equals its input dtype. ``ctx.weights`` (shape ``(n,)``, may be ``None`` for uniform) are the server's
 client weights (e.g. dataset sizes); robust rules that have no weighted form ignore them and say so.
+
+Numerical range: any finite message, up to the largest value of its dtype, is kept or excluded by a rule's own
+logic and never overflows inside it. Squared norms, distances and Gram matrices are formed in float64 where float32
+would overflow, and means and weighted means fall back to float64 (float64 messages: to a power-of-two rescaling,
+which is exact) when the plain sum overflows. A convex combination of finite rows is always representable; a
+result that is not (e.g. an attack's ``−2·mean``) saturates at ``±finfo(dtype).max``.
 """
 from __future__ import annotations
 
-import abc
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 
-from trustfl.core.registry import register
+from trustfl.core.registry import lookup, names, register
 from trustfl.core.stage import AbstractStage
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.types import ParamLayout, RoundContext, StageOut
 
-
-def _default_context(n: int, weights: torch.Tensor | None, seed: int) -> RoundContext:
-    return RoundContext(round=0, seed=seed, client_ids=tuple(range(n)), weights=weights, num_clients=n)
+_MAX_LISTED_ROWS = 10
 
 
-def check_messages(x: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless ``x`` is a non-empty floating ``(n, d)`` matrix."""
-    if x.ndim != 2 or x.shape[0] == 0 or not x.is_floating_point():
-        raise ValueError(f"aggregators take a non-empty floating (n, d) tensor, found shape {tuple(x.shape)} "
-                         f"and dtype {x.dtype}.")
+def _default_context(n: int, weights: torch.Tensor | None, seed: int,
+                     reports: Mapping[str, torch.Tensor] | None = None) -> RoundContext:
+    return RoundContext(round=0, seed=seed, client_ids=tuple(range(n)), weights=weights, num_clients=n,
+                        reports=dict(reports or {}))
+
+
+def component_name(kind: str, stage: object) -> str:
+    """``kind 'name'`` for error messages: the name ``stage``'s class is registered under, else the class name."""
+    cls = type(stage)
+    found = next((name for name in names(kind) if lookup(kind, name) is cls), cls.__name__)
+    return f"{kind} {found!r}"
+
+
+def list_rows(rows: torch.Tensor) -> str:
+    """``[3, 7]``, or the first few indices and the count when there are many."""
+    idx = rows.tolist()
+    if len(idx) <= _MAX_LISTED_ROWS:
+        return str(idx)
+    return f"[{', '.join(map(str, idx[:_MAX_LISTED_ROWS]))}, ...] ({len(idx)} rows)"
+
+
+def check_messages(x: Any, stage: object | None = None, kind: str = "aggregator") -> None:
+    """The input check of every directly called aggregator and pre-aggregator.
+
+    Args:
+      x: the messages; must be a floating ``(n, d)`` tensor with ``n, d >= 1`` and finite entries.
+      stage, kind: the component, named in the error (``aggregator 'krum'``).
+
+    Raises:
+      MessageError: naming the component and, for non-finite entries, the rows that hold them.
+    """
+
+    def who() -> str:
+        return kind if stage is None else component_name(kind, stage)
+
+    if not isinstance(x, torch.Tensor):
+        raise MessageError(f"{who()}: messages must be a torch.Tensor of shape (n, d), found {type(x).__name__}.")
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise MessageError(f"{who()}: messages must be a 2-D (n, d) tensor with n >= 1 rows and d >= 1 columns, "
+                           f"found shape {tuple(x.shape)}.")
+    if not x.is_floating_point():
+        raise MessageError(f"{who()}: messages must have a floating dtype (float16, bfloat16, float32, float64), "
+                           f"found {x.dtype}; convert them with `x.float()`.")
+    bad = ~torch.isfinite(x).all(dim=1)
+    if bool(bad.any()):
+        raise MessageError(f"{who()}: rows {list_rows(torch.nonzero(bad).flatten())} are not finite (NaN or ±inf); "
+                           "the engine screens such messages before aggregation, so drop them before a direct call.")
+
+
+def check_weights(weights: Any, n: int, stage: object | None = None, kind: str = "aggregator") -> None:
+    """Raise :class:`MessageError` unless ``weights`` is a finite, non-negative ``(n,)`` vector with a positive sum."""
+    w = torch.as_tensor(weights)
+    if (w.shape != (n,) or w.is_complex() or w.dtype == torch.bool or not bool(torch.isfinite(w).all())
+            or bool((w < 0).any()) or not float(w.sum()) > 0):
+        who = kind if stage is None else component_name(kind, stage)
+        raise MessageError(f"{who}: `weights` must be a finite, non-negative ({n},) vector with a positive sum, "
+                           f"found shape {tuple(w.shape)}: {w.tolist()}.")
 
 
 class AbstractAggregator(AbstractStage):
-    """``(n, d) -> (d,)``. Call ``agg(x)`` for a one-off stateless use, or ``init``/``apply`` in a pipeline."""
+    """``(n, d) -> (d,)``. Call ``agg(x)`` for a one-off stateless use, or ``init``/``apply`` in a pipeline.
 
-    def __call__(self, x: torch.Tensor, weights: torch.Tensor | None = None, *, seed: int = 0) -> torch.Tensor:
-        check_messages(x)
+    ``agg(x, weights, seed=, reports=)`` checks its input first (:func:`check_messages`): ``x`` must be a floating
+    ``(n, d)`` tensor with ``n, d >= 1`` whose entries are all finite, and ``weights`` (if given) a finite,
+    non-negative ``(n,)`` vector with a positive sum. ``reports`` are the per-row values some rules read
+    (``ctx.reports``, e.g. ``reported_epsilon``). ``apply`` does not repeat the check: the engine screens
+    non-finite and misshapen messages before aggregation (its ``rejected`` metric), so a rule only ever sees usable
+    rows. Finite rows of any size never overflow inside a rule (see the module docstring).
+
+    Raises:
+      MessageError: from ``agg(x, ...)``, naming the aggregator and the bad rows, e.g. "aggregator 'krum': rows
+        [3, 7] are not finite (NaN or ±inf); ...".
+    """
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor | None = None, *, seed: int = 0,
+                 reports: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+        check_messages(x, self, "aggregator")
+        if weights is not None:
+            check_weights(weights, x.shape[0], self, "aggregator")
         state = self.init(ParamLayout(("x",), ((x.shape[1],),)))
-        return self.apply(x, state, _default_context(x.shape[0], weights, seed)).x
+        return self.apply(x, state, _default_context(x.shape[0], weights, seed, reports)).x
 
 
 class AbstractPreAggregator(AbstractStage):
-    """``(n, d) -> (m, d)``: transforms the messages before a rule (NNM, bucketing, clipping)."""
+    """``(n, d) -> (m, d)``: transforms the messages before a rule (NNM, bucketing, clipping).
+
+    ``pre(x, seed=)`` checks ``x`` as :class:`AbstractAggregator` does and raises :class:`MessageError` naming the
+    pre-aggregator and the bad rows; ``apply`` relies on the engine's screening.
+    """
 
     def __call__(self, x: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
-        check_messages(x)
+        check_messages(x, self, "pre_aggregator")
         state = self.init(ParamLayout(("x",), ((x.shape[1],),)))
         return self.apply(x, state, _default_context(x.shape[0], None, seed)).x
 
@@ -73,23 +148,62 @@ class PreAggregated(AbstractAggregator):
 
 
 def normalized_weights(ctx: RoundContext, n: int, like: torch.Tensor) -> torch.Tensor:
-    """``ctx.weights / sum`` in ``like``'s dtype (uniform when no weights are given)."""
+    """``ctx.weights / sum`` in ``like``'s dtype (uniform when no weights are given).
+
+    Raises:
+      MessageError: unless the weights are a finite, non-negative ``(n,)`` vector with a positive sum.
+    """
     if ctx.weights is None:
         return torch.full((n,), 1.0 / n, dtype=like.dtype)
+    check_weights(ctx.weights, n)
     w = ctx.weights.to(like.dtype)
-    if w.shape != (n,) or bool((w < 0).any()) or float(w.sum()) <= 0:
-        raise ValueError(f"weights must be a non-negative ({n},) vector with a positive sum, found {w.tolist()}.")
     return w / w.sum()
+
+
+def rescaled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` without overflow, for a positively homogeneous ``fn`` (``fn(c·x) = c·fn(x)`` for ``c > 0``: means,
+    weighted means, trimmed means) whose plain evaluation overflowed.
+
+    Float16/bfloat16/float32 messages are evaluated in float64, where sums and squares of their values cannot
+    overflow. Float64 messages are scaled by a power of two so that ``max|x| < 1`` (exact), evaluated, and scaled
+    back. The result saturates at ``±finfo(x.dtype).max`` (only reachable when the exact result is not
+    representable). Cost: one ``(n, d)`` float64 temporary; it runs only after an overflow.
+    """
+    big = torch.finfo(x.dtype).max
+    if x.dtype != torch.float64:
+        return fn(x.to(torch.float64)).clamp(-big, big).to(x.dtype)
+    peak = float(x.abs().max()) if x.numel() else 0.0
+    if not 0.0 < peak < math.inf:
+        return fn(x)
+    e = math.frexp(peak)[1]  # peak < 2**e
+    out = fn(torch.ldexp(x, torch.tensor(-e)))
+    return torch.ldexp(out.clamp(-math.ldexp(big, -e), math.ldexp(big, -e)), torch.tensor(e))
+
+
+def mean_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.mean(dim=0)``, recomputed by :func:`rescaled` if the sum overflowed."""
+    out = x.mean(dim=0)
+    return out if bool(torch.isfinite(out).all()) else rescaled(lambda z: z.mean(dim=0), x)
+
+
+def weighted_rows(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``w @ x`` in ``x``'s dtype for weights ``w`` of shape ``(n,)`` or ``(m, n)``, recomputed by :func:`rescaled`
+    if a product or partial sum overflowed."""
+    out = w.to(x.dtype) @ x
+    return out if bool(torch.isfinite(out).all()) else rescaled(lambda z: w.to(z.dtype) @ z, x)
 
 
 @register("aggregator", "mean")
 @dataclass(frozen=True)
 class Mean(AbstractAggregator):
-    """Weighted mean ``Σ_i w_i x_i / Σ_i w_i`` (uniform without weights). Cost O(nd)."""
+    """Weighted mean ``Σ_i w_i x_i / Σ_i w_i`` (uniform without weights). Cost O(nd).
+
+    Never overflows for finite messages (a convex combination; see :func:`weighted_rows`).
+    """
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         w = normalized_weights(ctx, x.shape[0], x)
-        return StageOut(w @ x, state)
+        return StageOut(weighted_rows(w, x), state)
 
 
 def require_f(f: int, name: str = "f") -> None:

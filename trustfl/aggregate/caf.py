@@ -14,11 +14,11 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, require_f
+from trustfl.aggregate.base import AbstractAggregator, mean_rows, require_f, weighted_rows
 from trustfl.aggregate.coordinate import check_n_vs_f
 from trustfl.aggregate.geometric import gram_matrix
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext, StageOut
 
 
@@ -37,7 +37,11 @@ def _one_thread() -> Iterator[None]:
 def _top_eigen_exact(kc: torch.Tensor, w: torch.Tensor) -> tuple[float, torch.Tensor]:
     """``(λ_max(Σ̂_c), a)`` with the top unit eigenvector ``v = Σ_j a_j (x_j − μ̂_c)``, from ``eigh`` of ``G``."""
     root = w.sqrt()
-    evals, evecs = torch.linalg.eigh(root[:, None] * kc * root[None, :])
+    try:
+        evals, evecs = torch.linalg.eigh(root[:, None] * kc * root[None, :])
+    except torch.linalg.LinAlgError as exc:  # LAPACK did not converge (e.g. NaN from inf − inf on unscreened rows)
+        raise MessageError(f"caf: the eigendecomposition of the {w.numel()}×{w.numel()} covariance Gram matrix "
+                           f"failed ({exc}); check that the messages are finite, or use method='power'.") from exc
     lam = float(evals[-1])
     if not lam > 0:
         return lam, torch.zeros_like(w)
@@ -106,6 +110,10 @@ class CAF(AbstractAggregator):
       power_iters: power-method steps per pass, ``>= 1``.
       power_tol: relative tolerance of the power method, ``>= 0``.
 
+    Raises:
+      ConfigError: at ``apply`` when ``n <= 2f``.
+      MessageError: if ``eigh`` fails to converge (only seen on non-finite input, which the engine screens).
+
     References:
       Allouah, Guerraoui, Stephan, "Towards Trustworthy Federated Learning with Untrusted Participants", ICML 2025.
       Diakonikolas, Kamath, Kane, Li, Moitra, Stewart, "Being Robust (in High Dimensions) Can Be Practical",
@@ -141,7 +149,7 @@ class CAF(AbstractAggregator):
         n, d = x.shape
         check_n_vs_f(n, self.f, "caf (n > 2f)", 2 * self.f + 1)
         if self.f == 0:
-            return StageOut(x.mean(dim=0), state, {"iterations": 0.0, "best_iteration": 0.0})
+            return StageOut(mean_rows(x), state, {"iterations": 0.0, "best_iteration": 0.0})
         project = None
         if self.method == "power":
             project = torch.randn(d, generator=ctx.generator("caf"), dtype=torch.float64)
@@ -173,4 +181,4 @@ class CAF(AbstractAggregator):
         metrics = {"iterations": float(it), "best_iteration": float(best_it), "sigma2": max(best_lam, 0.0)}
         if self.method == "power":
             metrics["power_steps"] = float(power_steps)
-        return StageOut(best_w.to(x.dtype) @ x, state, metrics)
+        return StageOut(weighted_rows(best_w, x), state, metrics)

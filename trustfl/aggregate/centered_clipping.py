@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, normalized_weights
+from trustfl.aggregate.base import AbstractAggregator, normalized_weights, weighted_rows
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import ParamLayout, RoundContext, StageOut
@@ -92,5 +92,8 @@ class CenteredClipping(AbstractAggregator):
             scale = torch.where(norm > self.tau, self.tau / norm.clamp_min(self.tau), torch.ones_like(norm))
             clipped = int((norm > self.tau).sum())
             s = w * scale
-            v = v + (s.to(x.dtype) @ x - float(s.sum()) * v)
+            step = v + (s.to(x.dtype) @ x - float(s.sum()) * v)
+            if not bool(torch.isfinite(step).all()):  # overflow: the same step as a convex combination of v and x
+                step = weighted_rows(s, x) + (1.0 - float(s.sum())) * v
+            v = step
         return StageOut(v, {"center": v}, {"clipped": float(clipped)})

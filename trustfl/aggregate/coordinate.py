@@ -4,7 +4,8 @@ Each coordinate is treated on its own: for every column of the ``(n, d)`` messag
 its ``n`` values. Selection uses NumPy's introselect (``numpy.partition``, expected ``O(n)`` per column) on a
 zero-copy view of the tensor: torch has no partial sort, and ``torch.sort``/``torch.kthvalue``/``torch.topk`` along
 dim 0 were 1.5–3× slower on this 2-core machine at ``n = 100``. The rules have no weighted form and ignore
-``ctx.weights``.
+``ctx.weights``. Finite values up to the dtype's maximum never overflow: a mean whose sum overflows is recomputed by
+:func:`~trustfl.aggregate.base.rescaled` (in float64, or rescaled by a power of two for float64 messages).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, require_f
+from trustfl.aggregate.base import AbstractAggregator, mean_rows, require_f, rescaled
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
@@ -53,11 +54,16 @@ def smallest_weights(scores: torch.Tensor, k: int, threshold: torch.Tensor, atol
     return below.to(scores.dtype) + tied.to(scores.dtype) * share.to(scores.dtype)
 
 
+USABLE = ("every message a rule receives is usable: non-finite or misshapen messages are rejected before it, by "
+          "the engine's screening (its `rejected` metric) or with a MessageError on a direct call")
+"""Why a rule-size error counts every row it received as usable (part of the message of those errors)."""
+
+
 def check_n_vs_f(n: int, f: int, rule: str, minimum: int) -> None:
     """Raise :class:`ConfigError` unless ``n >= minimum`` (a rule's requirement such as ``n > 2f``)."""
     if n < minimum:
-        raise ConfigError(f"{rule} needs at least {minimum} messages for f={f}, found n={n}; "
-                          f"lower `f` or aggregate more clients.")
+        raise ConfigError(f"{rule} needs at least {minimum} messages for f={f}, found n={n} usable messages "
+                          f"({USABLE}); lower `f` or aggregate more clients.")
 
 
 @register("aggregator", "cwtm")
@@ -93,9 +99,9 @@ class CoordinateWiseTrimmedMean(AbstractAggregator):
         n, f = x.shape[0], self.f
         check_n_vs_f(n, f, "cwtm (n > 2f)", 2 * f + 1)
         if f == 0:
-            return StageOut(x.mean(dim=0), state)
+            return StageOut(mean_rows(x), state)
         part = partition(x, (f, n - f - 1))
-        return StageOut(part[f:n - f].mean(dim=0), state)
+        return StageOut(mean_rows(part[f:n - f]), state)
 
 
 @register("aggregator", "cwmed")
@@ -161,14 +167,25 @@ class Meamed(AbstractAggregator):
         n, f = x.shape[0], self.f
         check_n_vs_f(n, f, "meamed (n > 2f)", 2 * f + 1)
         if f == 0:
-            return StageOut(x.mean(dim=0), state)
-        k = n - f
-        dist = (x - coordinate_median(x)).abs_()
-        threshold = partition(dist, (k - 1,))[k - 1]
-        below = dist < threshold
-        tied = dist == threshold
-        del dist
-        share = (k - below.sum(dim=0)) / tied.sum(dim=0).clamp_min(1)
-        # Select with `where`, not by multiplying with 0/1 weights: 0·inf would turn a trimmed inf into NaN.
-        out = x.where(below, 0.0).sum(dim=0) + share.to(x.dtype) * x.where(tied, 0.0).sum(dim=0)
-        return StageOut(out / k, state)
+            return StageOut(mean_rows(x), state)
+        out = _meamed(x, f)
+        if out is None:  # |x − median| or the sum overflowed: redo where neither can (same selection)
+            out = rescaled(lambda z: _meamed(z, f, check=False), x)
+        return StageOut(out, state)
+
+
+def _meamed(x: torch.Tensor, f: int, check: bool = True) -> torch.Tensor | None:
+    """Meamed of ``x`` for ``0 < f < n/2``; ``None`` (with ``check``) if a distance or the sum overflowed."""
+    n = x.shape[0]
+    k = n - f
+    dist = (x - coordinate_median(x)).abs_()
+    threshold = partition(dist, (k - 1,))[k - 1]
+    if check and not bool(torch.isfinite(threshold).all()):  # overflowed distances tie at inf: order lost
+        return None
+    below = dist < threshold
+    tied = dist == threshold
+    del dist
+    share = (k - below.sum(dim=0)) / tied.sum(dim=0).clamp_min(1)
+    # Select with `where`, not by multiplying with 0/1 weights: 0·inf would turn a trimmed inf into NaN.
+    out = (x.where(below, 0.0).sum(dim=0) + share.to(x.dtype) * x.where(tied, 0.0).sum(dim=0)) / k
+    return out if not check or bool(torch.isfinite(out).all()) else None

@@ -2,7 +2,8 @@
 
 Every distance-based rule (geometric median, Krum, MDA, NNM, CAF) only needs inner products between messages, so it
 computes the ``n×n`` Gram matrix once (``O(n²d)``, no ``(n, d)`` copy) and then works on float64 ``n×n``
-matrices. The output is always a combination ``aᵀX`` of the rows, computed in the input dtype.
+matrices. The output is always a combination ``aᵀX`` of the rows, computed in the input dtype (by
+:func:`~trustfl.aggregate.base.weighted_rows`, which cannot overflow for finite rows).
 """
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, normalized_weights
+from trustfl.aggregate.base import AbstractAggregator, list_rows, normalized_weights, weighted_rows
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext, StageOut
 
 _CHUNK_ELEMENTS = 1 << 20  # ≈ 4–8 MB per chunk: stays in cache, big enough for an efficient GEMM
 # Distances read off K lose about 15ε/resolution of their relative precision (measured at n = 100, d = 431,080):
 # at resolution ≥ 1e-2 that is ≤ 2e-4 for float32 products and ≤ 4e-13 for float64 ones.
 _MIN_RESOLUTION = 1e-2
+# Largest squared norm accepted in the float64 Gram matrix: distances, Krum scores (sums of n distances) and CAF's
+# centred products stay far below the float64 maximum (1.8e308). Float32 values give at most 1.2e77·d.
+_MAX_SQUARED_NORM = 1e290
 
 
 class Gram(NamedTuple):
@@ -32,14 +36,16 @@ class Gram(NamedTuple):
     projection: torch.Tensor | None
     """``(X − 1cᵀ) @ project`` (float64), or ``None``."""
     tolerance: float
-    """Rounding-error scale of sums of up to ``n`` squared distances read off ``K``: scores closer than this are
-    ties (e.g. the equal Krum scores of a symmetric configuration)."""
+    """Rounding-error scale of sums of up to ``n`` squared distances read off ``K`` among the majority of the
+    messages (it scales with the median squared norm): scores closer than this are ties (e.g. the equal Krum scores
+    of a symmetric configuration)."""
 
 
 def _gram_pass(x: torch.Tensor, project: torch.Tensor | None, dtype: torch.dtype, center: int | None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One pass streamed over column chunks (no ``(n, d)`` copy): ``K = (X − 1cᵀ)(X − 1cᵀ)ᵀ`` with ``c`` the
-    column mean (``center=None``) or row ``center``, products in ``dtype``, accumulated in float64."""
+    column mean (``center=None``), row ``center``, or 0 (``center=-1``), products in ``dtype``, accumulated in
+    float64."""
     n, d = x.shape
     chunk = max(1024, min(65536, _CHUNK_ELEMENTS // max(n, 1)))
     gram = torch.zeros(n, n, dtype=torch.float64)
@@ -50,8 +56,11 @@ def _gram_pass(x: torch.Tensor, project: torch.Tensor | None, dtype: torch.dtype
         block = x[:, start:start + chunk].to(dtype)
         # The column mean is taken in float64 and rounded once, so equal rows centre to exact zeros. The
         # subtraction makes a fresh block: the input is never modified.
-        ref = block.mean(dim=0, dtype=torch.float64).to(dtype) if center is None else block[center]
-        centred = block - ref
+        if center == -1:
+            centred = block
+        else:
+            ref = block.mean(dim=0, dtype=torch.float64).to(dtype) if center is None else block[center]
+            centred = block - ref
         if dtype == torch.float64:
             gram.addmm_(centred, centred.T)
         else:
@@ -83,38 +92,75 @@ def gram_matrix(x: torch.Tensor, project: torch.Tensor | None = None) -> Gram:
 
     1. ``c = 0``: one GEMM ``XXᵀ`` in float32 (float64 for float64 messages), the fastest route. Kept when the
        typical nearest-neighbour distance is at least 1% of the squared norms (noisy or spread-out messages):
-       distances are then within ≈2e-4 (float32) or ≈4e-13 (float64) relative error.
+       distances are then within ≈2e-4 (float32) or ≈4e-13 (float64) relative error. If a float32 product
+       overflows (norms above ≈1.8e19, e.g. a Byzantine message of float32-maximum entries), the products are
+       formed in float64 instead, where float32 values cannot overflow.
     2. Otherwise (a common offset much larger than the spread) ``c = x̄``, streamed over column chunks, products in
        the same precision, accumulated in float64.
     3. If a few huge messages drag ``x̄`` far from everyone (still below 1%), ``c`` = the medoid row (smallest
        median distance: a majority member), then, for float32 messages, once more in float64 if needed.
 
+    The tolerance is ``32·n·ε·median_i K_ii``: the rounding error of the distances among the majority of the
+    messages, which is where ties are decided; a few huge messages do not widen it (their own scores are far
+    from the ties anyway).
+
     Cost ``O(n²d)`` per pass (one pass in the usual case); passes 2–3 need only ``O(n·chunk)`` extra memory.
 
     Args:
-      x: messages, shape ``(n, d)``, any floating dtype.
+      x: messages, shape ``(n, d)``, any floating dtype, finite.
       project: optional ``(d,)`` or ``(d, p)`` float64 matrix; if given, ``(X − 1cᵀ) @ project`` is computed with
         ``K`` (for CAF's power method).
 
     Returns:
       A :class:`Gram` ``(matrix, projection, tolerance)``.
+
+    Raises:
+      MessageError: if a squared norm exceeds ``1e290`` (float64 messages of norm above ``1e145``: their
+        distances would overflow float64). Values in the float32 range are always accepted.
     """
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    eps = torch.finfo(dtype).eps
     xs = x.to(dtype)
     gram = (xs @ xs.T).to(torch.float64)
     proj = None if project is None else (xs @ project.to(dtype)).to(torch.float64)
+    if dtype != torch.float64 and not _finite(gram, proj):  # float32 products overflowed: redo them in float64
+        gram, proj, dtype = _safe_pass(x, project, torch.float64, -1)
+    _check_range(gram, x)
     if _resolution(gram) < _MIN_RESOLUTION:
-        gram, proj = _gram_pass(x, project, dtype, None)
+        gram, proj, dtype = _safe_pass(x, project, dtype, None)
         if _resolution(gram) < _MIN_RESOLUTION:
             medoid = int(squared_distances(gram).median(dim=1).values.argmin())
-            gram, proj = _gram_pass(x, project, dtype, medoid)
+            gram, proj, dtype = _safe_pass(x, project, dtype, medoid)
             if dtype != torch.float64 and _resolution(gram) < _MIN_RESOLUTION:
-                dtype, eps = torch.float64, torch.finfo(torch.float64).eps
-                gram, proj = _gram_pass(x, project, dtype, medoid)
+                gram, proj, dtype = _safe_pass(x, project, torch.float64, medoid)
+    eps = torch.finfo(dtype).eps
     n = gram.shape[0]
-    scale = float(gram.diagonal().max()) if n else 0.0
+    scale = float(gram.diagonal().median()) if n else 0.0
     return Gram(gram, proj, 32.0 * n * eps * scale)
+
+
+def _safe_pass(x: torch.Tensor, project: torch.Tensor | None, dtype: torch.dtype, center: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.dtype]:
+    """:func:`_gram_pass`, redone with float64 products if float32 ones overflowed; also returns the dtype used."""
+    gram, proj = _gram_pass(x, project, dtype, center)
+    if dtype != torch.float64 and not _finite(gram, proj):
+        dtype = torch.float64
+        gram, proj = _gram_pass(x, project, dtype, center)
+    return gram, proj, dtype
+
+
+def _finite(gram: torch.Tensor, proj: torch.Tensor | None) -> bool:
+    return bool(torch.isfinite(gram).all()) and (proj is None or bool(torch.isfinite(proj).all()))
+
+
+def _check_range(gram: torch.Tensor, x: torch.Tensor) -> None:
+    """Raise :class:`MessageError` if squared norms are too large for float64 distances (float64 messages only)."""
+    diag = gram.diagonal()
+    bad = ~(diag <= _MAX_SQUARED_NORM)
+    if bool(bad.any()):
+        raise MessageError(f"rows {list_rows(torch.nonzero(bad).flatten())} have norms above "
+                           f"{math.sqrt(_MAX_SQUARED_NORM):.0e}: their squared distances do not fit in float64 "
+                           f"({x.dtype} messages); distance-based rules need smaller messages (any float32 value "
+                           f"is fine).")
 
 
 def squared_distances(gram: torch.Tensor) -> torch.Tensor:
@@ -123,6 +169,13 @@ def squared_distances(gram: torch.Tensor) -> torch.Tensor:
     dist = (diag[:, None] + diag[None, :] - 2.0 * gram).clamp_min_(0.0)
     dist.fill_diagonal_(0.0)
     return dist
+
+
+def _weighted_median(values: torch.Tensor, w: torch.Tensor) -> float:
+    """The smallest value whose cumulative weight (values sorted) reaches half the total weight."""
+    order = values.argsort()
+    cum = w[order].cumsum(0)
+    return float(values[order][int(torch.searchsorted(cum, 0.5 * cum[-1]))])
 
 
 def _is_number(value: object) -> bool:
@@ -138,8 +191,11 @@ class GeometricMedian(AbstractAggregator):
 
         β_i = w_i / max(ν, ‖z_t − x_i‖),    z_{t+1} = Σ_i β_i x_i / Σ_i β_i
 
-    until ``‖z_{t+1} − z_t‖ ≤ tol · Σ_i w_i ‖z_t − x_i‖`` or ``max_iter`` steps. Every iterate is a convex
-    combination ``z = Xᵀa``, so the loop runs on the float64 Gram matrix: ``‖x_i − z‖² = K_ii − 2(Ka)_i + aᵀKa``.
+    until ``‖z_{t+1} − z_t‖ ≤ tol · max(ν, med_w ‖z_t − x_i‖)`` or ``max_iter`` steps, with ``med_w`` the
+    ``w``-weighted median of the distances: a scale that far outliers cannot inflate (a tolerance relative to the
+    objective ``Σ_i w_i ‖z_t − x_i‖`` would let a message of norm R stop the loop ``≈ tol·R`` from the median).
+    Every iterate is a convex combination ``z = Xᵀa``, so the loop runs on the float64 Gram matrix:
+    ``‖x_i − z‖² = K_ii − 2(Ka)_i + aᵀKa``.
     ``ctx.weights`` (uniform when absent) are the ``w_i``. Metrics: ``iterations``, ``converged`` (1.0 or 0.0).
 
     Cost: ``O(n²d)`` for the Gram matrix, ``O(n²)`` per iteration, ``O(nd)`` for the output.
@@ -190,8 +246,8 @@ class GeometricMedian(AbstractAggregator):
             step_vec = a_next - a
             step = float((step_vec @ gram @ step_vec).clamp_min(0.0).sqrt())
             a = a_next
-            if step <= self.tol * float(w @ dist):
+            if step <= self.tol * max(_weighted_median(dist, w), self.nu):
                 converged = True
                 break
-        out = a.to(x.dtype) @ x
+        out = weighted_rows(a, x)
         return StageOut(out, state, {"iterations": float(iterations), "converged": float(converged)})

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, require_f
-from trustfl.aggregate.coordinate import check_n_vs_f, smallest_weights
+from trustfl.aggregate.base import AbstractAggregator, require_f, weighted_rows
+from trustfl.aggregate.coordinate import USABLE, check_n_vs_f, smallest_weights
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
@@ -41,7 +41,7 @@ def _average_best(x: torch.Tensor, scores: torch.Tensor, m: int, atol: float) ->
     """Average of the ``m`` rows with the smallest scores; rows tied at the boundary share the last slots."""
     threshold = scores.kthvalue(m).values
     weights = smallest_weights(scores, m, threshold, atol) / m
-    return weights.to(x.dtype) @ x
+    return weighted_rows(weights, x)
 
 
 @register("aggregator", "krum")
@@ -119,6 +119,7 @@ class MultiKrum(AbstractAggregator):
         n = x.shape[0]
         m = n - self.f if self.m is None else self.m
         if m > n:
-            raise ConfigError(f"multi_krum averages `m`={m} messages but only n={n} were received; lower `m`.")
+            raise ConfigError(f"multi_krum averages `m`={m} messages but only n={n} usable messages were received "
+                              f"({USABLE}); lower `m`.")
         scores, atol = krum_scores(x, self.f)
         return StageOut(_average_best(x, scores, m, atol), state)

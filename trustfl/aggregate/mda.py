@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, require_f
+from trustfl.aggregate.base import AbstractAggregator, mean_rows, require_f, weighted_rows
 from trustfl.aggregate.coordinate import check_n_vs_f
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
 from trustfl.core.registry import register
@@ -85,7 +85,7 @@ class MinimumDiameterAveraging(AbstractAggregator):
                               f"`max_subsets`={self.max_subsets}; raise `max_subsets`, lower `f`, or use another "
                               f"rule (e.g. krum, cwtm, caf).")
         if f == 0:
-            return StageOut(x.mean(dim=0), state, {"subsets": 1.0})
+            return StageOut(mean_rows(x), state, {"subsets": 1.0})
         gram = gram_matrix(x)
         dist = squared_distances(gram.matrix)
         atol = gram.tolerance
@@ -111,5 +111,5 @@ class MinimumDiameterAveraging(AbstractAggregator):
             kept += members.sum(dim=0)
             ties += winners.shape[0]
         weights = kept / (ties * (n - f))
-        out = weights.to(x.dtype) @ x
+        out = weighted_rows(weights, x)
         return StageOut(out, state, {"subsets": float(count), "diameter": best ** 0.5})

@@ -28,10 +28,10 @@ from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, check_messages
+from trustfl.aggregate.base import AbstractAggregator, list_rows, weighted_rows
 from trustfl.aggregate.rpca import MuRule, SvdMethod, TolMode, check_pcp_options, pcp
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.types import ParamLayout, RoundContext, StageOut
 
 ArrayLike = float | int | Sequence[float] | torch.Tensor
@@ -116,7 +116,7 @@ def weight_metrics(w: torch.Tensor, ctx: RoundContext, per_client: bool) -> dict
 
 
 def _weighted(x: torch.Tensor, w: torch.Tensor, state: Any, ctx: RoundContext, per_client: bool) -> StageOut:
-    return StageOut(w.to(x.dtype) @ x, state, weight_metrics(w, ctx, per_client))
+    return StageOut(weighted_rows(w, x), state, weight_metrics(w, ctx, per_client))
 
 
 @register("aggregator", "dpfedavg")
@@ -134,7 +134,6 @@ class DPFedAvg(AbstractAggregator):
     per_client_metrics: bool = False
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
-        check_messages(x)
         w = dpfedavg_weights(require_report(ctx, "num_samples", "dpfedavg", x.shape[0]))
         return _weighted(x, w, state, ctx, self.per_client_metrics)
 
@@ -151,7 +150,6 @@ class WeiAvg(AbstractAggregator):
     per_client_metrics: bool = False
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
-        check_messages(x)
         w = weiavg_weights(require_report(ctx, "reported_epsilon", "weiavg", x.shape[0]))
         return _weighted(x, w, state, ctx, self.per_client_metrics)
 
@@ -164,7 +162,6 @@ class OracleNoiseWeights(AbstractAggregator):
     per_client_metrics: bool = False
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
-        check_messages(x)
         w = oracle_weights(require_report(ctx, "oracle_noise_variance", "oracle", x.shape[0]))
         return _weighted(x, w, state, ctx, self.per_client_metrics)
 
@@ -238,6 +235,10 @@ class RobustHDP(AbstractAggregator):
       lam, mu, mu_rule, tol, tol_mode, max_iter, mu_growth, mu_max, svd, check_every: PCP options (see
         ``pcp``).
       per_client_metrics: also report ``weight/<client_id>``.
+
+    Raises:
+      MessageError: for float64 messages too large for float64 squares (norms above ~1e150); never for values in
+        the float32 range.
 
     References:
       Malekmohammadi, Yu, Cao, ICML 2024, https://arxiv.org/abs/2406.03519; Candès et al. 2011,
@@ -318,11 +319,15 @@ class RobustHDP(AbstractAggregator):
             info["converged"] = min(info["converged"], float(res.converged))
             info["residual"] = max(info["residual"], res.residual)
             info["rank"] = max(info["rank"], float(res.rank))
+        bad = ~torch.isfinite(total)
+        if bool(bad.any()):  # float64 messages of norm above ~1e154 (any float32 value is fine)
+            rows = list_rows(torch.nonzero(bad).flatten())
+            raise MessageError(f"aggregator 'robust_hdp': the squared norms of rows {rows} overflow float64; "
+                               "robust_hdp needs message norms below ~1e150.")
         return total * (scale / len(blocks)), info
 
     def apply(self, x: torch.Tensor, state: Mapping[str, Mapping[int, float]] | None,
               ctx: RoundContext) -> StageOut:
-        check_messages(x)
         ids = tuple(ctx.client_ids)
         if len(ids) != x.shape[0]:
             raise ConfigError(f"ctx.client_ids must name every row: {len(ids)} ids for {x.shape[0]} rows.")
@@ -337,4 +342,4 @@ class RobustHDP(AbstractAggregator):
             metrics = {"iterations": 0.0, "converged": 1.0, "residual": 0.0, "rank": 0.0, "recomputed": 0.0}
         w = inverse_variance_weights(variances, self.variance_floor)
         metrics.update(weight_metrics(w, ctx, self.per_client_metrics))
-        return StageOut(w.to(x.dtype) @ x, state, metrics)
+        return StageOut(weighted_rows(w, x), state, metrics)

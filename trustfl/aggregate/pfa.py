@@ -36,10 +36,10 @@ from typing import Any, Literal
 
 import torch
 
-from trustfl.aggregate.base import AbstractAggregator, check_messages
+from trustfl.aggregate.base import AbstractAggregator, rescaled, weighted_rows
 from trustfl.aggregate.noise_aware import require_report, weiavg_weights, weight_metrics
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext, StageOut
 
 REG_COVAR = 1e-6
@@ -105,7 +105,8 @@ def project_private(public: torch.Tensor, private: torch.Tensor, k: int = 1) -> 
     """Reconstruct ``private`` rows from the top-``k`` principal directions of the standardised ``public`` rows.
 
     Computed in float64 on the ``n_pub×n_pub`` Gram matrix of the standardised public rows ``U``: its top
-    eigenpairs ``(λ_j, a_j)`` give the unit directions ``v_j = Uᵀ a_j/√λ_j``. Needs ``n_pub >= 2``.
+    eigenpairs ``(λ_j, a_j)`` give the unit directions ``v_j = Uᵀ a_j/√λ_j``. Needs ``n_pub >= 2``. Scale-equivariant
+    (``c·x`` gives ``c·`` the result), which :class:`PFA` uses to redo it without overflow.
     """
     pub = public.to(torch.float64)
     mean = pub.mean(0)
@@ -114,7 +115,11 @@ def project_private(public: torch.Tensor, private: torch.Tensor, k: int = 1) -> 
     constant = std <= pub.shape[0] * torch.finfo(torch.float64).eps * mean.abs()
     std = torch.where(constant, 1.0, std)
     u = (pub - mean) / std
-    evals, evecs = torch.linalg.eigh(u @ u.T)
+    try:
+        evals, evecs = torch.linalg.eigh(u @ u.T)
+    except torch.linalg.LinAlgError as exc:  # only seen on non-finite input (the engine screens it)
+        raise MessageError(f"pfa: the eigendecomposition of the public rows' Gram matrix failed ({exc}); check "
+                           "that the messages are finite.") from exc
     top = evals[-k:].clamp_min(0.0)
     keep = top > 1e-12 * float(evals[-1].clamp_min(0.0))
     dirs = (evecs[:, -k:][:, keep] / top[keep].sqrt()).T @ u           # (k', d) orthonormal rows
@@ -128,8 +133,10 @@ class PFA(AbstractAggregator):
     """Projected federated averaging as in the Robust-HDP code (see the module docstring for the steps).
 
     Reads ``ctx.reports["reported_epsilon"]`` (unverified: a client that over-reports ε gains weight and may
-    become a public, basis-defining client). Metrics: ``public`` (count), ``projected`` (1/0), ``weight/min``,
-    ``weight/max`` (and ``weight/<client_id>`` with ``per_client_metrics``).
+    become a public, basis-defining client). A projection that overflows is redone by
+    :func:`~trustfl.aggregate.base.rescaled` (a reconstruction beyond the dtype's range saturates). Metrics:
+    ``public`` (count), ``projected`` (1/0), ``weight/min``, ``weight/max`` (and ``weight/<client_id>`` with
+    ``per_client_metrics``).
 
     Args:
       clustering: ``"gmm"`` (the code's default) or ``"kmeans"``.
@@ -165,7 +172,6 @@ class PFA(AbstractAggregator):
             object.__setattr__(self, "public_ids", tuple(self.public_ids))
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
-        check_messages(x)
         eps = require_report(ctx, "reported_epsilon", "pfa", x.shape[0])
         w = weiavg_weights(eps)
         if self.public_ids is None:
@@ -174,8 +180,14 @@ class PFA(AbstractAggregator):
             pub = torch.tensor([cid in self.public_ids for cid in ctx.client_ids], dtype=torch.bool)
         projected = int(pub.sum()) >= 2 and not bool(pub.all())
         if projected:
+            k = min(self.projection_dim, int(pub.sum()))
+            # float64 squares of values above ~1e150 overflow: rescale those up front; otherwise redo only if a
+            # reconstruction left the dtype's range
+            rows = project_private(x[pub], x[~pub], k) if float(x.abs().max()) < 1e150 else None
+            if rows is None or not bool(torch.isfinite(rows).all()):
+                rows = rescaled(lambda z: project_private(z[pub], z[~pub], k), x)
             x = x.clone()
-            x[~pub] = project_private(x[pub], x[~pub], min(self.projection_dim, int(pub.sum())))
+            x[~pub] = rows
         metrics = {"public": float(pub.sum()), "projected": float(projected)}
         metrics.update(weight_metrics(w, ctx, self.per_client_metrics))
-        return StageOut(w.to(x.dtype) @ x, state, metrics)
+        return StageOut(weighted_rows(w, x), state, metrics)

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from trustfl.aggregate.base import AbstractPreAggregator, require_f
-from trustfl.aggregate.coordinate import smallest_weights
+from trustfl.aggregate.base import AbstractPreAggregator, mean_rows, require_f, weighted_rows
+from trustfl.aggregate.coordinate import USABLE, smallest_weights
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
@@ -22,11 +22,17 @@ from trustfl.types import RoundContext, StageOut
 
 def _row_norms(x: torch.Tensor) -> torch.Tensor:
     """ℓ2 norms of the rows as float64. One pass in the input dtype; the rare rows whose float32 sum of squares
-    overflows (or underflows to 0) are recomputed in float64, so no ``(n, d)`` float64 copy is ever made."""
+    overflows (or underflows to 0) are recomputed in float64, so no ``(n, d)`` float64 copy is ever made. Float64
+    rows whose sum of squares overflows are recomputed as ``m·‖x_i/m‖`` with ``m = max_k |x_ik|`` (inf only when
+    the norm itself exceeds the float64 maximum)."""
     norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64)
     redo = ~torch.isfinite(norms) | (norms > 1e15) | (norms < 1e-15)
     if x.dtype != torch.float64 and bool(redo.any()):
         norms[redo] = torch.linalg.vector_norm(x[redo].to(torch.float64), dim=1)
+    elif x.dtype == torch.float64 and bool((~torch.isfinite(norms)).any()):
+        redo = ~torch.isfinite(norms)
+        peak = x[redo].abs().amax(dim=1, keepdim=True)
+        norms[redo] = torch.linalg.vector_norm(x[redo] / peak, dim=1) * peak.squeeze(1)
     return norms
 
 
@@ -80,16 +86,16 @@ class NNM(AbstractPreAggregator):
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]
         if n <= self.f:
-            raise ConfigError(f"nnm needs n > f, found f={self.f} and n={n}; lower `f`.")
+            raise ConfigError(f"nnm needs n > f, found f={self.f} and n={n} usable messages ({USABLE}); lower `f`.")
         if self.f == 0:
-            return StageOut(x.mean(dim=0, keepdim=True).expand(n, -1).clone(), state)
+            return StageOut(mean_rows(x)[None].expand(n, -1).clone(), state)
         k = n - self.f
         gram = gram_matrix(x)
         dist = squared_distances(gram.matrix)
         threshold = dist.kthvalue(k, dim=1, keepdim=True).values
         # dist is symmetric, so column i holds i's distances: select along dim 0, then row i = i's neighbours
         mixing = smallest_weights(dist, k, threshold.T, gram.tolerance).T / k
-        return StageOut(mixing.to(x.dtype) @ x, state)
+        return StageOut(weighted_rows(mixing, x), state)
 
 
 @register("pre_aggregator", "bucketing")
@@ -130,7 +136,12 @@ class Bucketing(AbstractPreAggregator):
         gen = ctx.generator("bucketing")
         key_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
         direction = torch.randn(d, generator=gen, dtype=key_dtype)
-        canonical = (x.to(key_dtype) @ direction).argsort(stable=True)
+        key = x.to(key_dtype) @ direction
+        bad = ~torch.isfinite(key)
+        if key_dtype != torch.float64 and bool(bad.any()):  # float32 overflow: those keys in float64
+            key = key.to(torch.float64)
+            key[bad] = x[bad].to(torch.float64) @ direction.to(torch.float64)
+        canonical = key.argsort(stable=True)
         order = canonical[torch.randperm(n, generator=gen)]
         buckets = math.ceil(n / self.bucket_size)
         assign = torch.empty(n, dtype=torch.long)
@@ -138,7 +149,10 @@ class Bucketing(AbstractPreAggregator):
         sizes = torch.bincount(assign, minlength=buckets).to(x.dtype)
         # Segment sums in one O(nd) pass (a dense buckets×n mixing GEMM would cost O(n²d/s)).
         sums = torch.zeros(buckets, d, dtype=x.dtype).index_add_(0, assign, x)
-        return StageOut(sums.div_(sizes[:, None]), state)
+        means = sums.div_(sizes[:, None])
+        if not bool(torch.isfinite(means).all()):  # a sum overflowed: divide first (each term <= max/s)
+            means = torch.zeros(buckets, d, dtype=x.dtype).index_add_(0, assign, x / sizes[assign][:, None])
+        return StageOut(means, state)
 
 
 @register("pre_aggregator", "static_clip")
@@ -210,7 +224,7 @@ class ARC(AbstractPreAggregator):
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]
         if n <= self.f:
-            raise ConfigError(f"arc needs n > f, found f={self.f} and n={n}; lower `f`.")
+            raise ConfigError(f"arc needs n > f, found f={self.f} and n={n} usable messages ({USABLE}); lower `f`.")
         k = (2 * self.f * (n - self.f)) // n
         if k == 0:
             return StageOut(x, state, {"clipped": 0.0})

@@ -48,11 +48,14 @@ from typing import Literal
 
 import torch
 
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 MuRule = Literal["candes", "code", "spectral"]
 TolMode = Literal["relative", "absolute"]
 SvdMethod = Literal["gram", "direct"]
+
+_MAX_NORM = 1e150
+"""Largest Frobenius norm of ``M``: the Gram matrix ``M Mᵀ`` of the SVD step must fit in float64."""
 
 DEFAULT_TOL = {"relative": 1e-7, "absolute": 5e-8}
 """Default tolerance per mode: ``1e-7·‖M‖_F`` (Candès) or the Robust-HDP code's absolute ``5e-8``."""
@@ -154,7 +157,8 @@ def pcp(M: torch.Tensor, *, lam: float | None = None, mu: float | None = None, m
 
     Raises:
       ConfigError: for invalid options.
-      ValueError: if ``M`` is not a non-empty 2-D floating tensor with finite entries.
+      MessageError: (a ``ValueError``) if ``M`` is not a non-empty 2-D floating tensor with finite entries, or
+        its Frobenius norm exceeds ``1e150`` (float64 only: ``M Mᵀ`` would overflow).
 
     Example:
       >>> g = torch.Generator().manual_seed(0)
@@ -167,13 +171,16 @@ def pcp(M: torch.Tensor, *, lam: float | None = None, mu: float | None = None, m
     check_pcp_options(lam=lam, mu=mu, mu_rule=mu_rule, tol=tol, tol_mode=tol_mode, max_iter=max_iter,
                       mu_growth=mu_growth, mu_max=mu_max, svd=svd, check_every=check_every)
     if M.ndim != 2 or M.numel() == 0 or not M.is_floating_point():
-        raise ValueError(f"`M` must be a non-empty floating (p, n) matrix, found shape {tuple(M.shape)} and "
+        raise MessageError(f"`M` must be a non-empty floating (p, n) matrix, found shape {tuple(M.shape)} and "
                          f"dtype {M.dtype}.")
     p, n = M.shape
     m = M.detach().t().to(torch.float64).contiguous()  # (n, p), no copy for x.T of a float64 x
     norm_f = float(torch.linalg.vector_norm(m))
     if not math.isfinite(norm_f):
-        raise ValueError("`M` has non-finite entries (inf or nan); PCP needs a finite matrix.")
+        raise MessageError("`M` has non-finite entries (inf or nan); PCP needs a finite matrix.")
+    if norm_f > _MAX_NORM:
+        raise MessageError(f"`M` has Frobenius norm {norm_f:.3g} > {_MAX_NORM:.0e}: PCP forms M Mᵀ, whose entries "
+                           "would overflow float64 (any float32 matrix is fine); rescale `M`.")
     lam_ = lam if lam is not None else 1.0 / math.sqrt(max(p, n))
     if norm_f == 0.0:
         zero = torch.zeros_like(m)

@@ -4,15 +4,24 @@ An update-level attack sees the honest messages of the round (after the client-s
 ones, cafcor.md §7 item 11) and returns the rows the ``f`` Byzantine clients send. A data-level attack
 (``data_level = True``) instead poisons the Byzantine clients' training data; the engine then runs their local
 updates like honest ones and never calls :meth:`AbstractAttack.craft`.
+
+Input and range: every ``craft`` first checks ``honest`` with :func:`check_honest` and raises
+:class:`~trustfl.errors.MessageError`, naming the attack and the bad rows, for a non-finite row, a shape other than
+``(h, d)`` with ``d >= 1``, or a non-floating dtype. Finite honest rows of any size never overflow inside an attack:
+a vector whose plain computation overflows is recomputed in float64 (float64 rows: rescaled by a power of two),
+and a value beyond the dtype's range (e.g. FOE's ``−2·mean`` of rows near the float32 maximum) saturates at
+``±finfo(dtype).max``. Only ``inf`` and ``nan`` send non-finite rows, on purpose.
 """
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, ClassVar
+import math
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import torch
 
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.core.registry import lookup, names
+from trustfl.errors import ConfigError, MessageError, TrustFLError
 from trustfl.types import RoundContext
 
 if TYPE_CHECKING:  # attacks sit beside aggregate in the layering; the aggregator is only passed in
@@ -52,22 +61,65 @@ class AbstractAttack(abc.ABC):
         raise TrustFLError(f"{type(self).__name__} is an update-level attack (data_level=False): it has no "
                            "poison(); the engine must call craft() instead.")
 
+    def label(self) -> str:
+        """``attack 'name'`` for error messages: the registered name of this attack's class."""
+        cls = type(self)
+        return f"attack {next((n for n in names('attack') if lookup('attack', n) is cls), cls.__name__)!r}"
 
-def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1) -> None:
-    """Validate the arguments of :meth:`AbstractAttack.craft`.
+
+def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1,
+                 attack: AbstractAttack | None = None) -> None:
+    """Validate the arguments of :meth:`AbstractAttack.craft` (every attack calls this first).
+
+    Args:
+      honest, num_byzantine: as given to ``craft``.
+      min_rows: the fewest honest rows the attack needs.
+      attack: the caller, named in the errors.
 
     Raises:
-      TrustFLError: if ``honest`` is not a floating ``(h, d)`` matrix with ``h >= min_rows`` or ``num_byzantine``
-        is not an integer ``>= 0``.
+      MessageError: if ``honest`` is not a floating ``(h, d)`` tensor with ``h >= min_rows``, ``d >= 1`` and
+        finite entries; the message names the attack and the non-finite rows.
+      TrustFLError: if ``num_byzantine`` is not an integer ``>= 0``.
     """
-    if honest.ndim != 2 or not honest.is_floating_point():
-        raise TrustFLError(f"`honest` must be a floating (h, d) tensor, found shape {tuple(honest.shape)} and "
-                           f"dtype {honest.dtype}.")
+    who = "attack" if attack is None else attack.label()
+    if not isinstance(honest, torch.Tensor) or honest.ndim != 2 or honest.shape[1] == 0:
+        shape = tuple(honest.shape) if isinstance(honest, torch.Tensor) else type(honest).__name__
+        raise MessageError(f"{who}: `honest` must be a 2-D (h, d) tensor with d >= 1, found {shape}.")
+    if not honest.is_floating_point():
+        raise MessageError(f"{who}: `honest` must have a floating dtype, found {honest.dtype}.")
     if honest.shape[0] < min_rows:
-        raise TrustFLError(f"`honest` must have at least {min_rows} row(s) for this attack, found "
+        raise MessageError(f"{who}: `honest` must have at least {min_rows} row(s) for this attack, found "
                            f"{honest.shape[0]}.")
+    bad = ~torch.isfinite(honest).all(dim=1)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten().tolist()
+        listed = str(rows) if len(rows) <= 10 else f"{rows[:10]} and {len(rows) - 10} more"
+        raise MessageError(f"{who}: honest rows {listed} are not finite (NaN or ±inf); drop them before crafting.")
     if not isinstance(num_byzantine, int) or isinstance(num_byzantine, bool) or num_byzantine < 0:
-        raise TrustFLError(f"`num_byzantine` must be an integer >= 0, found {num_byzantine!r}.")
+        raise TrustFLError(f"{who}: `num_byzantine` must be an integer >= 0, found {num_byzantine!r}.")
+
+
+def without_overflow(fn: Callable[[torch.Tensor], torch.Tensor], honest: torch.Tensor) -> torch.Tensor:
+    """``fn(honest)`` for a positively homogeneous ``fn`` (``fn(c·H) = c·fn(H)``, ``c > 0``), never inf from overflow.
+
+    The plain result is returned when finite. Otherwise ``fn`` is evaluated in float64 (float64 rows: on ``H``
+    scaled by a power of two, exact, and scaled back) and the result saturates at ``±finfo(dtype).max``.
+    """
+    out = fn(honest)
+    if bool(torch.isfinite(out).all()):
+        return out
+    big = torch.finfo(honest.dtype).max
+    if honest.dtype != torch.float64:
+        return fn(honest.to(torch.float64)).clamp(-big, big).to(honest.dtype)
+    e = math.frexp(float(honest.abs().max()))[1]  # max|H| < 2**e
+    out = fn(torch.ldexp(honest, torch.tensor(-e)))
+    return torch.ldexp(out.clamp(-math.ldexp(big, -e), math.ldexp(big, -e)), torch.tensor(e))
+
+
+def saturate(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with ``±inf`` replaced by ``±finfo(dtype).max`` (a value beyond the dtype's range)."""
+    big = torch.finfo(x.dtype).max
+    return x.clamp(-big, big)
 
 
 def repeat_row(row: torch.Tensor, num_byzantine: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from trustfl.attacks.base import AbstractAttack
+from trustfl.attacks.base import AbstractAttack, check_honest
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.types import RoundContext
@@ -73,8 +73,10 @@ class LabelFlip(AbstractAttack):
         """Not used: label flipping is a data-level attack.
 
         Raises:
-          TrustFLError: always; the engine must run the Byzantine clients' local updates on :meth:`poison`-ed
-            batches instead.
+          MessageError: for malformed ``honest`` (as every attack, :func:`~trustfl.attacks.base.check_honest`).
+          TrustFLError: otherwise, always; the engine must run the Byzantine clients' local updates on
+            :meth:`poison`-ed batches instead.
         """
+        check_honest(honest, num_byzantine, attack=self)
         raise TrustFLError("label_flip is a data-level attack (data_level=True): the engine must run the Byzantine "
                            "clients' local updates on batches passed through poison(), not call craft().")

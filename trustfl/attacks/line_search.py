@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from trustfl.attacks.base import AbstractAttack, check_honest, repeat_row
+from trustfl.attacks.base import AbstractAttack, check_honest, repeat_row, without_overflow
 from trustfl.attacks.update import alie_vector
 from trustfl.core.registry import build, register
 from trustfl.errors import ConfigError, TrustFLError
@@ -125,11 +125,15 @@ class LineSearchAttack(AbstractAttack):
         if self.aggregator is not None and not isinstance(self.aggregator, str):
             raise ConfigError(f"`aggregator` must be None or a registered aggregator name, found {self.aggregator!r}.")
 
+    def label(self) -> str:
+        """``attack 'alie_ls'`` or ``attack 'foe_ls'`` (the registered factories' names)."""
+        return f"attack '{self.family}_ls'"
+
     def vector(self, honest: torch.Tensor, factor: float) -> torch.Tensor:
-        """``B(t)``, shape ``(d,)``."""
+        """``B(t)``, shape ``(d,)``; saturates at ``±finfo(dtype).max`` instead of overflowing."""
         if self.family == "alie":
             return alie_vector(honest, factor)
-        return (1.0 - factor) * honest.mean(dim=0)
+        return without_overflow(lambda h: (1.0 - factor) * h.mean(dim=0), honest)
 
     def _resolve(self, aggregator: AbstractAggregator | None) -> AbstractAggregator:
         if aggregator is not None:
@@ -145,13 +149,13 @@ class LineSearchAttack(AbstractAttack):
 
         The aggregator is called as ``agg(x, seed=ctx.seed)`` (uniform weights) on ``x = [H; B(t)·1_f]``.
         """
-        check_honest(honest, num_byzantine, min_rows=2)
+        check_honest(honest, num_byzantine, min_rows=2, attack=self)
         agg = self._resolve(aggregator)
-        mean = honest.mean(dim=0)
+        mean = without_overflow(lambda h: h.mean(dim=0), honest).to(torch.float64)
 
-        def damage(t: float) -> float:
+        def damage(t: float) -> float:  # in float64: rows near the float32 maximum must not make it inf
             x = torch.cat([honest, repeat_row(self.vector(honest, t), num_byzantine)], dim=0)
-            return float(torch.linalg.vector_norm(agg(x, seed=ctx.seed) - mean))
+            return float(torch.linalg.vector_norm(agg(x, seed=ctx.seed).to(torch.float64) - mean))
 
         return line_maximize(damage, self.evals, self.start, self.delta, self.ratio)
 
@@ -162,7 +166,7 @@ class LineSearchAttack(AbstractAttack):
         Raises:
           TrustFLError: if no aggregator is passed or configured, or ``H`` has fewer than 2 rows.
         """
-        check_honest(honest, num_byzantine, min_rows=2)
+        check_honest(honest, num_byzantine, min_rows=2, attack=self)
         if num_byzantine == 0:
             return honest.new_empty((0, honest.shape[1]))
         best, _, _ = self.search(honest, num_byzantine, ctx, aggregator)

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trustfl.attacks.base import AbstractAttack, check_finite_number, check_honest, repeat_row
+from trustfl.attacks.base import (AbstractAttack, check_finite_number, check_honest, repeat_row, saturate,
+                                  without_overflow)
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.types import RoundContext
@@ -68,7 +69,7 @@ def baruch_z(n: int, f: int) -> float:
 
 
 def _honest_mean(honest: torch.Tensor) -> torch.Tensor:
-    return honest.mean(dim=0)
+    return without_overflow(lambda h: h.mean(dim=0), honest)
 
 
 @register("attack", "sign_flip")
@@ -84,7 +85,7 @@ class SignFlip(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine)
+        check_honest(honest, num_byzantine, attack=self)
         return repeat_row(-_honest_mean(honest), num_byzantine)
 
 
@@ -112,13 +113,16 @@ class FallOfEmpires(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine)
-        return repeat_row((1.0 - self.tau) * _honest_mean(honest), num_byzantine)
+        check_honest(honest, num_byzantine, attack=self)
+        tau = self.tau
+        return repeat_row(without_overflow(lambda h: (1.0 - tau) * h.mean(dim=0), honest), num_byzantine)
 
 
 def alie_vector(honest: torch.Tensor, z: float) -> torch.Tensor:
-    """``mean(H) + z·std(H)``, coordinate-wise with ddof = 1 (Baruch et al. 2019, Alg. 3); shape ``(d,)``."""
-    return _honest_mean(honest) + z * honest.std(dim=0, correction=1)
+    """``mean(H) + z·std(H)``, coordinate-wise with ddof = 1 (Baruch et al. 2019, Alg. 3); shape ``(d,)``.
+
+    Overflow-safe (:func:`~trustfl.attacks.base.without_overflow`): saturates at ``±finfo(dtype).max``."""
+    return without_overflow(lambda h: h.mean(dim=0) + z * h.std(dim=0, correction=1), honest)
 
 
 @register("attack", "alie")
@@ -142,7 +146,7 @@ class ALittleIsEnough(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine, min_rows=2)
+        check_honest(honest, num_byzantine, min_rows=2, attack=self)
         if num_byzantine == 0:
             return honest.new_empty((0, honest.shape[1]))
         z = baruch_z(honest.shape[0] + num_byzantine, num_byzantine) if self.z is None else self.z
@@ -170,7 +174,7 @@ class Mimic(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine)
+        check_honest(honest, num_byzantine, attack=self)
         h = honest.shape[0]
         if self.index is None:
             k = int(torch.randint(h, (1,), generator=ctx.generator("attack")))
@@ -207,11 +211,11 @@ class GaussianAttack(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine)
+        check_honest(honest, num_byzantine, attack=self)
         draw_dtype = torch.float64 if honest.dtype == torch.float64 else torch.float32
         noise = torch.randn((num_byzantine, honest.shape[1]), generator=ctx.generator("attack"), dtype=draw_dtype)
         centre = self.mu + (_honest_mean(honest).to(draw_dtype) if self.around_honest_mean else 0.0)
-        return (centre + self.sigma * noise).to(honest.dtype)
+        return saturate((centre + self.sigma * noise).to(honest.dtype))
 
 
 @register("attack", "inf")
@@ -221,7 +225,7 @@ class InfAttack(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine)
+        check_honest(honest, num_byzantine, attack=self)
         return honest.new_full((num_byzantine, honest.shape[1]), float("inf"))
 
 
@@ -232,5 +236,5 @@ class NanAttack(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine)
+        check_honest(honest, num_byzantine, attack=self)
         return honest.new_full((num_byzantine, honest.shape[1]), float("nan"))

@@ -182,10 +182,14 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         if uplink.to_server is not None and trainers:
             view = uplink.to_server(view, trainers)[0]
     if crafted:
-        honest_ids = [c for c in trainers if c not in fed.byzantine]
-        honest = view[[trainers.index(c) for c in honest_ids]] if honest_ids else view[:0]
-        byz = fed.attack.craft(honest, len(crafted), ctx_train.select(torch.tensor(
-            [trainers.index(c) for c in honest_ids], dtype=torch.long)), fed.aggregator)
+        # The adversary sees the honest messages the server would accept (a diverged client's NaN row is not one).
+        honest_rows = [trainers.index(c) for c in trainers if c not in fed.byzantine]
+        if honest_rows:
+            finite = torch.isfinite(view[honest_rows]).all(1).tolist()
+            honest_rows = [i for i, ok in zip(honest_rows, finite) if ok]
+        honest = view[honest_rows] if honest_rows else view[:0]
+        byz = fed.attack.craft(honest, len(crafted), ctx_train.select(torch.tensor(honest_rows, dtype=torch.long)),
+                               fed.aggregator)
         for i, c in enumerate(crafted):
             rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
     # What reaches the server: one message (and its extras) per cohort client, in client order. Crafted

@@ -1,0 +1,88 @@
+"""Bad input through the direct API (issue #16): every registered aggregator and pre-aggregator, called on a matrix
+with a NaN or ±inf row, a wrong shape or an integer dtype, raises a MessageError naming itself and the bad rows.
+"""
+import pytest
+import torch
+
+import trustfl
+from trustfl.errors import ConfigError, MessageError, TrustFLError
+
+N, D = 10, 4
+# Tried in order until the component builds; the input check runs before any parameter is used.
+CANDIDATE_PARAMS = [{}, {"f": 1}, {"tau": 1.0}, {"max_norm": 1.0}, {"bucket_size": 2}]
+
+
+def construct(kind: str, name: str):
+    for params in CANDIDATE_PARAMS:
+        try:
+            return trustfl.build(kind, name, **params)
+        except (TypeError, ConfigError):
+            continue
+    pytest.skip(f"{kind} {name!r} builds with none of {CANDIDATE_PARAMS}")
+
+
+def good() -> torch.Tensor:
+    return torch.randn(N, D, generator=torch.Generator().manual_seed(0))
+
+
+def nan_rows() -> torch.Tensor:
+    x = good()
+    x[3, 1] = x[7, 0] = float("nan")
+    return x
+
+
+def inf_rows() -> torch.Tensor:
+    x = good().double()
+    x[3, 2], x[7, 3] = float("inf"), -float("inf")
+    return x
+
+
+BAD = {  # name: (matrix, text the error must contain besides the component)
+    "nan_rows": (nan_rows, r"rows \[3, 7\] are not finite"),
+    "inf_rows": (inf_rows, r"rows \[3, 7\] are not finite"),
+    "one_dimensional": (lambda: torch.ones(D), r"2-D \(n, d\).*found shape \(4,\)"),
+    "three_dimensional": (lambda: torch.ones(2, N, D), r"2-D \(n, d\)"),
+    "zero_columns": (lambda: torch.ones(N, 0), r"d >= 1 columns.*\(10, 0\)"),
+    "zero_rows": (lambda: torch.ones(0, D), r"n >= 1 rows"),
+    "int_dtype": (lambda: torch.ones(N, D, dtype=torch.int64), r"floating dtype.*torch\.int64"),
+    "bool_dtype": (lambda: torch.ones(N, D, dtype=torch.bool), r"floating dtype.*torch\.bool"),
+}
+
+
+def cases() -> list:
+    return [pytest.param(kind, name, id=f"{kind}-{name}") for kind in ("aggregator", "pre_aggregator")
+            for name in trustfl.names(kind)]
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("kind,name", cases())
+def test_bad_messages_raise_a_message_error_naming_component_and_rows(kind, name, bad):
+    stage = construct(kind, name)
+    make, text = BAD[bad]
+    with pytest.raises(MessageError, match=text) as info:
+        stage(make())
+    assert f"{kind} {name!r}" in str(info.value)
+    assert isinstance(info.value, TrustFLError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("weights", [torch.tensor([1.0, float("nan"), 1.0]), torch.tensor([1.0, -1.0, 1.0]),
+                                     torch.zeros(3), torch.ones(2)], ids=["nan", "negative", "zero_sum", "shape"])
+def test_bad_weights_raise_a_message_error(weights):
+    with pytest.raises(MessageError, match="aggregator 'mean': `weights`"):
+        trustfl.build("aggregator", "mean")(torch.ones(3, 2), weights)
+
+
+def test_reports_reach_report_weighted_rules_through_the_direct_api():
+    x = torch.tensor([[0.0], [4.0]])
+    out = trustfl.build("aggregator", "weiavg")(x, reports={"reported_epsilon": torch.tensor([1.0, 3.0])})
+    assert out.tolist() == [3.0]
+
+
+def test_caf_raises_trustfl_errors_not_linalg_errors():
+    # Huge finite rows used to overflow the float32 Gram matrix and make eigh fail (NumPy's _LinAlgError).
+    x = torch.randn(20, 50, generator=torch.Generator().manual_seed(1))
+    x[:4] = torch.finfo(torch.float32).max
+    out = trustfl.build("aggregator", "caf", f=4)(x)
+    assert torch.isfinite(out).all() and float(out.abs().max()) < 10
+    with pytest.raises(MessageError, match="aggregator 'caf': rows"):
+        trustfl.build("aggregator", "caf", f=4)(nan_rows())
