@@ -1,11 +1,22 @@
-"""The ``trustfl`` command: run | validate | list | report | privacy."""
+"""The ``trustfl`` command: run | validate | list | report | privacy.
+
+Errors: every error a user can cause (a bad config or flag, a missing data set, an exhausted privacy budget) is
+a :class:`~trustfl.errors.TrustFLError`; the command prints it as one line, ``trustfl: error: <message>``, on
+stderr and exits with code 2. Ctrl-C exits with code 130 and one line. Anything else is a bug and keeps its
+traceback (exit code 1).
+"""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import NoReturn, Sequence
 
-from trustfl.errors import TrustFLError
+from trustfl.errors import TrustFLError, UsageError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 _KINDS_SHOWN = ("dataset", "partitioner", "batch_sampler", "model", "objective", "evaluator", "algorithm",
                 "engine", "executor", "gradient_method", "gradient_transform", "step_budget", "aggregator",
@@ -17,13 +28,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from trustfl.experiment import run_experiment
 
     if args.resume:
-        if args.config or args.set:
-            raise TrustFLError("--resume takes its config from RUN_DIR/config.toml; drop CONFIG and --set.")
+        if args.config or args.set or args.out:
+            raise UsageError("--resume takes its config from RUN_DIR/config.toml and writes to RUN_DIR; drop "
+                             "CONFIG, --set and --out.")
+        if not Path(args.resume).is_dir():
+            raise UsageError(f"--resume: run directory {args.resume!r} does not exist.")
         result = run_experiment(None, resume=args.resume, data_dir=args.data_dir, progress=not args.quiet)
     else:
         if not args.config:
-            raise TrustFLError("trustfl run needs a CONFIG file (or --resume RUN_DIR).")
+            raise UsageError("trustfl run needs a CONFIG file (or --resume RUN_DIR).")
         cfg = load_config(args.config, args.set)
+        if args.out:
+            _make_run_dir(args.out)
         result = run_experiment(cfg, args.out, data_dir=args.data_dir, progress=not args.quiet)
     s = result.summary
     if "notice" in s:
@@ -36,6 +52,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")
     return 0
+
+
+def _make_run_dir(out: str) -> None:
+    """Create ``--out`` now, so that an unusable path is a one-line error before the experiment is built."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out!r} is a file, not a directory.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out: cannot create run directory {out!r}: {err.strerror or err}.") from None
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -64,8 +91,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block), exit code 2, like every other trustfl error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trustfl", description="Trustworthy federated learning experiments.")
+    parser = _Parser(prog="trustfl", description="Trustworthy federated learning experiments.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment from a TOML file")
     run.add_argument("config", nargs="?", help="experiment TOML file")
@@ -90,20 +124,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    """The message on one line (a wrapped library message may hold newlines)."""
+    return re.sub(r"\s*\n\s*", " ", str(err)).strip() or type(err).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "privacy":
-        from trustfl import cli_privacy
-        return cli_privacy.run(args)
+    """Run the command; returns the exit code: 0, 2 (a user error, one line on stderr) or 130 (interrupted).
+
+    Only :class:`TrustFLError` is caught: any other exception is a bug and propagates with its traceback.
+    """
+    command, run_dir = None, "RUN_DIR"
     try:
+        args = build_parser().parse_args(argv)
+        command = args.command
+        run_dir = getattr(args, "out", None) or getattr(args, "resume", None) or run_dir
+        if command == "privacy":
+            from trustfl import cli_privacy
+            return cli_privacy.run(args)
         return args.func(args)
     except TrustFLError as err:
-        print(f"trustfl: error: {err}", file=sys.stderr)
-        return 2
+        print(f"trustfl: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("trustfl: interrupted (resume with `trustfl run --resume RUN_DIR`)", file=sys.stderr)
-        return 130
+        hint = f" (resume with `trustfl run --resume {run_dir}`)" if command == "run" else ""
+        print(f"trustfl: interrupted{hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -135,7 +135,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = top.parse_args(args_list)
     except SystemExit as exc:  # argparse exits on --help (0) and on bad arguments (2, one line printed)
         return int(exc.code) if isinstance(exc.code, int) else 2
-    return run(args)
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # as the main command: one line, exit code 130
+        print("trustfl privacy: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

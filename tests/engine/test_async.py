@@ -29,6 +29,9 @@ def _cfg(**over):
         for p in parents:
             node = node.setdefault(p, {})
         node[last] = value
+    if data["engine"]["kind"] == "sync":  # the clock's settings would be refused as unused
+        for key in ("speed", "interaction_time"):
+            data["engine"].pop(key, None)
     return config_from_dict(data)
 
 
@@ -282,6 +285,13 @@ def test_fedavg_with_qsgd_in_the_sync_engine_counts_the_compressed_bits():
     assert m["bytes_up"] == 3 * 4 * fed.layout.numel
     assert m_q["bytes_up"] < m["bytes_up"] / 6 and m_q["bytes_down"] < m["bytes_down"] / 6
     assert torch.isfinite(new_q.params).all() and not torch.equal(new_q.params, state_q.params)
+
+
+def test_settings_of_parts_that_do_not_run_are_refused():
+    with pytest.raises(ConfigError, match=r"`compress\.uplink\.bits` is set"):
+        build_federation(_cfg(compress={"uplink": {"name": "none", "bits": 8}}), quiet=True)
+    with pytest.raises(ConfigError, match=r"`engine\.schedule\.name`, `engine\.schedule\.deadline` set"):
+        build_federation(_cfg(engine__schedule={"name": "synchronous", "deadline": 3.0}), quiet=True)
 
 
 def test_a_lattice_downlink_needs_the_async_engine():

@@ -2,7 +2,8 @@
 
 The fixtures (``fixtures/*.jsonl``) are the 2-round ``metrics.jsonl`` files written by ``fixtures/generate.py``
 from the code before issue #10. Values must match exactly; only timing keys are skipped. A row may gain keys
-(new metrics), never lose or change one.
+(new metrics), never lose or change one. A config added later, or changed on purpose (configs/dp/{cdp,ldp}_digits:
+z rounded up so that the full schedule fits its budget), gets its fixture from ``generate.py --missing``.
 """
 import json
 import math
@@ -41,3 +42,13 @@ def test_shipped_config_reproduces_its_fixture(config, fake_mnist, tmp_path, one
         changed = {k: (want[k], row[k]) for k in want if k not in VOLATILE and not _same(want[k], row[k])}
         assert not changed, f"{config} round {want['round']}: {changed}"
     assert bool(torch.isfinite(result.params).all())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_shipped_config_builds_at_its_full_length(config, fake_mnist):
+    """Every shipped config passes `trustfl validate` as shipped (all its rounds: budgets, schedules, keys)."""
+    from trustfl.config.build import build_federation
+    extra = [o for o in overrides(config, fake_mnist) if o.startswith("data.")]
+    fed = build_federation(load_config(config, extra), quiet=True)
+    assert fed.rounds == load_config(config).rounds

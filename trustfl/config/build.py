@@ -178,6 +178,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if recipe is not None:
         cfg = recipe.configure(cfg)
     resolve_engine(cfg)
+    check_unused_tables(cfg)
     seed = cfg.seed
     info: dict[str, Any] = {"algorithm": cfg.algorithm}
     name, notice = resolve_dataset(cfg)
@@ -188,7 +189,9 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     options = {k: v for k, v in cfg.data.options.items()}
     try:
         dataset = load_dataset(name, data_dir or cfg.data.data_dir or None, seed=seed, **options)
-    except ConfigError as err:
+    except RegistryError as err:
+        raise ConfigError(f"`data.dataset`: {err}") from None
+    except (ConfigError, TypeError, ValueError) as err:
         raise ConfigError(f"`data`: {err}") from None
     info["dataset"] = name
     info["data_source"] = dataset.source
@@ -209,8 +212,11 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     # Real-valued targets have no classes: label-based partitioners see a single class.
     labels = dataset.train_y.numpy() if dataset.task == "classification" else np.zeros(len(dataset.train_y), np.int64)
     groups = None if dataset.train_groups is None else dataset.train_groups.numpy()
-    partition = (partitioner(labels, holders, numpy_rng(seed, "partition"), groups=groups)
-                 if partitioner.needs_groups else partitioner(labels, holders, numpy_rng(seed, "partition")))
+    try:
+        partition = (partitioner(labels, holders, numpy_rng(seed, "partition"), groups=groups)
+                     if partitioner.needs_groups else partitioner(labels, holders, numpy_rng(seed, "partition")))
+    except ConfigError as err:
+        raise ConfigError(f"`data.partition` with `data.num_clients` = {n}: {err}") from None
     client_rows = ClientRows.from_arrays(partition.indices, n)
     info["partition"] = partition.summary
 
@@ -233,8 +239,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         noise, ledger = setup_privacy(cfg, training, sizes, batch_sizes, byzantine, info,
                                       client_stages.round_events() + server_stages.round_events())
     except PrivacyError as err:
-        if isinstance(err, BudgetExceededError):
-            raise
+        if isinstance(err, BudgetExceededError):  # keep the class (callers tell budgets apart), name the key
+            raise BudgetExceededError(f"`client.dp` / `rounds`: {err}") from None
         raise ConfigError(f"`client.dp`: {err}") from None
 
     attack = None
@@ -283,6 +289,21 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if hasattr(engine, "check"):
         engine.check(fed)
     return fed
+
+
+def check_unused_tables(cfg: ExperimentConfig) -> None:
+    """Refuse parameters given to a component that will not run (a typo or a misplaced table changes nothing
+    otherwise, and nobody is told)."""
+    unused = [(f"compress.{d}", c) for d in ("uplink", "downlink") if (c := getattr(cfg.compress, d)).name == "none"]
+    if cfg.engine.kind != "async":
+        unused += [("engine.speed", cfg.engine.speed), ("engine.schedule", cfg.engine.schedule)]
+    for path, comp in unused:
+        if comp.params:
+            key = sorted(comp.params)[0]
+            why = "the engine is not \"async\"" if path.startswith("engine.") else "its name is \"none\""
+            raise ConfigError(f"`{path}.{key}` is set but `{path}` is not used ({why}).")
+    if cfg.attack.name == "none" and cfg.attack.params:
+        raise ConfigError(f"`attack.params.{sorted(cfg.attack.params)[0]}` is set but `attack.name` is \"none\".")
 
 
 def build_links(cfg: ExperimentConfig, layout: ParamLayout) -> Links | None:
@@ -337,6 +358,8 @@ def _build_model(cfg: ExperimentConfig, dataset, seed: int, num_outputs: int):
         raise ConfigError(f"`model` ({cfg.model.name!r}): {err}") from None
     except TrustFLError as err:
         raise ConfigError(f"`model`: {err}") from None
+    except (RuntimeError, MemoryError, OverflowError) as err:  # e.g. a layer too large to allocate
+        raise ConfigError(f"`model` ({cfg.model.name!r}) cannot be built: {str(err).splitlines()[0]}") from None
 
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from pathlib import Path
@@ -12,6 +13,8 @@ from trustfl.config.schema import Component, ExperimentConfig, FieldError
 from trustfl.errors import ConfigError
 
 _MISSING = object()
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+"""TOML integers are signed 64-bit (TOML 1.0 §Integer); larger literals are refused, not wrapped or truncated."""
 
 
 def _type_name(tp: Any) -> str:
@@ -85,7 +88,7 @@ def _dataclass(cls: type, data: dict[str, Any], path: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
-            raise ConfigError(f"Unknown key `{prefix}{key}`; allowed keys here: {', '.join(sorted(fields))}.")
+            raise ConfigError(f"Unknown key `{prefix}{_key(key)}`; allowed keys here: {', '.join(sorted(fields))}.")
         kwargs[key] = _coerce(value, hints[key], prefix + key)
     try:
         return cls(**kwargs)
@@ -93,47 +96,132 @@ def _dataclass(cls: type, data: dict[str, Any], path: str) -> Any:
         raise ConfigError(f"`{prefix}{err.name}` must be {err.allowed}, found {err.value!r}.") from None
 
 
+def _check_numbers(value: Any, path: str) -> None:
+    """Refuse non-finite floats and integers beyond 64 bits anywhere in the config, naming the key path.
+
+    TOML has ``nan`` and ``inf`` literals (and ``1e999`` parses to ``inf``), but no trustfl setting means
+    anything by them: "unlimited" is spelled ``0`` where a field allows it (``client.dp.epsilon``,
+    ``engine.time_limit``). Checking every depth also covers component tables and ``[recipe]``, whose keys the
+    schema does not type.
+    """
+    if isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"`{path}` must be a finite number, found {value!r} (TOML's nan and inf are not "
+                          f"accepted).")
+    if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+        raise ConfigError(f"`{path}` must be an integer in [-2**63, 2**63 - 1] (TOML integers are 64-bit), "
+                          f"found {value}.")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_numbers(v, f"{path}.{_key(k)}" if path else _key(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_numbers(v, f"{path}[{i}]")
+
+
 def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
-    """Validate a plain mapping (as parsed from TOML) into an :class:`ExperimentConfig`."""
+    """Validate a plain mapping (as parsed from TOML) into an :class:`ExperimentConfig`.
+
+    Raises:
+      ConfigError: naming the key path of the first unknown key, wrong type, non-finite or out-of-range value.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"A config must be a table of keys, found {type(data).__name__}.")
+    _check_numbers(data, "")
     return _dataclass(ExperimentConfig, data, "")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``a.b=value`` (value in TOML syntax, bare words taken as strings) into (key path, value)."""
+    """Parse ``a.b=value`` (value in TOML syntax, bare words taken as strings) into (key path, value).
+
+    Raises:
+      ConfigError: no ``=``, an empty key part, no value, or a value that starts like a TOML array, table or
+        quoted string but does not parse (``--set model.hidden=[64,``).
+    """
     if "=" not in text:
         raise ConfigError(f"--set takes KEY=VALUE (e.g. client.lr=0.1), found {text!r}.")
     key, raw = text.split("=", 1)
     keys = [k.strip() for k in key.strip().split(".")]
     if not all(keys):
-        raise ConfigError(f"--set key {key!r} has an empty part.")
+        raise ConfigError(f"--set key {key.strip()!r} has an empty part; write KEY=VALUE with KEY like client.lr.")
+    raw = raw.strip()
+    if not raw:
+        raise ConfigError(f"--set {'.'.join(keys)}= has no value; write KEY=VALUE (e.g. client.lr=0.1, "
+                          f"name=\"run\").")
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
+        parsed = tomllib.loads(f"v = {raw}")
+        if set(parsed) != {"v"}:  # "1\nb = 2": a second key smuggled in after a newline
+            raise ConfigError(f"--set {'.'.join(keys)}: {raw!r} is more than one TOML value.")
+        value = parsed["v"]
+    except tomllib.TOMLDecodeError as err:
+        if raw[0] in "[{\"'":
+            raise ConfigError(f"--set {'.'.join(keys)}: {raw!r} is not a valid TOML value ({err}).") from None
+        value = raw  # a bare word: a string (--set aggregator.name=krum)
+    except RecursionError:
+        raise ConfigError(f"--set {'.'.join(keys)}: the value is nested too deeply.") from None
     return keys, value
 
 
 def apply_override(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``data[k1][k2]...[kn] = value``, creating tables on the way (a component name becomes a table)."""
     node = data
-    for k in keys[:-1]:
+    for i, k in enumerate(keys[:-1]):
         child = node.setdefault(k, {})
         if isinstance(child, str):  # a component given by name only: promote to a table
             child = node[k] = {"name": child}
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {'.'.join(keys)}: `{k}` is not a table.")
+            raise ConfigError(f"--set {'.'.join(keys)}: `{'.'.join(keys[:i + 1])}` is not a table (it holds "
+                              f"{child!r}).")
         node = child
     node[keys[-1]] = value
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
-    """Read a TOML experiment file, apply ``--set`` overrides and validate it."""
+def read_toml(path: str | Path, what: str = "Config file") -> dict[str, Any]:
+    """Parse a UTF-8 TOML file; every failure is a ConfigError naming the file (never an OSError or a traceback).
+
+    Raises:
+      ConfigError: the file is missing, a directory, unreadable, binary, not UTF-8, or not valid TOML (including
+        a key or table defined twice).
+    """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"Config file {str(path)!r} does not exist.")
+    name = repr(str(path))
+    if path.is_dir():
+        raise ConfigError(f"{what} {name} is a directory; give the path of a TOML file.")
+    if not path.exists():
+        raise ConfigError(f"{what} {name} does not exist.")
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as err:  # permissions, a FIFO that fails, an I/O error
+        raise ConfigError(f"Cannot read {what.lower()} {name}: {err.strerror or err}.") from None
+    except ValueError as err:  # an embedded NUL in the path
+        raise ConfigError(f"Cannot read {what.lower()} {name}: {err}.") from None
+    if b"\x00" in raw:
+        raise ConfigError(f"{what} {name} is a binary file (it holds NUL bytes), not TOML text.")
+    try:
+        text = raw.decode("utf-8-sig")  # a leading byte-order mark (some Windows editors) is dropped
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{what} {name} is not UTF-8 text (byte 0x{raw[err.start]:02x} on line {line}); TOML "
+                          f"files must be UTF-8 (re-save it as UTF-8).") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+        twice = any(w in str(err) for w in ("overwrite", "declare", "mutate"))
+        hint = " (a key or table is defined twice)" if twice else ""
+        raise ConfigError(f"{what} {name} is not valid TOML: {err}{hint}.") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {name} is not usable TOML: arrays or tables are nested too deeply.") from None
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read a TOML experiment file, apply ``--set`` overrides and validate it.
+
+    Raises:
+      ConfigError: the file cannot be read or parsed (the message names it), an override is malformed, or a
+        value is invalid (the message names its key path).
+    """
+    data = read_toml(path)
     for text in overrides:
         apply_override(data, *parse_override(text))
     return config_from_dict(data)
@@ -171,7 +259,9 @@ def _toml_value(v: Any) -> str:
 
 
 def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
+    """``k`` as a TOML key: bare when it can be, else quoted (``"my key"``, ``""``)."""
+    bare = k.replace("_", "").replace("-", "").isalnum() and k.isascii()
+    return k if bare else json.dumps(k, ensure_ascii=False)
 
 
 def dump_toml(data: dict[str, Any]) -> str:

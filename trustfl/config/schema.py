@@ -84,10 +84,13 @@ class SampleDPConfig:
     """Round calibrated noise multipliers to this many decimals (Robust-HDP's code uses 2); -1 = no rounding."""
 
     def __post_init__(self) -> None:
-        check(self.clip > 0, "clip", self.clip, "a number > 0")
-        check(self.noise_multiplier >= 0, "noise_multiplier", self.noise_multiplier, "a number >= 0")
-        check(self.epsilon >= 0, "epsilon", self.epsilon, "a number >= 0 (0 = use noise_multiplier)")
-        check(all(e > 0 for e in self.epsilons), "epsilons", self.epsilons, "a list of numbers > 0")
+        check(0 < self.clip < math.inf, "clip", self.clip, "a finite number > 0")
+        check(0 <= self.noise_multiplier < math.inf, "noise_multiplier", self.noise_multiplier,
+              "a finite number >= 0")
+        check(0 <= self.epsilon < math.inf, "epsilon", self.epsilon,
+              "a finite number >= 0 (0 = use noise_multiplier)")
+        check(all(0 < e < math.inf for e in self.epsilons), "epsilons", self.epsilons,
+              "a list of finite numbers > 0")
         check(0 < self.delta < 1, "delta", self.delta, "a number in (0, 1)")
 
 
@@ -117,7 +120,7 @@ class ClientConfig:
         check(all(b >= 1 for b in self.batch_sizes), "batch_sizes", self.batch_sizes, "integers >= 1")
         check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")
         check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
-        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        check(0 <= self.weight_decay < math.inf, "weight_decay", self.weight_decay, "a finite number >= 0")
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ class ServerConfig:
         check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
         check(0 <= self.beta1 < 1, "beta1", self.beta1, "a number in [0, 1)")
         check(0 <= self.beta2 < 1, "beta2", self.beta2, "a number in [0, 1)")
-        check(self.tau > 0, "tau", self.tau, "a number > 0")
+        check(0 < self.tau < math.inf, "tau", self.tau, "a finite number > 0")
 
 
 @dataclass(frozen=True)

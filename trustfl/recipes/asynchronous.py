@@ -35,6 +35,10 @@ def _on_async(cfg: ExperimentConfig, algorithm: str, schedule: str, params: dict
               **changes: Any) -> ExperimentConfig:
     if cfg.engine.kind not in ("sync", "async"):
         raise ConfigError(f"`engine.kind` {cfg.engine.kind!r} cannot run algorithm {algorithm!r}; use \"async\".")
+    if cfg.engine.schedule != Component("synchronous"):
+        given = ", ".join(f"`engine.schedule.{k}`" for k in ["name", *sorted(cfg.engine.schedule.params)])
+        raise ConfigError(f"{given} set, but algorithm {algorithm!r} sets the schedule from `[recipe]`; remove "
+                          "`engine.schedule`.")
     engine = dataclasses.replace(cfg.engine, kind="async", schedule=Component(schedule, params))
     return dataclasses.replace(cfg, engine=engine, **changes)
 

@@ -1,7 +1,7 @@
 """The recipe interface."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from trustfl.errors import ConfigError
 
@@ -21,10 +21,24 @@ class AbstractRecipe:
 
 
 def recipe_keys(cfg: "ExperimentConfig", algorithm: str, allowed: Sequence[str]) -> dict[str, Any]:
-    """``cfg.recipe`` after checking that it holds only ``allowed`` keys (a ConfigError names the first other)."""
-    rec = dict(cfg.recipe)
+    """``cfg.recipe`` after checking that it holds only ``allowed`` keys (a ConfigError names the first other).
+
+    Every recipe calls this (an algorithm without settings passes ``()``), so a key meant for another algorithm
+    (``recipe.mu`` with ``algorithm = "fedavg"``) is refused instead of silently ignored.
+    """
+    return check_recipe_table(cfg.recipe, algorithm, allowed)
+
+
+def check_recipe_table(table: Mapping[str, Any], algorithm: str, allowed: Sequence[str]) -> dict[str, Any]:
+    """:func:`recipe_keys` for a bare ``[recipe]`` table.
+
+    Raises:
+      ConfigError: "Unknown key `recipe.mu` for algorithm 'fedavg'; allowed: (none)."
+    """
+    rec = dict(table)
     unknown = sorted(set(rec) - set(allowed))
     if unknown:
         raise ConfigError(f"Unknown key `recipe.{unknown[0]}` for algorithm {algorithm!r}; allowed: "
-                          f"{', '.join(allowed) or '(none)'}.")
+                          f"{', '.join(allowed) or '(none)'}. The [recipe] table holds the settings of the "
+                          f"algorithm named in `algorithm` only.")
     return rec

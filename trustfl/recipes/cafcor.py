@@ -69,7 +69,7 @@ from trustfl.errors import ConfigError, PrivacyError, RegistryError
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
 from trustfl.privacy.analysis.secldp import (CONVERSIONS, OPACUS_ORDERS, calibrate_secldp,
                                              equivalent_noise_multiplier, secldp_epsilon)
-from trustfl.recipes.base import AbstractRecipe
+from trustfl.recipes.base import AbstractRecipe, recipe_keys
 
 if TYPE_CHECKING:
     from trustfl.engine.federation import Federation
@@ -166,10 +166,7 @@ def calibrate(cfg: ExperimentConfig) -> CafCorCalibration:
       ConfigError: naming the ``recipe.*`` (or other) key of an invalid or degenerate setting, e.g. SecLDP with
         f = q and σ_ind = 0 (the server can cancel all correlated noise; spec §7 item 10).
     """
-    rec = dict(cfg.recipe)
-    unknown = sorted(set(rec) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"Unknown key `recipe.{unknown[0]}` for algorithm 'cafcor'; allowed: {', '.join(KEYS)}.")
+    rec = recipe_keys(cfg, "cafcor", KEYS)
     threat = _choice(rec, "threat_model", "secldp", THREAT_MODELS)
     n, f, q = _counts(cfg, rec, threat)
     delta = _number(rec, "delta", DEFAULT_DELTA, lambda v: 0 < v < 1, "a number in (0, 1)")

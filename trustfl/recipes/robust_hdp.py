@@ -73,7 +73,7 @@ from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.privacy.budgets import RHDP_FIXED_LISTS
-from trustfl.recipes.base import AbstractRecipe
+from trustfl.recipes.base import AbstractRecipe, check_recipe_table
 
 if TYPE_CHECKING:
     from trustfl.engine.federation import Federation
@@ -128,10 +128,7 @@ class RobustHDPSettings:
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> "RobustHDPSettings":
         """Parse ``cfg.recipe``; unknown keys are a ``ConfigError`` naming the allowed ones."""
-        unknown = sorted(set(table) - set(_KEYS))
-        if unknown:
-            raise ConfigError(f"Unknown key `recipe.{unknown[0]}` for algorithm 'robust_hdp'; allowed: "
-                              f"{', '.join(_KEYS)}.")
+        check_recipe_table(table, "robust_hdp", _KEYS)
         falsify = table.get("falsify", {})
         if not isinstance(falsify, Mapping) or set(falsify) - {"client", "factor"} or (falsify and "client" not in
                                                                                     falsify):

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
+from trustfl.errors import TrustFLError
+
 
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -30,7 +32,14 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, number = [], 0
+    try:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                rows.append(json.loads(line))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TrustFLError(f"{path} is not a trustfl metrics file (line {number}: {err}).") from None
+    return rows
 
 
 def truncate_metrics(path: Path, last_round: int) -> None:

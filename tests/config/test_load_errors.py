@@ -1,0 +1,202 @@
+"""Unreadable and inconsistent configs: one ConfigError that names the file or the key path (issue #16)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+
+import pytest
+
+from trustfl.config import schema
+from trustfl.config.build import build_federation
+from trustfl.config.load import config_from_dict, load_config, parse_override, read_toml
+from trustfl.errors import ConfigError
+
+SMALL = 'name = "small"\nrounds = 1\n[data]\nnum_clients = 4\n[model]\nname = "logreg"\n'
+
+
+def _write(tmp_path: Path, content: bytes | str, name: str = "c.toml") -> Path:
+    path = tmp_path / name
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return path
+
+
+@pytest.mark.parametrize("content, fragments", [
+    (b'name = "caf\xe9"\n', ["not UTF-8", "0xe9", "line 1"]),
+    (b"rounds = 1\n\xff\xfe\n", ["not UTF-8", "0xff", "line 2"]),
+    ('name = "x"\n'.encode("utf-16"), ["binary"]),
+    (bytes(range(256)), ["binary"]),
+    (b"rounds = = 1\n", ["not valid TOML", "line 1"]),
+    (b"rounds = 1\nrounds = 2\n", ["not valid TOML", "defined twice"]),
+    (b"[client]\nlr = 0.1\n[client]\nepochs = 2\n", ["not valid TOML", "defined twice"]),
+    (b"[data]\nnum_clients = 3\n[data]\n", ["not valid TOML", "defined twice"]),
+    (b"v = " + b"[" * 5000 + b"]" * 5000 + b"\n", ["TOML"]),
+])
+def test_unreadable_file_names_the_file(tmp_path, content, fragments):
+    path = _write(tmp_path, content)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert repr(str(path)) in message and "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_directory_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "a\x00b.toml"))
+
+
+def test_unreadable_permissions_become_a_config_error(tmp_path, monkeypatch):
+    path = _write(tmp_path, SMALL)
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)  # root ignores chmod 000, so simulate it
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "Cannot read config file" in str(err.value) and "Permission denied" in str(err.value)
+    assert repr(str(path)) in str(err.value)
+
+
+def test_byte_order_mark_is_accepted(tmp_path):
+    path = _write(tmp_path, b"\xef\xbb\xbf" + SMALL.encode())
+    assert load_config(path).rounds == 1
+    assert read_toml(path)["name"] == "small"
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("client.lr", ["KEY=VALUE"]),
+    ("=1", ["empty part"]),
+    ("client..lr=1", ["empty part"]),
+    ("client.lr=", ["has no value"]),
+    ("model.hidden=[64,", ["model.hidden", "not a valid TOML value"]),
+    ("name=\"open", ["name", "not a valid TOML value"]),
+    ("recipe={ mu = ", ["recipe", "not a valid TOML value"]),
+    ("client.lr=1\nclient.momentum=0.5", ["client.lr", "more than one"]),
+])
+def test_bad_override_syntax(text, fragments):
+    with pytest.raises(ConfigError) as err:
+        parse_override(text)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_override_through_a_scalar_names_the_key(tmp_path):
+    path = _write(tmp_path, SMALL)
+    with pytest.raises(ConfigError, match="`rounds` is not a table"):
+        load_config(path, ["rounds.x=1"])
+    with pytest.raises(ConfigError, match="`client.lr` must be a number"):
+        load_config(path, ["client.lr=fast"])  # a bare word is a string, refused by type
+
+
+def _float_fields(cls: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(key path, "float" | "list") of every float field of the schema, recursively."""
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        path = f"{prefix}{f.name}"
+        if tp is float:
+            out.append((path, "float"))
+        elif typing.get_origin(tp) is list and typing.get_args(tp) == (float,):
+            out.append((path, "list"))
+        elif dataclasses.is_dataclass(tp) and tp is not schema.Component:
+            out += _float_fields(tp, path + ".")
+    return out
+
+
+FLOAT_FIELDS = _float_fields(schema.ExperimentConfig)
+
+
+def _nested(path: str, value) -> dict:
+    data: dict = {}
+    node = data
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("path, kind", FLOAT_FIELDS)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_every_float_field_refuses_non_finite(path, kind, bad):
+    value = [1.0, bad] if kind == "list" else bad
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(_nested(path, value))
+    assert f"`{path}{'[1]' if kind == 'list' else ''}`" in str(err.value) and "finite" in str(err.value)
+
+
+def test_float_fields_are_found():
+    paths = {p for p, _ in FLOAT_FIELDS}
+    assert {"client.lr", "client.dp.clip", "client.dp.epsilons", "server.tau", "engine.time_limit"} <= paths
+
+
+@pytest.mark.parametrize("data, path", [
+    ({"model": {"name": "mlp", "scale": math.nan}}, "`model.scale`"),
+    ({"data": {"partition": {"name": "dirichlet", "alpha": math.inf}}}, "`data.partition.alpha`"),
+    ({"recipe": {"mu": -math.inf}}, "`recipe.mu`"),
+    ({"client_stages": [{"name": "clip_l2", "max_norm": math.inf}]}, "`client_stages[0].max_norm`"),
+    ({"data": {"options": {"max_train": [1, math.nan]}}}, "`data.options.max_train[1]`"),
+    ({"rounds": 2 ** 64}, "`rounds`"),
+    ({"client": {"dp": {"epsilons": [2 ** 70]}}}, "`client.dp.epsilons[0]`"),
+])
+def test_non_finite_and_huge_numbers_anywhere(data, path):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    assert path in str(err.value)
+
+
+def test_toml_literals_nan_inf_and_overflowing_floats(tmp_path):
+    path = _write(tmp_path, SMALL)
+    for override, key in (("client.lr=nan", "`client.lr`"), ("client.weight_decay=inf", "`client.weight_decay`"),
+                          ("client.dp.noise_multiplier=1e999", "`client.dp.noise_multiplier`"),
+                          ("server.tau=-inf", "`server.tau`")):
+        with pytest.raises(ConfigError, match="finite") as err:
+            load_config(path, [override])
+        assert key in str(err.value)
+
+
+def test_unusual_keys_are_quoted_in_messages():
+    with pytest.raises(ConfigError, match='Unknown key `""`'):
+        config_from_dict({"": 1})
+    with pytest.raises(ConfigError, match='Unknown key `data."a b"`'):
+        config_from_dict({"data": {"a b": 1}})
+
+
+def test_non_table_config():
+    with pytest.raises(ConfigError, match="table"):
+        config_from_dict([1, 2])  # type: ignore[arg-type]
+
+
+# --- [recipe] keys belong to the algorithm named in `algorithm` --------------------------------------------------
+
+@pytest.mark.parametrize("algorithm, recipe, extra", [
+    ("fedavg", {"mu": 0.1}, {}),
+    ("fedavg", {"threat_model": "ldp"}, {}),
+    ("scaffold", {"mu": 0.1}, {}),
+    ("fedprox", {"threat_model": "ldp"}, {}),
+    ("cafcor", {"threat_model": "ldp", "epsilon": 5.0, "mu": 0.1}, {"data": {"num_clients": 4}}),
+    ("robust_hdp", {"eps_list": "dist1", "mu": 0.1}, {}),
+    ("quafl", {"mu": 0.1}, {}),
+])
+def test_recipe_key_of_another_algorithm_is_refused(algorithm, recipe, extra):
+    data = {"algorithm": algorithm, "rounds": 1, "recipe": recipe, "data": {"num_clients": 4},
+            "model": {"name": "logreg"}, **extra}
+    cfg = config_from_dict(data)
+    with pytest.raises(ConfigError) as err:
+        build_federation(cfg, quiet=True)
+    message = str(err.value)
+    assert "`recipe.mu`" in message or "`recipe.threat_model`" in message
+    assert repr(algorithm) in message and "allowed" in message
+
+
+def test_fedavg_without_recipe_keys_builds():
+    cfg = config_from_dict({"rounds": 1, "data": {"num_clients": 4}, "model": {"name": "logreg"}, "recipe": {}})
+    assert build_federation(cfg, quiet=True).num_clients == 4

@@ -1,0 +1,135 @@
+"""One error hierarchy at the command line: a TrustFLError is one line on stderr and exit code 2; Ctrl-C is one
+line and 130; anything else is a bug and keeps its traceback (issue #16)."""
+from __future__ import annotations
+
+import pytest
+
+import trustfl.cli as cli
+from trustfl.cli import main
+from trustfl.errors import ConfigError
+
+SMALL = 'name = "cli"\nrounds = 1\n[data]\nnum_clients = 4\n[model]\nname = "logreg"\n'
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trustfl"), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(SMALL)
+    return path
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("content, fragment", [
+    (b'name = "caf\xe9"\n', "not UTF-8"),
+    (b"\x00\x01\x02binary", "binary"),
+    (b"rounds = 1\nrounds = 2\n", "defined twice"),
+    (b"rounds = [\n", "not valid TOML"),
+])
+def test_unreadable_config_is_one_line(tmp_path, capsys, command, content, fragment):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    assert main([command, str(path)]) == 2
+    line = _one_line(capsys)
+    assert line.startswith("trustfl: error: ") and fragment in line and str(path) in line
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_directory_and_missing_config(tmp_path, capsys, command):
+    assert main([command, str(tmp_path)]) == 2
+    assert "is a directory" in _one_line(capsys)
+    assert main([command, str(tmp_path / "nope.toml")]) == 2
+    assert "does not exist" in _one_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("override, fragment", [
+    ("client.lr", "KEY=VALUE"),
+    ("model.hidden=[8,", "model.hidden"),
+    ("client.lr=nan", "`client.lr`"),
+    ("client.dp.clip=inf", "`client.dp.clip`"),
+    ("recipe.mu=0.1", "`recipe.mu`"),
+    ("zz.top=1", "`zz`"),
+])
+def test_bad_override_is_one_line(small, tmp_path, capsys, command, override, fragment):
+    extra = ["--quiet", "--out", str(tmp_path / "run")] if command == "run" else []
+    assert main([command, str(small), "--set", override, *extra]) == 2
+    assert fragment in _one_line(capsys)
+
+
+def test_recipe_key_names_the_algorithm(small, capsys):
+    assert main(["validate", str(small), "--set", "recipe.mu=0.1"]) == 2
+    line = _one_line(capsys)
+    assert "`recipe.mu`" in line and "'fedavg'" in line
+
+
+def test_argparse_errors_are_one_line(capsys):
+    for argv in (["validate"], ["nonsense"], ["run", "--bogus"], []):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert "error:" in _one_line(capsys)
+
+
+def test_run_dir_problems(small, tmp_path, capsys):
+    assert main(["run", str(small), "--quiet", "--out", str(small)]) == 2
+    assert "is a file" in _one_line(capsys)
+    assert main(["run", "--resume", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in _one_line(capsys)
+    assert main(["run", str(small), "--resume", str(tmp_path)]) == 2
+    assert "--resume" in _one_line(capsys)
+    assert main(["run"]) == 2
+    assert "needs a CONFIG" in _one_line(capsys)
+
+
+def test_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):
+    def fail(args):
+        raise ConfigError("first line\n  second line")
+
+    monkeypatch.setattr(cli, "_cmd_list", fail)
+    assert main(["list"]) == 2
+    assert _one_line(capsys) == "trustfl: error: first line second line"
+
+
+def test_keyboard_interrupt_exits_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_run", interrupted)
+    monkeypatch.setattr(cli, "_cmd_list", interrupted)
+    assert main(["run", "x.toml"]) == 130
+    line = _one_line(capsys)
+    assert "interrupted" in line and "--resume RUN_DIR" in line
+    assert main(["run", "x.toml", "--out", "runs/mine"]) == 130
+    assert "--resume runs/mine" in _one_line(capsys)
+    assert main(["list"]) == 130
+    line = _one_line(capsys)
+    assert line == "trustfl: interrupted"
+
+
+def test_keyboard_interrupt_in_privacy_command(monkeypatch, capsys):
+    import trustfl.cli_privacy as cli_privacy
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_privacy, "run", interrupted)
+    assert main(["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "1", "--steps", "1",
+                 "--delta", "1e-5"]) == 130
+    assert "interrupted" in _one_line(capsys)
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    def bug(args):
+        raise RuntimeError("a bug, not a user error")
+
+    monkeypatch.setattr(cli, "_cmd_list", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["list"])
