@@ -38,8 +38,12 @@ class AbstractGradientMethod(abc.ABC):
 
     @abc.abstractmethod
     def compute(self, model: nn.Module, objective: AbstractObjective, params: Mapping[str, torch.Tensor],
-                batch: Batch, mask: torch.Tensor, cohort: CohortContext) -> tuple[Params, torch.Tensor]:
-        """``(grads, losses)`` for stacked ``params`` ``(m, ...)`` and a padded batch ``(m, B, ...)``."""
+                batch: Batch, mask: torch.Tensor, cohort: CohortContext,
+                full: bool = False) -> tuple[Params, torch.Tensor]:
+        """``(grads, losses)`` for stacked ``params`` ``(m, ...)`` and a padded batch ``(m, B, ...)``.
+
+        ``full``: the caller knows (on the host) that every row of ``mask`` is real, so a method may skip masking.
+        """
 
 
 def _check_clip(clip: float) -> None:
@@ -52,8 +56,8 @@ def _check_clip(clip: float) -> None:
 class PlainGradient(AbstractGradientMethod):
     """``g_i = ∇_θ (1/|S_i|) Σ_{b ∈ S_i} ℓ(θ_i; batch_b)``: the plain mini-batch gradient."""
 
-    def compute(self, model, objective, params, batch, mask, cohort):
-        return batched_mean_grad(model, objective, params, batch, mask)
+    def compute(self, model, objective, params, batch, mask, cohort, full=False):
+        return batched_mean_grad(model, objective, params, batch, mask, full)
 
 
 @register("gradient_method", "per_example")
@@ -75,7 +79,7 @@ class PerExampleClipped(AbstractGradientMethod):
         if self.method not in METHODS:
             raise ConfigError(f"`method` must be one of {METHODS}, found {self.method!r}.")
 
-    def compute(self, model, objective, params, batch, mask, cohort):
+    def compute(self, model, objective, params, batch, mask, cohort, full=False):
         sums, _ = clipped_grad_sum(model, params, batch, mask, self.clip, objective=objective, method=self.method)
         with torch.no_grad():
             losses = batched_mean_losses(model, objective, params, batch, mask)
@@ -97,7 +101,7 @@ class BatchClipped(AbstractGradientMethod):
     def __post_init__(self) -> None:
         _check_clip(self.clip)
 
-    def compute(self, model, objective, params, batch, mask, cohort):
+    def compute(self, model, objective, params, batch, mask, cohort, full=False):
         clipped, _, losses = clipped_batch_mean(model, params, batch, mask, self.clip, return_loss=True,
                                                 objective=objective)
         return clipped, losses

@@ -422,12 +422,14 @@ def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_s
 
 
 def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
-                      batch: Batch, mask: torch.Tensor) -> tuple[Params, torch.Tensor]:
+                      batch: Batch, mask: torch.Tensor, full: bool = False) -> tuple[Params, torch.Tensor]:
     """Per-client gradients of the per-client mean losses, ``({name: (m, ...)}, losses (m,))``.
 
     One ``grad`` of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters: client ``i``'s rows depend on ``θ_i`` only, so
-    row ``i`` of the result is ``∇L_i(θ_i)``.
+    row ``i`` of the result is ``∇L_i(θ_i)``. ``full``: every row of ``mask`` is real (known on the host).
     """
+    if full and mask.shape[0] == 1:  # one client, no padding: the plain mean, no mask arithmetic
+        return _one_client_mean_grad(model, objective, params_stacked, batch, None)
     x = batch[objective.input_key]
     w = mask.to(x.dtype if x.is_floating_point() else next(iter(params_stacked.values())).dtype)
 
@@ -441,12 +443,15 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
 
 
 def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
-                          batch: Batch, w: torch.Tensor) -> tuple[Params, torch.Tensor]:
+                          batch: Batch, w: torch.Tensor | None) -> tuple[Params, torch.Tensor]:
     one = {k: v[0] for k, v in batch.items()}
     with torch.enable_grad():
         leaves = {k: v[0].requires_grad_(True) for k, v in params_stacked.items()}  # views of no-grad tensors
         losses = objective.losses(objective.forward(model, leaves, one), one)
-        loss = (losses * w.to(losses.dtype)).sum() / w.sum().clamp(min=1)  # = mean on a full batch; no host sync
+        if w is None:
+            loss = losses.mean()
+        else:  # equal to the mean on a full batch; no host sync
+            loss = (losses * w.to(losses.dtype)).sum() / w.sum().clamp(min=1)
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     out = {k: (torch.zeros_like(v) if g is None else g).unsqueeze(0) for (k, v), g in zip(leaves.items(), grads)}
     return out, loss.detach().view(1)

@@ -110,6 +110,12 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         empty = [k for k, size in enumerate(sizes) if size == 0]
         has_step[[step_of[k] for k in empty], [client_of[k] for k in empty]] = False
     everyone = has_step.all(1).tolist()
+    # Steps at which no client's batch is padded (host-known): the gradient method may skip the mask arithmetic.
+    full = [True] * total_steps
+    for k, size in enumerate(sizes):
+        if size != widest:
+            full[step_of[k]] = False
+    full = [f and e for f, e in zip(full, everyone)]
     has_step = has_step.to(device)
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans], device=device) \
         if any(p.flip_labels for p in plans) else False
@@ -126,7 +132,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     all_rows = torch.gather(own_rows.expand(total_steps, m, longest), 2, pos.clamp(min=0))
     for s in range(total_steps):
         batch = job.data.gather(all_rows[s], flip)
-        grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], cohort)
+        grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], cohort, full[s])
         if everyone[s]:
             loss_sum += losses.detach().double()
         else:
