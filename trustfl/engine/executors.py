@@ -124,7 +124,8 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         params = {k: v.detach().unsqueeze(0).repeat(m, *([1] * v.dim())) for k, v in layout.unflatten(received).items()}
     else:
         params = {k: v.detach().clone() for k, v in start.items()}
-    start_flat = layout.flatten(params, batch_dims=1)
+    # Where each client started, flat: the received model broadcast (no copy) unless clients have their own.
+    start_flat = received.unsqueeze(0).expand(m, -1) if start is None else layout.flatten(params, batch_dims=1)
     chain, method = job.chain, job.chain.method
     states = chain.init(params, cohort)
     loss_sum = torch.zeros(m, dtype=torch.float64, device=device)
