@@ -31,9 +31,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from trustfl.config.load import config_to_dict, dump_toml, load_config  # noqa: E402
-from trustfl.experiment import run_experiment  # noqa: E402
-from trustfl.report.files import read_metrics  # noqa: E402
+from benchmarks.cached import run_cached  # noqa: E402
+from trustfl.config.load import load_config  # noqa: E402
 from trustfl.report.plots import plot_comparison  # noqa: E402
 
 TUNING_SEED = 100
@@ -79,13 +78,7 @@ def _tag(label: str) -> str:
 
 
 def _run(config: str, overrides: list[str], tag: str) -> list[dict]:
-    """Run, or reuse the finished run in ``OUT/tag`` when its saved config is this one."""
-    cfg = load_config(ROOT / config, overrides + ["engine.checkpoint_every=0"])
-    run_dir = OUT / tag
-    if (run_dir / "summary.json").is_file() and (run_dir / "config.toml").is_file() \
-            and (run_dir / "config.toml").read_text() == dump_toml(config_to_dict(cfg)):
-        return read_metrics(run_dir)
-    return run_experiment(cfg, run_dir, progress=False).rows
+    return run_cached(ROOT / config, overrides, OUT / tag)
 
 
 def _score(rows: list[dict]) -> float:
