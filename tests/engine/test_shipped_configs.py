@@ -3,7 +3,9 @@
 The fixtures (``fixtures/*.jsonl``) are the 2-round ``metrics.jsonl`` files written by ``fixtures/generate.py``
 from the code before issue #10. Values must match exactly; only timing keys are skipped. A row may gain keys
 (new metrics), never lose or change one. A config added later, or changed on purpose (configs/dp/{cdp,ldp}_digits:
-z rounded up so that the full schedule fits its budget), gets its fixture from ``generate.py --missing``.
+z rounded up so that the full schedule fits its budget), gets its fixture from ``generate.py --missing``; so did
+configs/quafl/sequential.toml (added in #11) when a one-client full batch started taking the objective's fused
+loss sum (its only single-client cohort; every fixture from before #10 still reproduces bitwise).
 """
 import json
 import math

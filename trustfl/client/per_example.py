@@ -447,10 +447,11 @@ def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params
     one = {k: v[0] for k, v in batch.items()}
     with torch.enable_grad():
         leaves = {k: v[0].requires_grad_(True) for k, v in params_stacked.items()}  # views of no-grad tensors
-        losses = objective.losses(objective.forward(model, leaves, one), one)
-        if w is None:
-            loss = losses.mean()
+        outputs = objective.forward(model, leaves, one)
+        if w is None:  # a full batch: the objective's (possibly fused) sum, divided by the batch size
+            loss = objective.loss_sum(outputs, one) / outputs.shape[0]
         else:  # equal to the mean on a full batch; no host sync
+            losses = objective.losses(outputs, one)
             loss = (losses * w.to(losses.dtype)).sum() / w.sum().clamp(min=1)
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     out = {k: (torch.zeros_like(v) if g is None else g).unsqueeze(0) for (k, v), g in zip(leaves.items(), grads)}
