@@ -187,9 +187,11 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         if honest_rows:
             finite = torch.isfinite(view[honest_rows]).all(1).tolist()
             honest_rows = [i for i, ok in zip(honest_rows, finite) if ok]
-        honest = view[honest_rows] if honest_rows else view[:0]
-        byz = fed.attack.craft(honest, len(crafted), ctx_train.select(torch.tensor(honest_rows, dtype=torch.long)),
-                               fed.aggregator)
+        if honest_rows:
+            byz = fed.attack.craft(view[honest_rows], len(crafted),
+                                   ctx_train.select(torch.tensor(honest_rows, dtype=torch.long)), fed.aggregator)
+        else:  # nothing to craft from (every honest client diverged): the crafted rows are screened out
+            byz = state.params.new_full((len(crafted), d), float("nan"))
         for i, c in enumerate(crafted):
             rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
     # What reaches the server: one message (and its extras) per cohort client, in client order. Crafted
