@@ -31,13 +31,13 @@ import torch
 from trustfl.client.state import ClientStateStore
 from trustfl.client.transforms import SGD
 from trustfl.core.registry import register
-from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.executors import ClientResults, LocalJob
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.links import Sent
+from trustfl.engine.links import Links
 from trustfl.engine.local import num_local_steps
-from trustfl.engine.round_parts import Uplink, admit, broadcast, cohort_context, compressed_deltas, deliver, weights
+from trustfl.engine.round_parts import (Uplink, admit, broadcast, cohort_context, compressed_deltas, deliver,
+                                        sample_cohort, weights)
 from trustfl.engine.sync import initial_state as sync_initial_state
 from trustfl.errors import ConfigError
 from trustfl.simtime.clock import ClockState, completed_steps, expected_steps, finish_times
@@ -208,19 +208,17 @@ class AsyncEngine(AbstractEngine):
         else:
             new, metrics = _buffered(fed, state, clock, schedule, metrics)
         steps = int(metrics.pop("_local_steps"))
-        bits_up, bits_down = 8 * (new.bytes_up_total - state.bytes_up_total), \
-            8 * (new.bytes_down_total - state.bytes_down_total)
         failures = int(state.clock.get("decode_failures_total", 0)) + int(metrics.get("decode_failures", 0))
         new.clock = {**new.clock, "clock": clock.state_dict(),
                      "local_steps_total": int(state.clock["local_steps_total"]) + steps,
                      "decode_failures_total": failures}
         if fed.links is not None:
             metrics["decode_failures_total"] = failures
-        new.bits_up_total, new.bits_down_total = state.bits_up_total + bits_up, state.bits_down_total + bits_down
         metrics.update({"sim_time": clock.server_time, "server_step": r + 1, "local_steps": steps,
-                        "local_steps_total": new.clock["local_steps_total"], "bits_up": bits_up,
-                        "bits_down": bits_down, "bits_up_total": new.bits_up_total,
-                        "bits_down_total": new.bits_down_total})
+                        "local_steps_total": new.clock["local_steps_total"],
+                        "bits_up": 8 * (new.bytes_up_total - state.bytes_up_total),
+                        "bits_down": 8 * (new.bytes_down_total - state.bytes_down_total),
+                        "bits_up_total": 8 * new.bytes_up_total, "bits_down_total": 8 * new.bytes_down_total})
         new.wall_time_s = state.wall_time_s + time.perf_counter() - start
         return new, metrics
 
@@ -253,14 +251,10 @@ def _speed_weights(fed: Federation) -> torch.Tensor:
     return h.min() / h
 
 
-def _sample(fed: Federation, r: int) -> list[int]:
-    return fed.cohort.sample(list(range(fed.num_clients)), make_generator(fed.seed, r, SERVER, "cohort"))
-
-
 def _polling(fed: Federation, state: EngineState, clock: ClockState, sched: Polling,
              metrics: dict[str, Any]) -> tuple[EngineState, dict[str, Any]]:
     r, k, x_t = state.round, fed.training.steps, state.params
-    sampled = _sample(fed, r)
+    sampled = sample_cohort(fed, r)
     sampled_t = torch.tensor(sampled, dtype=torch.long)
     done = clock.steps_done(sampled_t, clock.durations(sampled_t, fed.timing.speed, fed.seed, k))
     plans, crafted, cohort = admit(fed, r, sampled, metrics, dict(zip(sampled, done.tolist())))
@@ -279,14 +273,14 @@ def _polling(fed: Federation, state: EngineState, clock: ClockState, sched: Poll
     def to_server(x: torch.Tensor, _: list[int]) -> tuple[torch.Tensor, int, int]:
         y = base + x  # Y^i = X^i − η η_i h̃_i: the client's model with its completed progress
         sent_models.setdefault("y", y)
-        up = _up(fed, y, x_t, r)  # the server decodes every message against its X_t
+        up = _links(fed).up(y, x_t, r)  # the server decodes every message against its X_t
         return up.decoded - x_t, up.bits_per_message, up.decode_failures
 
     scale = s / (s + 1) if sched.server_averaging else 1.0
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, 0, metrics, Uplink(to_server, scale))
     if ids:
         y = sent_models.get("y", base + results.updates)
-        down = _down(fed, x_t, r, base if sched.decode_key == "base" else y)
+        down = _links(fed).down(x_t, r, base if sched.decode_key == "base" else y)
         mixed = down.decoded / (s + 1) + y * (s / (s + 1)) if sched.client_averaging else down.decoded
         new.clients = store.scatter(ids, {BASE: mixed}).state_dict()
         _charge_down(new, metrics, down.bits_per_message * s)
@@ -301,13 +295,14 @@ def _polling(fed: Federation, state: EngineState, clock: ClockState, sched: Poll
 def _synchronous(fed: Federation, state: EngineState, clock: ClockState, sched: Synchronous,
                  metrics: dict[str, Any]) -> tuple[EngineState, dict[str, Any]]:
     r, t = state.round, clock.server_time
-    sampled = _sample(fed, r)
+    sampled = sample_cohort(fed, r)
     sampled_t = torch.tensor(sampled, dtype=torch.long)
     planned = _planned(fed, sampled)
     durations = clock.durations(sampled_t, fed.timing.speed, fed.seed, max(planned, default=1) or 1)
+    starts = torch.full((len(sampled),), t, dtype=torch.float64)  # everyone starts from X_t now
     budget = None
     if sched.deadline > 0:  # FedNova: the steps done before the deadline, at least one
-        done = completed_steps(torch.full((len(sampled),), t, dtype=torch.float64), durations, t + sched.deadline)
+        done = completed_steps(starts, durations, t + sched.deadline)
         budget = {c: max(1, min(int(q), p)) for c, q, p in zip(sampled, done.tolist(), planned)}
     plans, crafted, cohort = admit(fed, r, sampled, metrics, budget)
     received, bytes_down = broadcast(fed, state, r, len(cohort))
@@ -325,8 +320,7 @@ def _synchronous(fed: Federation, state: EngineState, clock: ClockState, sched: 
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, bytes_down, metrics, uplink)
     steps_of = dict(zip([p.client_id for p in plans], results.num_steps))
     steps = torch.tensor([steps_of.get(c, q if budget is None else budget[c]) for c, q in zip(sampled, planned)])
-    slowest = float((finish_times(torch.full((len(sampled),), t, dtype=torch.float64), durations, steps)
-                     .max() - t).clamp(min=0)) if sampled else 0.0
+    slowest = float((finish_times(starts, durations, steps).max() - t).clamp(min=0)) if sampled else 0.0
     clock.contact(sampled_t, r)
     clock.advance(slowest + fed.timing.interaction(fed) + fed.timing.wait_time)
     metrics["_local_steps"] = sum(results.num_steps)
@@ -355,22 +349,21 @@ def _buffered(fed: Federation, state: EngineState, clock: ClockState, sched: Buf
         alpha = sched.alpha * (1 + tau) ** (-sched.a)
 
         def to_server(x: torch.Tensor, _: list[int]) -> tuple[torch.Tensor, int, int]:
-            up = _up(fed, base + x, x_t, r)  # the client's model, decoded against x_t
+            up = _links(fed).up(base + x, x_t, r)  # the client's model, decoded against x_t
             return (up.decoded - x_t) * alpha.to(x).unsqueeze(1), up.bits_per_message, up.decode_failures
         uplink = Uplink(to_server)
     else:
         w = (1 + tau) ** -0.5 if sched.staleness == "sqrt" else torch.ones_like(tau)
-        deltas = compressed_deltas(fed, r)
 
-        def to_server(x: torch.Tensor, tids: list[int]) -> tuple[torch.Tensor, int, int]:
-            decoded, bits, fails = deltas.to_server(x, tids) if deltas.to_server else (x, 32 * x.shape[1], 0)
-            return decoded * w.to(x).unsqueeze(1), bits, fails
+        def to_server(x: torch.Tensor, _: list[int]) -> tuple[torch.Tensor, int, int]:
+            up = _links(fed).up(x, None, r)  # deltas: a lattice decodes them against 0
+            return up.decoded * w.to(x).unsqueeze(1), up.bits_per_message, up.decode_failures
         uplink = Uplink(to_server, sched.server_lr)
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, 0, metrics, uplink)
     # Reporting clients receive a model and restart: their next K steps start now.
     fresh = new.params if sched.refresh == "updated" else x_t
     if ids:
-        down = _down(fed, fresh, r, None, len(ids))
+        down = _links(fed).down(fresh, r, receivers=len(ids))
         new.clients = store.scatter(ids, {BASE: down.decoded}).state_dict()
         _charge_down(new, metrics, down.bits_per_message * len(cohort))
     version[picked_t] = r + 1 if sched.refresh == "updated" else r
@@ -383,17 +376,9 @@ def _buffered(fed: Federation, state: EngineState, clock: ClockState, sched: Buf
     return new, metrics
 
 
-def _up(fed: Federation, models: torch.Tensor, keys: torch.Tensor, r: int) -> Sent:
-    if fed.links is None:
-        return Sent(models, 32 * models.shape[1], 0)
-    return fed.links.up(models, keys, r)
-
-
-def _down(fed: Federation, model: torch.Tensor, r: int, keys: torch.Tensor | None, receivers: int = 1) -> Sent:
-    if fed.links is None:
-        m = receivers if keys is None else keys.shape[0]
-        return Sent(model.unsqueeze(0).expand(m, -1), 32 * model.numel(), 0)
-    return fed.links.down(model, r, keys, receivers)
+def _links(fed: Federation) -> Links:
+    """The federation's links; float32 both ways when it has none (``Links`` sends uncompressed then)."""
+    return fed.links if fed.links is not None else Links(None, None, fed.seed)
 
 
 def _charge_down(new: EngineState, metrics: dict[str, Any], bits: int) -> None:

@@ -162,5 +162,3 @@ class EngineState:
     """State of the gradient transforms' server halves (e.g. SCAFFOLD's server control variate)."""
     clock: dict[str, Any] = field(default_factory=dict)
     """An asynchronous engine's virtual clock and schedule state (server time, each client's last contact)."""
-    bits_up_total: int = 0
-    bits_down_total: int = 0

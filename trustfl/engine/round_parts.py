@@ -17,6 +17,7 @@ import torch
 from dp_accounting import dp_event
 
 from trustfl.client.state import ClientStateStore
+from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.executors import ClientResults
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import ClientPlan, num_local_steps, step_event
@@ -62,6 +63,11 @@ def compressed_deltas(fed: Federation, r: int) -> Uplink:
         sent = fed.links.up(x, None, r)
         return sent.decoded, sent.bits_per_message, sent.decode_failures
     return Uplink(to_server)
+
+
+def sample_cohort(fed: Federation, r: int) -> list[int]:
+    """The clients the server draws in round ``r`` (its own "cohort" stream)."""
+    return fed.cohort.sample(list(range(fed.num_clients)), make_generator(fed.seed, r, SERVER, "cohort"))
 
 
 def make_plan(fed: Federation, cid: int, r: int, max_steps: int | None = None) -> ClientPlan:

@@ -16,10 +16,9 @@ from typing import Any
 
 from trustfl.client.state import ClientStateStore
 from trustfl.core.registry import register
-from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.round_parts import admit, broadcast, cohort_context, compressed_deltas, deliver
+from trustfl.engine.round_parts import admit, broadcast, cohort_context, compressed_deltas, deliver, sample_cohort
 
 
 def initial_state(fed: Federation) -> EngineState:
@@ -37,8 +36,7 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
     start = time.perf_counter()
     r = state.round
     metrics: dict[str, Any] = {"round": r + 1}
-    sampled = fed.cohort.sample(list(range(fed.num_clients)), make_generator(fed.seed, r, SERVER, "cohort"))
-    plans, crafted, cohort = admit(fed, r, sampled, metrics)
+    plans, crafted, cohort = admit(fed, r, sample_cohort(fed, r), metrics)
 
     received, bytes_down = broadcast(fed, state, r, len(cohort))
     store = ClientStateStore.from_state_dict(state.clients)
