@@ -28,7 +28,7 @@ from typing import Any
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.recipes.base import AbstractRecipe, recipe_keys
+from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
 
 
 def _on_async(cfg: ExperimentConfig, algorithm: str, schedule: str, params: dict[str, Any],
@@ -50,22 +50,15 @@ def _flag(rec: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _choice(rec: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = rec.get(key, default)
-    if value not in allowed:
-        raise ConfigError(f"`recipe.{key}` must be one of {', '.join(map(repr, allowed))}, found {value!r}.")
-    return value
-
-
 class QuAFL(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, "quafl", ("client_averaging", "server_averaging", "decode_key", "speed_weights",
                                          "lr_scaling"))
         server_avg = _flag(rec, "server_averaging", True)
-        scaling = _choice(rec, "lr_scaling", "none", ("none", "code"))
+        scaling = recipe_choice(rec, "lr_scaling", "none", ("none", "code"))
         s = max(cfg.cohort.size, 1)
         params = {"client_averaging": _flag(rec, "client_averaging", True), "server_averaging": server_avg,
-                  "decode_key": _choice(rec, "decode_key", "base", ("base", "current")),
+                  "decode_key": recipe_choice(rec, "decode_key", "base", ("base", "current")),
                   "speed_weights": _flag(rec, "speed_weights", False),
                   "lr_scale": (s + 1) / s if scaling == "code" and server_avg else 1.0}
         return _on_async(cfg, "quafl", "polling", params,
@@ -75,7 +68,7 @@ class QuAFL(AbstractRecipe):
 class FedBuff(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, "fedbuff", ("variant", "server_lr"))
-        variant = _choice(rec, "variant", "original", ("original", "code"))
+        variant = recipe_choice(rec, "variant", "original", ("original", "code"))
         server_lr = rec.get("server_lr", 1.0)
         params: dict[str, Any] = {"mixing": "fedbuff", "server_lr": server_lr}
         if variant == "code":

@@ -42,3 +42,11 @@ def check_recipe_table(table: Mapping[str, Any], algorithm: str, allowed: Sequen
                           f"{', '.join(allowed) or '(none)'}. The [recipe] table holds the settings of the "
                           f"algorithm named in `algorithm` only.")
     return rec
+
+
+def recipe_choice(rec: dict[str, Any], key: str, default: str, allowed: Sequence[str]) -> str:
+    """``rec[key]`` (or ``default``) after checking that it is one of ``allowed`` (a ConfigError names the key)."""
+    value = rec.get(key, default)
+    if value not in allowed:
+        raise ConfigError(f"`recipe.{key}` must be one of {', '.join(map(repr, allowed))}, found {value!r}.")
+    return value

@@ -69,7 +69,7 @@ from trustfl.errors import ConfigError, PrivacyError, RegistryError
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
 from trustfl.privacy.analysis.secldp import (CONVERSIONS, OPACUS_ORDERS, calibrate_secldp,
                                              equivalent_noise_multiplier, secldp_epsilon)
-from trustfl.recipes.base import AbstractRecipe, recipe_keys
+from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
 
 if TYPE_CHECKING:
     from trustfl.engine.federation import Federation
@@ -138,13 +138,6 @@ def _number(rec: dict[str, Any], key: str, default: Any, ok, allowed: str) -> An
     return float(value)
 
 
-def _choice(rec: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = rec.get(key, default)
-    if value not in allowed:
-        raise ConfigError(f"`recipe.{key}` must be one of {allowed}, found {value!r}.")
-    return value
-
-
 def _counts(cfg: ExperimentConfig, rec: dict[str, Any], threat: str) -> tuple[int, int, int]:
     n, f = cfg.data.num_clients, cfg.attack.num_byzantine
     if n < 2:
@@ -167,7 +160,7 @@ def calibrate(cfg: ExperimentConfig) -> CafCorCalibration:
         f = q and σ_ind = 0 (the server can cancel all correlated noise; spec §7 item 10).
     """
     rec = recipe_keys(cfg, "cafcor", KEYS)
-    threat = _choice(rec, "threat_model", "secldp", THREAT_MODELS)
+    threat = recipe_choice(rec, "threat_model", "secldp", THREAT_MODELS)
     n, f, q = _counts(cfg, rec, threat)
     delta = _number(rec, "delta", DEFAULT_DELTA, lambda v: 0 < v < 1, "a number in (0, 1)")
     common = dict(threat_model=threat, num_workers=n, num_byzantine=f, num_colluding=q, steps=cfg.rounds,
@@ -188,7 +181,7 @@ def calibrate(cfg: ExperimentConfig) -> CafCorCalibration:
     eps = _number(rec, "epsilon", None, lambda v: 0 < v < math.inf, "a finite number > 0")
     if eps is None:
         raise ConfigError(f"`recipe.epsilon` (the target ε) is required with threat_model = {threat!r}.")
-    conversion = _choice(rec, "conversion", "rdp", RECIPE_CONVERSIONS)
+    conversion = recipe_choice(rec, "conversion", "rdp", RECIPE_CONVERSIONS)
     ratio = _number(rec, "ind_to_cor", None, lambda v: 0 <= v < math.inf, "a finite number >= 0")
     if ratio is not None and threat in ("ldp", "cdp"):
         raise ConfigError(f"`recipe.ind_to_cor` applies to \"secldp\" and \"byzldp\" only, found {threat!r} "
@@ -279,7 +272,7 @@ class CafCorRecipe(AbstractRecipe):
         rec = dict(cfg.recipe)
         cal = calibrate(cfg)
         beta = _number(rec, "momentum", DEFAULT_MOMENTUM, lambda v: 0 <= v < 1, "a number in [0, 1)")
-        path = _choice(rec, "noise_path", "exact", NOISE_PATHS)
+        path = recipe_choice(rec, "noise_path", "exact", NOISE_PATHS)
         example = cal.threat_model == "example_cdp"
         mode = "per_example" if example else "batch_clip"
         _check_client(cfg, mode)
