@@ -70,7 +70,7 @@ SKEWED = {  # the label-skew scenario (QuAFL Fig. 4): slow clients 0-4 own class
     "FedAvg (label skew)": ("configs/quafl/fedavg.toml", SKEW + ["name=fedavg-label-skew"]),
     "FedBuff (label skew)": ("configs/quafl/fedbuff.toml", SKEW + ["name=fedbuff-label-skew"]),
 }
-METHODS.update(SKEWED)
+ALL = {**METHODS, **SKEWED}
 
 
 def _tag(label: str) -> str:
@@ -86,7 +86,7 @@ def _score(rows: list[dict]) -> float:
 
 
 def tune(label: str) -> tuple[dict, list[dict]]:
-    config, over = METHODS[label]
+    config, over = ALL[label]
     lr0 = load_config(ROOT / config).client.lr
     grid = [round(lr0 / 3, 6), lr0, round(lr0 * 3, 6)]
     scores: dict[float, float] = {}
@@ -175,13 +175,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run only the methods whose label contains this text")
     args = parser.parse_args()
-    labels = [m for m in METHODS if args.only in m and (m in SKEWED) == ("skew" in args.only)] \
-        if args.only else [m for m in METHODS if m not in SKEWED]
-    skewed = [m for m in SKEWED if not args.only or args.only in m]
+    labels = [m for m in METHODS if args.only in m]
+    skewed = [m for m in SKEWED if args.only in m]
     chosen, trials, runs = {}, {}, {}
     for label in list(dict.fromkeys(labels + skewed)):
         chosen[label], trials[label] = tune(label)
-        config, over = METHODS[label]
+        config, over = ALL[label]
         runs[label] = [_run(config, over + [f"client.lr={chosen[label]['lr']}", f"seed={s}"],
                             f"{_tag(label)}-seed{s}") for s in SEEDS]
         for rows in runs[label]:
