@@ -1,6 +1,6 @@
 """PFA (Liu et al. 2021), as run by the Robust-HDP authors' code: cluster by reported ε, project, weight by ε.
 
-Per call (robust_hdp.md §2.7, [code] block):
+Per call (the PFA of the Robust-HDP authors' code; see docs/papers/robust_hdp.md):
 
   1. Split the rows into *public* and *private* by a 2-component clustering of the MinMax-scaled reported ε;
      public is the cluster with the larger mean ε.
@@ -10,16 +10,12 @@ Per call (robust_hdp.md §2.7, [code] block):
      standardised public updates: ``x ← (u V Vᵀ)·s + m`` (the public PCA mean is 0 after standardising).
   4. Output ``Σ_i w_i x_i`` with ``w_i = ε_i/Σ_j ε_j`` (public updates unchanged).
 
-Deviations from the authors' code (documented, deliberate):
-  * Clustering is our own deterministic 1-D code, no scikit-learn: ``"gmm"`` runs EM for a two-component 1-D
-    Gaussian mixture (variance floor ``reg_covar = 1e-6`` as scikit-learn) started from the exact optimal 1-D
-    2-means split; ``"kmeans"`` is that exact split. scikit-learn's GaussianMixture starts from a seeded k-means,
-    so both can differ on ambiguous lists.
+Choices against the authors' code (documented, deliberate):
+  * The clustering is scikit-learn's, as in the code: ``GaussianMixture(2, random_state=clustering_seed)`` on the
+    MinMax-scaled reported ε (``"gmm"``, the default) or ``KMeans(2)`` (``"kmeans"``).
   * The code clusters once, on all clients, before training; here the split is made per call over the rows
-    present (identical under full participation and constant ε).
-  * On the paper's fixed ε lists the split equals scikit-learn's GaussianMixture(random_state=0) except for
-    Dist6 (ours: only the 1.12 client is public, which skips the projection; scikit-learn: the 12 clients with
-    ε >= 0.36) and Dist7 (6 vs 10 public). ``public_ids`` fixes the public set explicitly to reproduce a split.
+    present, in client-id order (identical under full participation and constant ε; scikit-learn's mixture fit
+    depends on the order of its points). ``public_ids`` fixes the public set instead.
   * With fewer than 2 public rows the public PCA is undefined (the standardised public matrix is 0); the
     projection is then skipped and PFA reduces to WeiAvg (metric ``projected = 0``). If all ε are equal, every
     row is public.
@@ -30,10 +26,10 @@ References:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from trustfl.aggregate.base import AbstractAggregator, rescaled, weighted_rows
@@ -42,63 +38,35 @@ from trustfl.core.registry import register
 from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext, StageOut
 
-REG_COVAR = 1e-6
+def _cluster_labels(v: np.ndarray, clustering: str, seed: int) -> np.ndarray:
+    """Two-cluster labels of the 1-D values ``v`` by scikit-learn, as the authors' code clusters."""
+    points = v[:, None]
+    if clustering == "gmm":
+        from sklearn.mixture import GaussianMixture
+        return GaussianMixture(n_components=2, random_state=seed).fit(points).predict(points)
+    from sklearn.cluster import KMeans
+    return KMeans(n_clusters=2, random_state=seed, n_init=10).fit(points).labels_
 
 
-def _two_means_split(v: torch.Tensor) -> torch.Tensor:
-    """Labels (0 = low, 1 = high) of the optimal 1-D 2-means split: minimise the within-cluster SSE over the
-    ``n − 1`` thresholds between sorted values (first minimum on ties)."""
-    order = torch.argsort(v, stable=True)
-    s = v[order]
-    n = s.numel()
-    k = torch.arange(1, n, dtype=v.dtype)                 # size of the low cluster
-    c1, c2 = torch.cumsum(s, 0)[:-1], torch.cumsum(s * s, 0)[:-1]
-    t1, t2 = s.sum(), (s * s).sum()
-    sse = (c2 - c1 ** 2 / k) + ((t2 - c2) - (t1 - c1) ** 2 / (n - k))
-    cut = int(torch.argmin(sse)) + 1
-    labels = torch.zeros(n, dtype=torch.long)
-    labels[order[cut:]] = 1
-    return labels
-
-
-def _gmm_refine(v: torch.Tensor, labels: torch.Tensor, max_iter: int = 200, tol: float = 1e-10) -> torch.Tensor:
-    """EM for a 1-D two-component Gaussian mixture from hard ``labels``; returns the MAP labels."""
-    resp = torch.stack([(labels == 0), (labels == 1)], dim=1).to(v.dtype)
-    prev = -math.inf
-    for _ in range(max_iter):
-        nk = resp.sum(0) + 10 * torch.finfo(v.dtype).eps
-        mean = (resp * v[:, None]).sum(0) / nk
-        var = (resp * (v[:, None] - mean) ** 2).sum(0) / nk + REG_COVAR
-        log_p = (torch.log(nk / v.numel()) - 0.5 * torch.log(2 * math.pi * var)
-                 - 0.5 * (v[:, None] - mean) ** 2 / var)
-        norm = torch.logsumexp(log_p, dim=1, keepdim=True)
-        resp = torch.exp(log_p - norm)
-        ll = float(norm.mean())
-        if abs(ll - prev) <= tol:
-            break
-        prev = ll
-    return resp.argmax(dim=1)
-
-
-def public_mask(eps: torch.Tensor, clustering: str = "gmm") -> torch.Tensor:
+def public_mask(eps: torch.Tensor, clustering: str = "gmm", seed: int = 0) -> torch.Tensor:
     """Boolean mask of the public rows: the 2-cluster split of MinMax-scaled ``eps`` with the larger mean ε.
+
+    ``clustering``: ``"gmm"`` (scikit-learn ``GaussianMixture(2, random_state=seed)``, the authors' default) or
+    ``"kmeans"`` (``KMeans(2, random_state=seed)``). The mask is on ``eps``'s device.
 
     Example:
       >>> public_mask(torch.tensor([0.2, 0.21, 5.0, 4.5, 0.19])).tolist()
       [False, False, True, True, False]
     """
-    eps = eps.to(torch.float64)
-    lo, hi = float(eps.min()), float(eps.max())
-    if eps.numel() < 2 or hi == lo:
-        return torch.ones(eps.numel(), dtype=torch.bool)
-    v = (eps - lo) / (hi - lo)
-    labels = _two_means_split(v)
-    if clustering == "gmm":
-        labels = _gmm_refine(v, labels)
-    if bool((labels == labels[0]).all()):
-        return torch.ones(eps.numel(), dtype=torch.bool)
-    high = int(eps[labels == 1].mean() > eps[labels == 0].mean())
-    return labels == high
+    values = eps.detach().to("cpu", torch.float64).numpy()
+    lo, hi = float(values.min()), float(values.max())
+    if values.size < 2 or hi == lo:
+        return torch.ones(eps.numel(), dtype=torch.bool, device=eps.device)
+    labels = _cluster_labels((values - lo) / (hi - lo), clustering, seed)
+    if (labels == labels[0]).all():
+        return torch.ones(eps.numel(), dtype=torch.bool, device=eps.device)
+    high = int(values[labels == 1].mean() > values[labels == 0].mean())
+    return torch.as_tensor(labels == high, device=eps.device)
 
 
 def project_private(public: torch.Tensor, private: torch.Tensor, k: int = 1) -> torch.Tensor:
@@ -140,6 +108,7 @@ class PFA(AbstractAggregator):
 
     Args:
       clustering: ``"gmm"`` (the code's default) or ``"kmeans"``.
+      clustering_seed: ``random_state`` of the clustering (the code passes its run seed; default 0).
       public_ids: if given, the client ids that are public (no clustering); rows of other clients are private.
       projection_dim: number of public principal directions ``k >= 1`` (the paper: 1).
       per_client_metrics: also report ``weight/<client_id>``.
@@ -154,6 +123,7 @@ class PFA(AbstractAggregator):
     """
 
     clustering: Literal["gmm", "kmeans"] = "gmm"
+    clustering_seed: int = 0
     public_ids: tuple[int, ...] | None = None
     projection_dim: int = 1
     per_client_metrics: bool = False
@@ -161,6 +131,9 @@ class PFA(AbstractAggregator):
     def __post_init__(self) -> None:
         if self.clustering not in ("gmm", "kmeans"):
             raise ConfigError(f"`clustering` must be 'gmm' or 'kmeans', found {self.clustering!r}.")
+        check_int = self.clustering_seed
+        if not isinstance(check_int, int) or isinstance(check_int, bool) or check_int < 0:
+            raise ConfigError(f"`clustering_seed` must be an integer >= 0, found {check_int!r}.")
         k = self.projection_dim
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ConfigError(f"`projection_dim` must be an integer >= 1, found {k!r}.")
@@ -175,9 +148,12 @@ class PFA(AbstractAggregator):
         eps = require_report(ctx, "reported_epsilon", "pfa", x.shape[0])
         w = weiavg_weights(eps)
         if self.public_ids is None:
-            pub = public_mask(eps, self.clustering)
+            # cluster in client-id order, as the code does (the mixture's fit depends on the order of its points)
+            order = torch.as_tensor(ctx.client_ids, device=eps.device).argsort(stable=True)
+            pub = torch.empty(eps.numel(), dtype=torch.bool, device=eps.device)
+            pub[order] = public_mask(eps[order], self.clustering, self.clustering_seed)
         else:
-            pub = torch.tensor([cid in self.public_ids for cid in ctx.client_ids], dtype=torch.bool)
+            pub = torch.tensor([cid in self.public_ids for cid in ctx.client_ids], dtype=torch.bool, device=x.device)
         projected = int(pub.sum()) >= 2 and not bool(pub.all())
         if projected:
             k = min(self.projection_dim, int(pub.sum()))
