@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from trustfl.aggregate.base import AbstractAggregator, Mean, PreAggregated
 from trustfl.aggregate.coordinate import CoordinateWiseTrimmedMean
 from trustfl.aggregate.pre import ARC, NNM, Bucketing, StaticClip
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import ConfigError
 from trustfl.types import ParamLayout, RoundContext, StageOut
 
 
@@ -208,6 +208,6 @@ def test_pre_aggregators_do_not_modify_their_input():
 
 
 def test_errors_are_trustfl_value_errors():
-    with pytest.raises(TrustFLError) as info:
+    with pytest.raises(ConfigError, match="f=5 and n=4") as info:
         NNM(f=5)(torch.randn(4, 2))
     assert isinstance(info.value, ValueError)

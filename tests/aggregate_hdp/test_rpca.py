@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trustfl.aggregate.rpca import DEFAULT_TOL, pcp
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 
 
@@ -122,11 +122,11 @@ def test_invalid_options(kwargs):
 
 
 def test_invalid_matrices():
-    with pytest.raises(ValueError, match="non-empty floating"):
+    with pytest.raises(MessageError, match="non-empty floating"):
         pcp(torch.ones(5, dtype=torch.float64))
-    with pytest.raises(ValueError, match="non-empty floating"):
+    with pytest.raises(MessageError, match="non-empty floating"):
         pcp(torch.ones(5, 2, dtype=torch.int64))
     bad = torch.ones(5, 2)
     bad[0, 0] = float("inf")
-    with pytest.raises(ValueError, match="non-finite"):
+    with pytest.raises(MessageError, match="non-finite"):
         pcp(bad)

@@ -12,7 +12,7 @@ import trustfl
 from trustfl.aggregate.base import AbstractAggregator, Mean
 from trustfl.attacks import (ALittleIsEnough, FallOfEmpires, GaussianAttack, LabelFlip, Mimic, SignFlip, alie_ls,
                              baruch_z, flip_labels, foe_ls, line_maximize)
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import ConfigError, MessageError, TrustFLError
 from trustfl.types import RoundContext, StageOut
 
 H = torch.tensor([[1.0, -2.0, 0.0], [3.0, 0.0, 1.0], [5.0, 2.0, 5.0]])
@@ -120,11 +120,11 @@ def test_every_update_attack_keeps_dtype_and_shape(name: str, dtype: torch.dtype
 @pytest.mark.parametrize("name", UPDATE_LEVEL)
 def test_every_update_attack_rejects_bad_input(name: str) -> None:
     attack = trustfl.build("attack", name)
-    with pytest.raises(TrustFLError):
+    with pytest.raises(MessageError, match="2-D"):
         attack.craft(torch.zeros(3), 1, ctx(), Mean())
-    with pytest.raises(TrustFLError):
+    with pytest.raises(TrustFLError, match="num_byzantine"):
         attack.craft(H, -1, ctx(), Mean())
-    with pytest.raises(TrustFLError):  # update-level attacks have no data form
+    with pytest.raises(TrustFLError, match="update-level"):  # update-level attacks have no data form
         attack.poison(torch.zeros(2, 1), torch.zeros(2, dtype=torch.long), 10)
 
 

@@ -78,9 +78,9 @@ def test_bad_width_raises_config_error_naming_bits(bits):
 
 
 def test_bad_shapes_raise():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"\(m, d\) integer tensor, found torch.int64 \(3,\)"):
         pack_bits(torch.zeros(3, dtype=torch.int64), 4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"\(m, d\) integer tensor, found torch.float32"):
         pack_bits(torch.zeros(1, 3), 4)  # float input
     with pytest.raises(ValueError, match=r"\(m, 2\)"):
         unpack_bits(torch.zeros(1, 3, dtype=torch.uint8), 4, 3)

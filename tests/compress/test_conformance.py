@@ -51,7 +51,7 @@ def test_conformance(name):
     assert not x64.equal(torch.zeros_like(x64))  # the input was not modified in place
     torch.testing.assert_close(x64.float(), x)
     assert comp.with_segments((300, 33)).bits_per_coordinate == comp.bits_per_coordinate
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"floating \(m, d\) tensor"):
         comp.encode(x[0], _gen(1), 17)  # rows are required
 
 

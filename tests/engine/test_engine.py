@@ -70,7 +70,9 @@ def test_run_directory_contents(small_config, tmp_path):
     for key in ("final_accuracy", "best_accuracy", "rounds", "wall_time_s", "seed"):
         assert key in summary
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())
-    assert sum(info["partition"]["sizes"]) == 1437 or sum(info["partition"]["sizes"]) > 1000
+    # digits train split: 1797 images − round(0.2 · 1797) = 359 held out = 1438, all of them given to the 8 clients
+    assert info["partition"]["num_samples"] == 1438 and info["partition"]["num_clients"] == 8
+    assert sum(info["partition"]["sizes"]) == 1438 and len(info["partition"]["sizes"]) == 8
 
 
 @pytest.mark.parametrize("attack", ["nan", "inf"])

@@ -92,7 +92,12 @@ def test_scaffold_resumes_bitwise(small_config, tmp_path):
     full = run_experiment(cfg, tmp_path / "full", progress=False)
     run_experiment(cfg, tmp_path / "part", progress=False, stop_after=3)
     saved = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["state"]
-    assert saved["round"] == 3 and len(saved["clients"]) > 0 and "scaffold" in saved["shared"]
+    assert saved["round"] == 3 and "scaffold" in saved["shared"]
+    # The store holds exactly the clients drawn in rounds 0–2 (cohorts of 5 of 8), each with its variate.
+    from trustfl.engine.round_parts import sample_cohort
+    fed = build_federation(cfg, quiet=True)
+    drawn = set().union(*(sample_cohort(fed, r) for r in range(3)))
+    assert set(saved["clients"]) == drawn and all(set(e) == {"scaffold/c"} for e in saved["clients"].values())
     resumed = run_experiment(None, resume=tmp_path / "part", progress=False)
     assert torch.equal(full.params, resumed.params)
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["state"]

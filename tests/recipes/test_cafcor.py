@@ -297,7 +297,12 @@ def test_noiseless_attack_view_sees_the_messages_without_privacy_noise():
         assert seen_v.shape == momentum.shape == (5, u.shape[1])
         assert torch.allclose(seen_v, momentum, atol=1e-6)
         assert float(seen_t.norm()) > 10 * float(seen_v.norm())   # the transmitted view is mostly noise
-    assert state_v.attack_view is not None
+    # The shadow chain's state: one entry per stage; the worker momentum holds one noiseless momentum per honest
+    # client, the last momentum checked above.
+    assert set(state_v.attack_view) == {"secldp_accounting", "worker_momentum"}
+    shadow = state_v.attack_view["worker_momentum"]
+    assert len(shadow) == 5
+    assert torch.allclose(torch.stack([shadow[c] for c in sorted(shadow)]), momentum, atol=1e-6)
     # The shadow chain's accounting events are not charged: the ledgers match the transmitted-view run's.
     assert fed_v.ledger.epsilons() == pytest.approx(fed_t.ledger.epsilons())
 
