@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trustfl.config.load import config_to_dict, dump_toml, load_config  # noqa: E402
 from trustfl.experiment import run_experiment  # noqa: E402
-from trustfl.report.files import read_metrics  # noqa: E402
+from trustfl.core.runfiles import read_metrics  # noqa: E402
 
 
 def run_cached(config: Path, overrides: list[str], run_dir: Path) -> list[dict]:

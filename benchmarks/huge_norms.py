@@ -79,7 +79,7 @@ import trustfl.engine.round_parts as round_parts  # noqa: E402
 import trustfl.engine.sync as sync_engine  # noqa: E402
 from trustfl.config.load import config_to_dict, dump_toml, load_config  # noqa: E402
 from trustfl.experiment import run_experiment  # noqa: E402
-from trustfl.report.files import read_metrics  # noqa: E402
+from trustfl.core.runfiles import read_metrics  # noqa: E402
 
 CONFIG = "configs/quickstart.toml"
 OUT = HERE / "out" / "huge_norms"

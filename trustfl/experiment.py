@@ -26,7 +26,7 @@ from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.loop import CHECKPOINT, Progress, load_checkpoint, metric_names, run_rounds, save_checkpoint
 from trustfl.evaluate.base import higher_is_better
-from trustfl.report.files import read_metrics, truncate_metrics, write_json
+from trustfl.core.runfiles import read_metrics, truncate_metrics, write_json
 from trustfl.report.plots import plot_run
 
 __all__ = ["CHECKPOINT", "RunResult", "default_run_dir", "load_checkpoint", "run_config_file", "run_experiment",

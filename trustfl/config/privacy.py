@@ -10,29 +10,13 @@ import math
 from typing import Any
 
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.rng import numpy_rng
 from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, step_event
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.events import composed, describe, self_composed
-from trustfl.privacy.budgets import calibrate_clients, epsilons_from_distribution, epsilons_from_list
+from trustfl.privacy.budgets import calibrate_clients, client_epsilons
 
 import torch
-
-
-def client_epsilons(cfg: ExperimentConfig, n: int) -> list[float] | None:
-    """Per-client ε targets from ``client.dp`` (a list, a named distribution, or one value), or ``None``."""
-    dp = cfg.client.dp
-    try:
-        if dp.epsilons:
-            return epsilons_from_list(dp.epsilons, n)
-        if dp.epsilon_distribution:
-            return epsilons_from_distribution(dp.epsilon_distribution, n, numpy_rng(cfg.seed, "epsilons"))
-    except PrivacyError as err:
-        raise ConfigError(f"`client.dp`: {err}") from None
-    if dp.epsilon > 0:
-        return [dp.epsilon] * n
-    return None
 
 
 def _ceil(z: float, decimals: int) -> float:
@@ -51,7 +35,7 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
     """
     n = len(sizes)
     dp = cfg.client.dp
-    eps = client_epsilons(cfg, n)
+    eps = client_epsilons(cfg.client.dp, n, cfg.seed)
     honest = [i for i in range(n) if i not in byzantine and (sizes[i] > 0 or dp.mode == "off")]
     if dp.mode == "off":
         if not round_events:

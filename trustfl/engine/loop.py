@@ -19,7 +19,7 @@ from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.errors import CheckpointError
 from trustfl.evaluate.base import evaluate_model
-from trustfl.report.files import append_metrics
+from trustfl.core.runfiles import append_metrics
 
 CHECKPOINT = "checkpoint.pt"
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from trustfl.core.rng import numpy_rng
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier
 from trustfl.privacy.analysis.rhdp import calibrate_z
@@ -153,6 +154,21 @@ def epsilons_from_distribution(name: str, num_clients: int, rng: np.random.Gener
         raise ConfigError(f"`scale` must be a finite number > 0, found {scale!r}.")
     draws = EPSILON_DISTRIBUTIONS[key].sample(n, rng)
     return (float(scale) * np.maximum(draws, float(floor))).tolist()
+
+
+def client_epsilons(dp: Any, num_clients: int, seed: int) -> list[float] | None:
+    """Per-client ε targets of a ``client.dp`` table (a list, a named distribution drawn with ``seed``, or one
+    value), or ``None`` when it sets no budget."""
+    try:
+        if dp.epsilons:
+            return epsilons_from_list(dp.epsilons, num_clients)
+        if dp.epsilon_distribution:
+            return epsilons_from_distribution(dp.epsilon_distribution, num_clients, numpy_rng(seed, "epsilons"))
+    except PrivacyError as err:
+        raise ConfigError(f"`client.dp`: {err}") from None
+    if dp.epsilon > 0:
+        return [dp.epsilon] * num_clients
+    return None
 
 
 def _broadcast(name: str, value: Union[float, Sequence[float]], n: int) -> list[float]:

@@ -68,11 +68,10 @@ import torch
 
 from trustfl.aggregate.noise_aware import (aggregate_noise_metric, dpfedavg_weights, oracle_weights,
                                            update_noise_variance, weiavg_weights)
-from trustfl.config.privacy import client_epsilons
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.privacy.budgets import RHDP_FIXED_LISTS
+from trustfl.privacy.budgets import RHDP_FIXED_LISTS, client_epsilons
 from trustfl.recipes.base import AbstractRecipe, check_recipe_table
 
 if TYPE_CHECKING:
@@ -183,7 +182,7 @@ class RobustHDPRecipe(AbstractRecipe):
         if s.eps_list:
             eps = _cycled(RHDP_FIXED_LISTS[s.eps_list.lower()], n)
         else:
-            eps = client_epsilons(cfg, n)
+            eps = client_epsilons(cfg.client.dp, n, cfg.seed)
             if eps is None:
                 raise ConfigError("algorithm 'robust_hdp' needs per-client budgets: set `recipe.eps_list` "
                                   "(\"dist1\"…\"dist9\") or `client.dp.epsilons` / `epsilon_distribution` / "

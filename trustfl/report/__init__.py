@@ -1,5 +1,5 @@
 """Results: JSONL metrics, summaries, plots and tables of run directories."""
-from trustfl.report.files import read_metrics, write_json
+from trustfl.core.runfiles import read_metrics, write_json
 from trustfl.report.plots import plot_run
 from trustfl.report.table import format_table, report_run
 

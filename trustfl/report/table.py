@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.errors import TrustFLError
-from trustfl.report.files import read_metrics
+from trustfl.core.runfiles import read_metrics
 from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
