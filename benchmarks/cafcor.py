@@ -1,4 +1,4 @@
-"""CafCor reproductions (specs/cafcor.md §5–6): Exp. A (Fig. 1, threat models) and Exp. B (Fig. 2, aggregators).
+"""CafCor reproductions (the paper's Sec. 5; docs/papers/cafcor.md): Exp. A (Fig. 1, threat models) and Exp. B (Fig. 2, aggregators).
 
 Usage::
 
@@ -69,7 +69,7 @@ EXP_A_METHODS = {  # label → (config, is adversary-free, extra overrides)
     "CafCor-SecLDP": ("expA_cafcor_secldp.toml", False, []),   # the configs set attack.view = "noiseless"
     "CafCor-ByzLDP": ("expA_cafcor_byzldp.toml", False, []),
 }
-EXP_A_LITERAL = {  # the spec's literal reading (§4.2, §7 item 11): ALIE computed on the transmitted, noisy momentums
+EXP_A_LITERAL = {  # a literal reading of the paper's threat model: ALIE computed on the transmitted, noisy momentums
     "CafCor-SecLDP, ALIE on noisy msgs": ("expA_cafcor_secldp.toml", False, ["attack.view=transmitted"]),
     "CafCor-ByzLDP, ALIE on noisy msgs": ("expA_cafcor_byzldp.toml", False, ["attack.view=transmitted"]),
 }
@@ -77,7 +77,7 @@ EXP_A_ALL = {**EXP_A_METHODS, **EXP_A_LITERAL}
 EXP_B_RULES = {"CAF": "caf", "CWTM": "cwtm", "CWMed": "cwmed", "GM": "geometric_median", "MK": "multi_krum",
                "Meamed": "meamed"}
 EXP_B_ROUNDS = 200
-PAPER = {  # numbers stated in the paper's text (specs/cafcor.md §6); "-" where the text gives none
+PAPER = {  # numbers stated in the paper's text (Sec. 5); "-" where the text gives none
     ("A", 5, "CafCor-SecLDP"): "83 %", ("A", 5, "DSGD-CDP"): "83 %", ("A", 5, "CafCor-ByzLDP"): "≈ 75 % (−8 %)",
     ("A", 5, "DSGD-LDP"): "< 30 %", ("A", 10, "DSGD-LDP"): "< 30 %",
     ("A", 10, "CafCor-SecLDP"): "slightly below CDP", ("A", 10, "CafCor-ByzLDP"): "well above LDP",
@@ -238,7 +238,7 @@ def _cdp_eps(rec: dict[str, Any]) -> str:
 def render(runs: dict[str, Any]) -> None:
     lines = ["# CafCor reproductions (benchmarks/cafcor.py)", "",
              "Allouah, Guerraoui & Stephan, *Towards Trustworthy Federated Learning with Untrusted Participants* "
-             "(ICML 2025); spec `specs/cafcor.md`. Exp. A scaled: seeds 1–N (`--seeds`, the paper averages seeds "
+             "(ICML 2025); implementation notes: `docs/papers/cafcor.md`. Exp. A scaled: seeds 1–N (`--seeds`, the paper averages seeds "
              "1–5); the other parts one seed (1), on a 2-core CPU, `torch.set_num_threads(1)` per run process. "
              "Accuracy is the test accuracy of the last iterate.", ""]
     names = {"a": "Exp. A scaled", "full": "Exp. A full size", "b": "Exp. B scaled", "diag": "diagnostics"}
@@ -262,7 +262,7 @@ def render(runs: dict[str, Any]) -> None:
                   "CafCor-SecLDP / CafCor-ByzLDP use `attack.view = \"noiseless\"` (configs/cafcor/expA_cafcor_*.toml): "
                   "the omniscient attacker computes ALIE from the honest workers' momentums *without* the privacy "
                   "noise (a simulation-only oracle, `trustfl.engine.sync`), and the Byzantine rows are sent as they are. "
-                  "The rows \"ALIE on noisy msgs\" are the spec's literal reading (§4.2, §7 item 11: ALIE on the "
+                  "The rows \"ALIE on noisy msgs\" are a literal reading of the threat model (ALIE on the "
                   "transmitted noisy momentums, `attack.view = \"transmitted\"`, the library default); they do not "
                   "show the paper's claim (see the diagnostics below).", "",
                   "| f | method | σ_cor | σ_ind | noise std of one message | noise std of the honest average | "
@@ -315,7 +315,7 @@ def render(runs: dict[str, Any]) -> None:
                   "clipping C = 5, noise multiplier z = 0.5 on the honest sum, i.e. `client.dp.noise_multiplier` = "
                   "0.5/√10 per worker, **Poisson** batches of expected size b = 100 (`batch_sampler = "
                   "\"poisson\"`: the "
-                  "spec's ε recipe is the Poisson-subsampled Gaussian, so the batches follow the analysed sampler; "
+                  "paper's ε recipe is the Poisson-subsampled Gaussian, so the batches follow the analysed sampler; "
                   "fixed-size batches would need the without-replacement analysis); γ = 0.075, β = 0.85, weight decay "
                   "1e-4 (Exp. A's; not stated for Exp. B). SF: the 5 malicious workers send −mean(honest) and hold no "
                   "data; LF: they train on labels 9 − y with the protocol (noise, momentum), so they hold data and the "
@@ -465,7 +465,7 @@ def _findings(runs: dict[str, Any]) -> list[str]:
                    f"{100 * (acc['DSGD-LDP'] - acc['CafCor-SecLDP']):+.1f}.")
         literal = [f"{lab.split(',')[0]} {_pct(acc[lab])}" for lab in EXP_A_LITERAL if acc[lab] is not None]
         if literal:
-            out.append(f"  With ALIE on the noisy transmitted momentums (spec's literal reading): {', '.join(literal)}.")
+            out.append(f"  With ALIE on the noisy transmitted momentums (the paper's literal reading): {', '.join(literal)}.")
     for rid, (_, _, label) in FULL.items():
         if rid in runs:
             r = runs[rid]

@@ -6,7 +6,7 @@ time of a per-client loop implementation of the same algorithm written here, bot
 Run: ``.venv/bin/python benchmarks/quafl_speed.py [--rounds 200] [--quick] [--batch-size 128] [--threads N]
 [--out benchmarks/quafl_speed.md]``.
 
-"The same algorithm" (spec quafl.md §2.2-2.3, structured as the authors' code): n = 100 clients, each an
+"The same algorithm" (QuAFL's Algorithm 1, structured as the authors' code): n = 100 clients, each an
 ``nn.Module`` MLP 784-200-200-10 with its own ``torch.optim.SGD`` (lr 0.05, created once), plus a server module.
 Each round the server samples s = 10 clients uniformly; each client draws K = 5 fresh step durations
 (exponential, mean 8 for the 25 slow clients, 2 for the others: the speed model of trustfl's
