@@ -18,9 +18,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import lookup, names, register
 from trustfl.core.stage import AbstractStage
-from trustfl.errors import ConfigError, MessageError
+from trustfl.errors import MessageError
 from trustfl.types import ParamLayout, RoundContext, StageOut
 
 _MAX_LISTED_ROWS = 10
@@ -208,5 +209,4 @@ class Mean(AbstractAggregator):
 
 def require_f(f: int, name: str = "f") -> None:
     """Validate a Byzantine bound at construction."""
-    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-        raise ConfigError(f"`{name}` must be an integer >= 0, found {f!r}.")
+    check_number(name, f, integer=True, low=0)

@@ -17,6 +17,7 @@ import torch
 from trustfl.aggregate.base import AbstractAggregator, mean_rows, require_f, weighted_rows
 from trustfl.aggregate.coordinate import check_n_vs_f
 from trustfl.aggregate.geometric import gram_matrix
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext, StageOut
@@ -136,14 +137,9 @@ class CAF(AbstractAggregator):
         require_f(self.f)
         if self.method not in ("gram", "power"):
             raise ConfigError(f"`method` must be 'gram' or 'power', found {self.method!r}.")
-        if self.max_iter is not None and (not isinstance(self.max_iter, int) or isinstance(self.max_iter, bool)
-                                          or self.max_iter < 1):
-            raise ConfigError(f"`max_iter` must be an integer >= 1 or None (n), found {self.max_iter!r}.")
-        if not isinstance(self.power_iters, int) or isinstance(self.power_iters, bool) or self.power_iters < 1:
-            raise ConfigError(f"`power_iters` must be an integer >= 1, found {self.power_iters!r}.")
-        if not (isinstance(self.power_tol, (int, float)) and not isinstance(self.power_tol, bool)
-                and self.power_tol >= 0):
-            raise ConfigError(f"`power_tol` must be a float >= 0, found {self.power_tol!r}.")
+        check_number("max_iter", self.max_iter, integer=True, low=1, allow_none=True, note="n")
+        check_number("power_iters", self.power_iters, integer=True, low=1)
+        check_number("power_tol", self.power_tol, low=0)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, d = x.shape

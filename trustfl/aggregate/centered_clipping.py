@@ -6,13 +6,13 @@ checkpoint is the state dict.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trustfl.aggregate.base import AbstractAggregator, normalized_weights, weighted_rows
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import ParamLayout, RoundContext, StageOut
@@ -66,11 +66,8 @@ class CenteredClipping(AbstractAggregator):
     iterations: int = 1
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.tau, (int, float)) and not isinstance(self.tau, bool) and self.tau > 0
-                and math.isfinite(self.tau)):
-            raise ConfigError(f"`tau` (clipping radius) must be a finite float > 0, found {self.tau!r}.")
-        if not isinstance(self.iterations, int) or isinstance(self.iterations, bool) or self.iterations < 1:
-            raise ConfigError(f"`iterations` must be an integer >= 1, found {self.iterations!r}.")
+        check_number("tau", self.tau, low=0, low_open=True, finite=True, note="clipping radius")
+        check_number("iterations", self.iterations, integer=True, low=1)
 
     def init(self, layout: ParamLayout) -> dict[str, torch.Tensor | None]:
         return {"center": None}

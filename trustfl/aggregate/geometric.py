@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 import torch
 
 from trustfl.aggregate.base import AbstractAggregator, list_rows, normalized_weights, weighted_rows
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError, MessageError
+from trustfl.errors import MessageError
 from trustfl.types import RoundContext, StageOut
 
 _CHUNK_ELEMENTS = 1 << 20  # ≈ 4–8 MB per chunk: stays in cache, big enough for an efficient GEMM
@@ -178,10 +179,6 @@ def _weighted_median(values: torch.Tensor, w: torch.Tensor) -> float:
     return float(values[order][int(torch.searchsorted(cum, 0.5 * cum[-1]))])
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 @register("aggregator", "geometric_median")
 @dataclass(frozen=True)
 class GeometricMedian(AbstractAggregator):
@@ -223,12 +220,9 @@ class GeometricMedian(AbstractAggregator):
     max_iter: int = 1000
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.nu) and self.nu > 0 and math.isfinite(self.nu)):
-            raise ConfigError(f"`nu` must be a finite float > 0, found {self.nu!r}.")
-        if not (_is_number(self.tol) and self.tol > 0):
-            raise ConfigError(f"`tol` must be a float > 0, found {self.tol!r}.")
-        if not isinstance(self.max_iter, int) or isinstance(self.max_iter, bool) or self.max_iter < 1:
-            raise ConfigError(f"`max_iter` must be an integer >= 1, found {self.max_iter!r}.")
+        check_number("nu", self.nu, low=0, low_open=True, finite=True)
+        check_number("tol", self.tol, low=0, low_open=True)
+        check_number("max_iter", self.max_iter, integer=True, low=1)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]

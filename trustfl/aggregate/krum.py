@@ -15,6 +15,7 @@ import torch
 from trustfl.aggregate.base import AbstractAggregator, require_f, weighted_rows
 from trustfl.aggregate.coordinate import USABLE, check_n_vs_f, smallest_weights
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
@@ -112,8 +113,7 @@ class MultiKrum(AbstractAggregator):
 
     def __post_init__(self) -> None:
         require_f(self.f)
-        if self.m is not None and (not isinstance(self.m, int) or isinstance(self.m, bool) or self.m < 1):
-            raise ConfigError(f"`m` (messages averaged) must be an integer >= 1 or None (n − f), found {self.m!r}.")
+        check_number("m", self.m, integer=True, low=1, allow_none=True, note="messages averaged; None: n − f")
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]

@@ -15,6 +15,7 @@ import torch
 from trustfl.aggregate.base import AbstractAggregator, mean_rows, require_f, weighted_rows
 from trustfl.aggregate.coordinate import check_n_vs_f
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
@@ -73,8 +74,7 @@ class MinimumDiameterAveraging(AbstractAggregator):
 
     def __post_init__(self) -> None:
         require_f(self.f)
-        if not isinstance(self.max_subsets, int) or isinstance(self.max_subsets, bool) or self.max_subsets < 1:
-            raise ConfigError(f"`max_subsets` must be an integer >= 1, found {self.max_subsets!r}.")
+        check_number("max_subsets", self.max_subsets, integer=True, low=1)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, f = x.shape[0], self.f

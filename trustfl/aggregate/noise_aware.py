@@ -30,6 +30,7 @@ import torch
 
 from trustfl.aggregate.base import AbstractAggregator, list_rows, weighted_rows
 from trustfl.aggregate.rpca import MuRule, SvdMethod, TolMode, check_pcp_options, pcp
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, MessageError
 from trustfl.types import ParamLayout, RoundContext, StageOut
@@ -273,14 +274,9 @@ class RobustHDP(AbstractAggregator):
         _check_choice("mode", self.mode, ("every_round", "once"))
         _check_choice("estimator", self.estimator, ("rpca", "naive"))
         _check_choice("block", self.block, ("first", "random"))
-        for name, value in (("block_size", self.block_size), ("num_blocks", self.num_blocks)):
-            if value is None and name == "block_size":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"`{name}` must be an integer >= 1{' or None' if name == 'block_size' else ''}, "
-                                  f"found {value!r}.")
-        if not (isinstance(self.variance_floor, (int, float)) and 0 <= self.variance_floor < 1):
-            raise ConfigError(f"`variance_floor` must be in [0, 1), found {self.variance_floor!r}.")
+        check_number("block_size", self.block_size, integer=True, low=1, allow_none=True)
+        check_number("num_blocks", self.num_blocks, integer=True, low=1)
+        check_number("variance_floor", self.variance_floor, low=0, high=1, high_open=True)
         check_pcp_options(lam=self.lam, mu=self.mu, mu_rule=self.mu_rule, tol=self.tol, tol_mode=self.tol_mode,
                           max_iter=self.max_iter, mu_growth=self.mu_growth, mu_max=self.mu_max, svd=self.svd,
                       check_every=self.check_every)

@@ -15,6 +15,7 @@ import torch
 from trustfl.aggregate.base import AbstractPreAggregator, mean_rows, require_f, weighted_rows
 from trustfl.aggregate.coordinate import USABLE, smallest_weights
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
@@ -126,8 +127,7 @@ class Bucketing(AbstractPreAggregator):
     bucket_size: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bucket_size, int) or isinstance(self.bucket_size, bool) or self.bucket_size < 1:
-            raise ConfigError(f"`bucket_size` must be an integer >= 1, found {self.bucket_size!r}.")
+        check_number("bucket_size", self.bucket_size, integer=True, low=1)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, d = x.shape
@@ -177,9 +177,7 @@ class StaticClip(AbstractPreAggregator):
     in_place: bool = False
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_norm, (int, float)) and not isinstance(self.max_norm, bool)
-                and self.max_norm > 0 and math.isfinite(self.max_norm)):
-            raise ConfigError(f"`max_norm` must be a finite float > 0, found {self.max_norm!r}.")
+        check_number("max_norm", self.max_norm, low=0, low_open=True, finite=True)
         _check_in_place(self.in_place)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:

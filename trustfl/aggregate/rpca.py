@@ -48,6 +48,7 @@ from typing import Literal
 
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, MessageError
 
 MuRule = Literal["candes", "code", "spectral"]
@@ -91,18 +92,14 @@ def check_pcp_options(*, lam: float | None, mu: float | None, mu_rule: str, tol:
                       check_every: int = 1) -> None:
     """Validate PCP options (shared by :func:`pcp` and the aggregators that wrap it); raise ``ConfigError``."""
     for name, value in (("lam", lam), ("mu", mu), ("tol", tol), ("mu_max", mu_max)):
-        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ConfigError(f"`{name}` must be a finite number > 0 or None (default), found {value!r}.")
+        check_number(name, value, low=0, low_open=True, finite=True, allow_none=True, note="default")
     if mu_rule not in ("candes", "code", "spectral"):
         raise ConfigError(f"`mu_rule` must be 'candes', 'code' or 'spectral', found {mu_rule!r}.")
     if tol_mode not in ("relative", "absolute"):
         raise ConfigError(f"`tol_mode` must be 'relative' or 'absolute', found {tol_mode!r}.")
-    if not isinstance(max_iter, int) or isinstance(max_iter, bool) or max_iter < 1:
-        raise ConfigError(f"`max_iter` must be an integer >= 1, found {max_iter!r}.")
-    if not (isinstance(mu_growth, (int, float)) and math.isfinite(mu_growth) and mu_growth >= 1.0):
-        raise ConfigError(f"`mu_growth` must be a finite number >= 1 (1 = fixed μ, Alg. 3), found {mu_growth!r}.")
-    if not isinstance(check_every, int) or isinstance(check_every, bool) or check_every < 1:
-        raise ConfigError(f"`check_every` must be an integer >= 1, found {check_every!r}.")
+    check_number("max_iter", max_iter, integer=True, low=1)
+    check_number("mu_growth", mu_growth, low=1, finite=True, note="1 = fixed μ, Alg. 3")
+    check_number("check_every", check_every, integer=True, low=1)
     if svd not in ("gram", "direct"):
         raise ConfigError(f"`svd` must be 'gram' or 'direct', found {svd!r}.")
 

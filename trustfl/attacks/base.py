@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import lookup, names
-from trustfl.errors import ConfigError, MessageError, TrustFLError
+from trustfl.errors import MessageError, TrustFLError
 from trustfl.types import RoundContext
 
 if TYPE_CHECKING:  # attacks sit beside aggregate in the layering; the aggregator is only passed in
@@ -95,8 +96,7 @@ def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1,
         rows = torch.nonzero(bad).flatten().tolist()
         listed = str(rows) if len(rows) <= 10 else f"{rows[:10]} and {len(rows) - 10} more"
         raise MessageError(f"{who}: honest rows {listed} are not finite (NaN or ±inf); drop them before crafting.")
-    if not isinstance(num_byzantine, int) or isinstance(num_byzantine, bool) or num_byzantine < 0:
-        raise TrustFLError(f"{who}: `num_byzantine` must be an integer >= 0, found {num_byzantine!r}.")
+    check_number("num_byzantine", num_byzantine, integer=True, low=0, where=who, error=TrustFLError)
 
 
 def without_overflow(fn: Callable[[torch.Tensor], torch.Tensor], honest: torch.Tensor) -> torch.Tensor:
@@ -129,5 +129,4 @@ def repeat_row(row: torch.Tensor, num_byzantine: int) -> torch.Tensor:
 
 def check_finite_number(value: float, name: str) -> None:
     """Raise ``ConfigError`` unless ``value`` is a finite real number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(float(value)) < float("inf"):
-        raise ConfigError(f"`{name}` must be a finite number, found {value!r}.")
+    check_number(name, value, finite=True)

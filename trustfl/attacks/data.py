@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from trustfl.attacks.base import AbstractAttack, check_honest
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import TrustFLError
 from trustfl.types import RoundContext
 
 if TYPE_CHECKING:
@@ -40,8 +41,7 @@ def flip_labels(y: torch.Tensor, num_classes: int) -> torch.Tensor:
       >>> flip_labels(torch.tensor([0, 3, 9]), 10).tolist()
       [9, 6, 0]
     """
-    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
-        raise ConfigError(f"`num_classes` must be an integer >= 2, found {num_classes!r}.")
+    check_number("num_classes", num_classes, integer=True, low=2)
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise TrustFLError(f"`y` must hold integer class labels, found dtype {y.dtype}.")
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):

@@ -18,6 +18,7 @@ import torch
 
 from trustfl.attacks.base import AbstractAttack, check_honest, repeat_row, without_overflow
 from trustfl.attacks.update import alie_vector
+from trustfl.core.checks import check_number
 from trustfl.core.registry import build, register
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.types import RoundContext
@@ -84,8 +85,7 @@ def line_maximize(objective: Callable[[float], float], evals: int = 16, start: f
 
 
 def _check_search(evals: int, start: float, delta: float, ratio: float) -> None:
-    if not isinstance(evals, int) or isinstance(evals, bool) or evals < 1:
-        raise ConfigError(f"`evals` must be an integer >= 1, found {evals!r}.")
+    check_number("evals", evals, integer=True, low=1)
     if not 0.0 <= float(start) < float("inf"):
         raise ConfigError(f"`start` must be a finite number >= 0, found {start!r}.")
     if not 0.0 < float(delta) < float("inf"):

@@ -34,6 +34,7 @@ import torch
 
 from trustfl.attacks.base import (AbstractAttack, check_finite_number, check_honest, repeat_row, saturate,
                                   without_overflow)
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.types import RoundContext
@@ -168,9 +169,7 @@ class Mimic(AbstractAttack):
     index: int | None = None
 
     def __post_init__(self) -> None:
-        if self.index is not None and (not isinstance(self.index, int) or isinstance(self.index, bool)
-                                       or self.index < 0):
-            raise ConfigError(f"`index` must be None or an integer >= 0, found {self.index!r}.")
+        check_number("index", self.index, integer=True, low=0, allow_none=True)
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:

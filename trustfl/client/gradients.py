@@ -18,6 +18,7 @@ from torch import nn
 
 from trustfl.client.per_example import (METHODS, batched_mean_grad, batched_mean_losses, clipped_batch_mean,
                                         clipped_grad_sum)
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch
@@ -47,8 +48,7 @@ class AbstractGradientMethod(abc.ABC):
 
 
 def _check_clip(clip: float) -> None:
-    if not (isinstance(clip, (int, float)) and 0 < clip < float("inf")):
-        raise PrivacyError(f"`clip` must be a finite number > 0, found {clip!r}.")
+    check_number("clip", clip, low=0, low_open=True, finite=True, error=PrivacyError)
 
 
 @register("gradient_method", "plain")

@@ -19,15 +19,15 @@ References:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import TrustFLError
 from trustfl.types import ParamLayout, RoundContext, StageOut
 
 MomentumState = dict[int, torch.Tensor]
@@ -50,8 +50,7 @@ class WorkerMomentum(AbstractStage):
 
     def __post_init__(self) -> None:
         b = self.beta
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= float(b) < 1.0 or math.isnan(b):
-            raise ConfigError(f"`beta` (worker momentum) must be a number in [0, 1), found {b!r}.")
+        check_number("beta", b, low=0, high=1, high_open=True, note="worker momentum")
 
     def init(self, layout: ParamLayout) -> MomentumState:
         return {}

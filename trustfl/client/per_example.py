@@ -23,7 +23,6 @@ References:
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -31,6 +30,7 @@ from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
 from trustfl.client import ghost
+from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
 from trustfl.objectives.builtin import CrossEntropy
@@ -297,9 +297,7 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
       >>> g["w"].tolist()
       [[1.0, 1.0, 1.0], [0.5, 0.5, 0.5]]
     """
-    if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier)
-            and noise_multiplier >= 0):
-        raise PrivacyError(f"`noise_multiplier` must be a finite number >= 0, found {noise_multiplier!r}.")
+    check_number("noise_multiplier", noise_multiplier, low=0, finite=True, error=PrivacyError)
     _check_norm(max_norm)
     m = _check_stacked(grad_sum_stacked)
     if len(generators) != m:
@@ -375,8 +373,7 @@ def _prepare(params_stacked: Mapping[str, torch.Tensor], batch: Batch, mask: tor
 
 
 def _check_norm(max_norm: float) -> None:
-    if not (isinstance(max_norm, (int, float)) and math.isfinite(max_norm) and max_norm > 0):
-        raise PrivacyError(f"`max_norm` must be a finite number > 0, found {max_norm!r}.")
+    check_number("max_norm", max_norm, low=0, low_open=True, finite=True, error=PrivacyError)
 
 
 def _check_stacked(params: Mapping[str, torch.Tensor]) -> int:

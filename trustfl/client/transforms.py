@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from trustfl.client.gradients import AbstractGradientMethod
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import CohortContext, ParamLayout, Params, RoundContext
@@ -132,8 +133,7 @@ class Proximal(AbstractGradientTransform):
     mu: float = 0.01
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.mu, (int, float)) and 0 <= self.mu < float("inf")):
-            raise ConfigError(f"`mu` must be a finite number >= 0, found {self.mu!r}.")
+        check_number("mu", self.mu, low=0, finite=True)
 
     def init(self, params, cohort):
         return cohort.layout.unflatten(cohort.received["model"])

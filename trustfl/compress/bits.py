@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from trustfl.errors import ConfigError
+from trustfl.core.checks import check_number
 
 
 def packed_nbytes(bits: int, d: int) -> int:
@@ -37,9 +37,7 @@ def packed_nbytes(bits: int, d: int) -> int:
 
 def check_bits(bits: object, name: str = "bits") -> int:
     """Return ``bits`` if it is an integer in 1..32, else raise :class:`ConfigError` naming ``name``."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 32:
-        raise ConfigError(f"`{name}` must be an integer in 1..32, found {bits!r}.")
-    return bits
+    return check_number(name, bits, integer=True, low=1, high=32)
 
 
 def _word(r: int) -> tuple[int, int, torch.dtype]:

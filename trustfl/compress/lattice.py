@@ -14,7 +14,6 @@ References:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,6 +22,7 @@ import torch
 from trustfl.compress.base import AbstractCompressor, Encoded, add_dither_, check_key, check_rows
 from trustfl.compress.bits import check_bits, pack_bits, unpack_bits
 from trustfl.compress.rotation import HadamardRotation, check_block
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 
@@ -94,9 +94,7 @@ class Lattice(AbstractCompressor):
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
-        if isinstance(self.step, bool) or not isinstance(self.step, (int, float)) or not math.isfinite(self.step) \
-                or self.step <= 0:
-            raise ConfigError(f"`step` must be a finite number > 0 (the lattice side), found {self.step!r}.")
+        check_number("step", self.step, low=0, low_open=True, finite=True, note="the lattice side")
         if self.mode not in _MODES:
             raise ConfigError(f"`mode` must be one of {list(_MODES)}, found {self.mode!r}.")
         for name in ("rotate", "dither"):

@@ -19,6 +19,7 @@ import torch
 
 from trustfl.compress.base import AbstractCompressor, Encoded, add_dither_, check_key, check_rows, check_segments
 from trustfl.compress.bits import pack_bits, unpack_bits
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 
@@ -29,9 +30,7 @@ def _code_bits(values: int) -> int:
 
 
 def _check_int(value: object, name: str, low: int, hint: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"`{name}` must be an integer >= {low}{hint}, found {value!r}.")
-    return value
+    return check_number(name, value, integer=True, low=low, note=hint)
 
 
 @register("compressor", "qsgd_minmax")
@@ -175,7 +174,7 @@ class QSGD(AbstractCompressor):
     def __post_init__(self) -> None:
         _check_int(self.levels, "levels", 1)
         if self.bucket is not None:
-            _check_int(self.bucket, "bucket", 1, " (or unset for one bucket per row)")
+            _check_int(self.bucket, "bucket", 1, "or unset for one bucket per row")
 
     @property
     def code_bits(self) -> int:

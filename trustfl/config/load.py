@@ -9,6 +9,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+import tomli_w
+
 from trustfl.config.schema import Component, ExperimentConfig, FieldError
 from trustfl.errors import ConfigError
 
@@ -240,49 +242,37 @@ def config_to_dict(cfg: Any) -> Any:
     return cfg
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        if isinstance(v, float) and v != v:
-            return "nan"
-        if isinstance(v, float) and v in (float("inf"), float("-inf")):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise ConfigError(f"cannot write {v!r} to TOML.")
-
-
 def _key(k: str) -> str:
     """``k`` as a TOML key: bare when it can be, else quoted (``"my key"``, ``""``)."""
     bare = k.replace("_", "").replace("-", "").isalnum() and k.isascii()
     return k if bare else json.dumps(k, ensure_ascii=False)
 
 
+def _unwritable(value: Any, path: str) -> str | None:
+    """The key path of the first value in ``value`` that tomli-w cannot write (``None``, an object), if any."""
+    if isinstance(value, dict):
+        items = [(f"{path}.{_key(k)}" if path else _key(k), v) for k, v in value.items() if isinstance(k, str)]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        try:
+            tomli_w.dumps({"v": value})
+        except (TypeError, ValueError):
+            return path
+        return None
+    return next((p for p in (_unwritable(v, sub) for sub, v in items) if p is not None), None)
+
+
 def dump_toml(data: dict[str, Any]) -> str:
-    """Write a config mapping as TOML: scalars first, then one ``[table]`` per nested mapping."""
-    lines: list[str] = []
+    """Write a config mapping as TOML (tomli-w): scalars first, then one ``[table]`` per nested mapping.
 
-    def emit(table: dict[str, Any], prefix: str) -> None:
-        nested = {k: v for k, v in table.items() if isinstance(v, dict) and v}
-        arrays = {k: v for k, v in table.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
-        for k, v in table.items():
-            if k not in nested and k not in arrays:
-                lines.append(f"{_key(k)} = {_toml_value(v)}")
-        for k, v in nested.items():
-            lines.append("")
-            lines.append(f"[{prefix}{_key(k)}]")
-            emit(v, f"{prefix}{_key(k)}.")
-        for k, v in arrays.items():
-            for item in v:
-                lines.append("")
-                lines.append(f"[[{prefix}{_key(k)}]]")
-                lines.extend(f"{_key(a)} = {_toml_value(b)}" for a, b in item.items())
-
-    emit(data, "")
-    return "\n".join(lines).strip() + "\n"
+    Raises:
+      ConfigError: a value TOML cannot hold (``None``, an object), named by its key path.
+    """
+    try:
+        return tomli_w.dumps(data)
+    except (TypeError, ValueError) as err:
+        where = _unwritable(data, "")
+        reason = str(err).rstrip(".")
+        raise ConfigError(f"cannot write `{where}` to TOML: {reason}." if where else
+                          f"cannot write the config to TOML: {reason}.") from None

@@ -113,13 +113,50 @@ def _image_geometry(input_shape: Sequence[int], name: str) -> tuple[int, int]:
     return channels, side
 
 
+_DEFAULT_INIT = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+"""Layer types whose ``reset_parameters`` :func:`_reset_with` reproduces: U(±gain·√(3/fan_in)) weights with
+``kaiming_uniform_(a=√5)``, then U(±1/√fan_in) biases."""
+
+
+def _reset_with(module: nn.Module, generator: torch.Generator) -> None:
+    """PyTorch's default initialisation of a Linear/Conv layer, drawn from ``generator`` (same calls, same order)."""
+    with torch.no_grad():
+        nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+        if module.bias is not None:
+            fan_in = module.weight[0].numel()  # in_features, or in_channels/groups · kernel size
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+
+
+def _has_state(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
+
+
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: int, **params: object) -> nn.Module:
-    """Build a registered model with deterministic initial weights drawn from ``seed``."""
+    """Build a registered model with deterministic initial weights drawn from ``seed``; the global RNG is not used.
+
+    The model is built on the meta device (no values, no random draws) and its layers are then materialised on
+    the CPU and initialised in registration order from a ``torch.Generator`` seeded with ``seed``: the same
+    draws, in the same order, as PyTorch's constructors make from ``torch.manual_seed(seed)``, so the weights are
+    those of a model built under that seed (for models that register their layers in the order they create them,
+    as every model here does). A model with a layer type outside :data:`_DEFAULT_INIT` holding
+    parameters or buffers is built on the CPU under ``seed`` inside ``torch.random.fork_rng`` (same values; the
+    global CPU RNG is restored afterwards).
+    """
     factory = lookup("model", name)
-    state = torch.random.get_rng_state()
-    try:  # initialise from the run seed without touching the caller's global RNG afterwards
-        torch.manual_seed(seed)
-        model = factory(input_shape=tuple(input_shape), num_classes=num_classes, **params)
-    finally:
-        torch.random.set_rng_state(state)
-    return model
+
+    def make() -> nn.Module:
+        return factory(input_shape=tuple(input_shape), num_classes=num_classes, **params)
+
+    with torch.device("meta"):
+        skeleton = make()
+    stateful = [m for m in skeleton.modules() if _has_state(m)]
+    if all(type(m) in _DEFAULT_INIT for m in stateful):
+        model = skeleton.to_empty(device="cpu")
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        for module in stateful:
+            _reset_with(module, generator)
+        return model
+    with torch.random.fork_rng(devices=[]):  # other layer types: their own constructors draw from the seed
+        torch.default_generator.manual_seed(seed)
+        return make()

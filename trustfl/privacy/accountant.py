@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping, Optional
 from dp_accounting import dp_event
 from dp_accounting import privacy_accountant as dpa_accountant
 
+from trustfl.core.checks import check_number
 from trustfl.errors import BudgetExceededError, CheckpointError, PrivacyError, UnsupportedEventError
 from trustfl.privacy.analysis.gaussian import ACCOUNTANTS, NEIGHBORINGS, make_accountant
 from trustfl.privacy.events import DpEvent, describe, event_from_dict
@@ -60,9 +61,7 @@ class Budget:
 
 
 def _check_count(count: int) -> int:
-    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
-        raise PrivacyError(f"`count` must be an integer >= 0, found {count!r}.")
-    return int(count)
+    return int(check_number("count", count, integer=True, low=0, error=PrivacyError))
 
 
 def _unsupported_message(acc: dpa_accountant.PrivacyAccountant, event: DpEvent) -> str:

@@ -8,15 +8,15 @@ so ``‖x_i‖₂ < C`` after clipping and rows already inside the ball are unch
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
-from trustfl.errors import ConfigError, PrivacyError
+from trustfl.errors import PrivacyError
 from trustfl.types import RoundContext, StageOut
 
 EPS = 1e-6
@@ -45,9 +45,7 @@ class ClipL2(AbstractStage):
     max_norm: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_norm, bool) or not isinstance(self.max_norm, (int, float)) \
-                or not 0.0 < float(self.max_norm) < math.inf:
-            raise ConfigError(f"`max_norm` must be a finite number > 0, found {self.max_norm!r}.")
+        check_number("max_norm", self.max_norm, low=0, low_open=True, finite=True)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         if x.ndim != 2 or not x.is_floating_point():

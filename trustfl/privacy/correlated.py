@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import ConfigError, PrivacyError
@@ -47,8 +48,7 @@ PATHS = ("exact", "fast")
 
 
 def _check_sigma(value: float, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < math.inf:
-        raise ConfigError(f"`{name}` must be a finite number >= 0, found {value!r}.")
+    check_number(name, value, low=0, finite=True)
 
 
 def _draw_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from trustfl.core.checks import check_number
 from trustfl.errors import PrivacyError
 
 KEY_BYTES = 32
@@ -34,9 +35,7 @@ _SEED_SALT = b"trustfl/pair-seed/v1"
 
 
 def _check_id(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-        raise PrivacyError(f"`{name}` must be an integer in [0, 2**63), found {value!r}.")
-    return value
+    return int(check_number(name, value, integer=True, low=0, high=2**63, high_open=True, error=PrivacyError))
 
 
 def _hkdf(key_material: bytes, salt: bytes, info: bytes, length: int) -> bytes:

@@ -11,12 +11,12 @@ References:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import ConfigError, PrivacyError
@@ -25,13 +25,8 @@ from trustfl.types import RoundContext, StageOut
 
 
 def _check_nonneg(value: float | None, name: str, positive: bool = False) -> None:
-    if value is None:
-        return
-    number = not isinstance(value, bool) and isinstance(value, (int, float))
-    v = float(value) if number else math.nan
-    if not (v > 0.0 if positive else v >= 0.0) or v == math.inf:
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"`{name}` must be a finite number {bound}, found {value!r}.")
+    if value is not None:
+        check_number(name, value, low=0, low_open=positive, finite=True)
 
 
 def _row_noise(ctx: RoundContext, stream: str, d: int, dtype: torch.dtype) -> torch.Tensor:

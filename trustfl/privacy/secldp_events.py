@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from dp_accounting import dp_event
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
-from trustfl.errors import ConfigError
 from trustfl.privacy.analysis.secldp import equivalent_noise_multiplier, step_event
 from trustfl.types import RoundContext, StageOut
 
@@ -46,8 +46,7 @@ class SecLdpAccounting(AbstractStage):
 
     def __post_init__(self) -> None:
         s = self.step
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0.0 < float(s) < math.inf:
-            raise ConfigError(f"`step` (ε_step of one CafCor round) must be a finite number > 0, found {s!r}.")
+        check_number("step", s, low=0, low_open=True, finite=True, note="ε_step of one CafCor round")
 
     def round_event(self) -> dp_event.GaussianDpEvent:
         return step_event(float(self.step))

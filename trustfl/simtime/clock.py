@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from scipy import special
 
+from trustfl.core.checks import check_number
 from trustfl.errors import CheckpointError, ConfigError
 from trustfl.simtime.speed import AbstractSpeedModel
 
@@ -129,10 +130,7 @@ class ClockState:
     last_round: torch.Tensor
 
     def __post_init__(self) -> None:
-        if isinstance(self.server_time, bool) \
-                or not isinstance(self.server_time, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(self.server_time):
-            raise ConfigError(f"`server_time` must be a finite number, found {self.server_time!r}.")
+        check_number("server_time", self.server_time, finite=True)
         self.server_time = float(self.server_time)
         lc, lr = self.last_contact, self.last_round
         if not isinstance(lc, torch.Tensor) or lc.dim() != 1 or lc.dtype != torch.float64:
@@ -145,8 +143,7 @@ class ClockState:
     def initial(cls, num_clients: int, *, start_time: float = 0.0,
                 device: torch.device | str = "cpu") -> ClockState:
         """The clock at the start of a run: every client last contacted at ``start_time`` in round −1."""
-        if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-            raise ConfigError(f"`num_clients` must be an int >= 1, found {num_clients!r}.")
+        check_number("num_clients", num_clients, integer=True, low=1)
         return cls(float(start_time),
                    torch.full((int(num_clients),), float(start_time), dtype=torch.float64, device=device),
                    torch.full((int(num_clients),), -1, dtype=torch.int64, device=device))
@@ -176,8 +173,7 @@ class ClockState:
           ConfigError: duplicate ids, ``round`` < 0, or a client already contacted in ``round`` or later (its
             next step durations would repeat a stream).
         """
-        if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or round < 0:
-            raise ConfigError(f"`round` must be an int >= 0, found {round!r}.")
+        check_number("round", round, integer=True, low=0)
         ids = client_ids.to(device=self.last_round.device, dtype=torch.int64)
         if ids.dim() != 1:
             raise ConfigError(f"`client_ids` must be 1-D, found shape {tuple(ids.shape)}.")
@@ -205,9 +201,7 @@ class ClockState:
 
     def advance(self, dt: float) -> None:
         """``server_time += dt`` (e.g. ``sit + swt``), ``dt`` finite and >= 0."""
-        if isinstance(dt, bool) or not isinstance(dt, (int, float, np.integer, np.floating)) \
-                or not (math.isfinite(dt) and dt >= 0):
-            raise ConfigError(f"`dt` must be a finite number >= 0, found {dt!r}.")
+        check_number("dt", dt, low=0, finite=True)
         self.server_time += float(dt)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -236,11 +230,9 @@ class ClockState:
 
 
 def _check_rates(p: float, c: float, mean: float) -> float:
-    for key, value, ok, rule in (("p", p, 0 < p <= 1, "in (0, 1]"), ("c", c, c >= 0, ">= 0"),
-                                 ("mean", mean, mean > 0, "> 0")):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(value) or not ok:
-            raise ConfigError(f"`{key}` must be a finite number {rule}, found {value!r}.")
+    check_number("p", p, low=0, high=1, low_open=True)
+    check_number("c", c, low=0, finite=True)
+    check_number("mean", mean, low=0, low_open=True, finite=True)
     return float(c) / float(mean)
 
 
@@ -289,8 +281,7 @@ def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: floa
       True
     """
     lam = _check_rates(p, c, mean)
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
-        raise ConfigError(f"`max_steps` must be an int >= 0, found {max_steps!r}.")
+    check_number("max_steps", max_steps, integer=True, low=0)
     k = int(max_steps)
     if k == 0 or lam == 0.0:
         return 0.0

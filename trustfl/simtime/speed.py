@@ -43,6 +43,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
@@ -100,10 +101,8 @@ class AbstractSpeedModel:
         Raises:
           ConfigError: ``num_clients`` < 1, or (``trace``) the file does not list exactly the clients 0..n−1.
         """
-        if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-            raise ConfigError(f"`num_clients` must be an int >= 1, found {num_clients!r}.")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"`seed` must be an int, found {seed!r}.")
+        check_number("num_clients", num_clients, integer=True, low=1)
+        check_number("seed", seed, integer=True)
         bound = copy.copy(self)
         means = self._bind_means(int(num_clients), int(seed))
         object.__setattr__(bound, "_num_clients", int(num_clients))
@@ -153,8 +152,7 @@ class AbstractSpeedModel:
             raise ConfigError(f"`last_round` must be >= -1 (−1: never contacted), found {int(last_round.min())}.")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) != bound_seed:
             raise ConfigError(f"`seed` must be the seed given to bind() ({bound_seed}), found {seed!r}.")
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-            raise ConfigError(f"`steps` must be an int >= 0, found {steps!r}.")
+        check_number("steps", steps, integer=True, low=0)
         return self._draw(ids, last_round.to(device=ids.device, dtype=torch.int64), int(seed), int(steps))
 
     # -- subclass hooks ---------------------------------------------------------------------------------------

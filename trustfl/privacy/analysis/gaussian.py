@@ -26,10 +26,9 @@ from typing import Callable, Optional, Sequence
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from trustfl.errors import PrivacyError, UnsupportedEventError
-from trustfl.privacy.analysis import _rdp_cache  # noqa: F401  (memoises per-step RDP curves)
+from trustfl.privacy.analysis.cached_rdp import CachedRdpAccountant
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "without_replacement")
@@ -50,7 +49,9 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
     """A fresh dp_accounting accountant.
 
     Args:
-      accountant: ``"rdp"`` or ``"pld"`` (PLD discretization :data:`PLD_DISCRETIZATION`).
+      accountant: ``"rdp"`` (a :class:`~trustfl.privacy.analysis.cached_rdp.CachedRdpAccountant`: dp_accounting's
+        ``RdpAccountant`` to the bit, each distinct event's RDP computed once per process) or ``"pld"`` (PLD
+        discretization :data:`PLD_DISCRETIZATION`).
       neighboring: ``"add_remove"`` (Opacus' and DP-SGD's convention) or ``"replace_one"`` (required by
         sampling without replacement).
       orders: RDP orders (RDP only); ``None`` uses :data:`DEFAULT_RDP_ORDERS`.
@@ -59,8 +60,7 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
         raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
     relation = NEIGHBORINGS[neighboring]
     if accountant == "rdp":
-        return rdp_privacy_accountant.RdpAccountant(orders=list(DEFAULT_RDP_ORDERS if orders is None else orders),
-                                                    neighboring_relation=relation)
+        return CachedRdpAccountant(list(DEFAULT_RDP_ORDERS if orders is None else orders), relation)
     if accountant == "pld":
         if orders is not None:
             raise PrivacyError("`orders` applies to the RDP accountant only, found accountant='pld'.")
