@@ -187,6 +187,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         if not quiet:
             print(notice, file=sys.stderr)
     options = {k: v for k, v in cfg.data.options.items()}
+    if cfg.data.path:
+        options["path"] = cfg.data.path
     try:
         dataset = load_dataset(name, data_dir or cfg.data.data_dir or None, seed=seed, **options)
     except RegistryError as err:

@@ -42,9 +42,15 @@ class DataConfig:
     data_dir: str = ""
     fallback: str = ""
     """Data set to use, with a printed notice, when ``dataset`` is not on this machine (e.g. "digits")."""
+    path: str = ""
+    """Your own file or folder for ``dataset`` = ``npz``, ``csv``, ``parquet`` or ``image_folder`` (docs/data.md);
+    a relative path is read from the working directory, like ``plugins``. It reaches the loader as its ``path``
+    argument."""
 
     def __post_init__(self) -> None:
         check(self.num_clients >= 1, "num_clients", self.num_clients, "an integer >= 1")
+        check("path" not in self.options, "options.path", self.options.get("path"),
+              "absent: give the file or folder as `data.path`")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,11 @@ class Dataset:
       source: where the data came from, for the run's record.
       task: ``"classification"`` or ``"regression"``.
       train_groups: optional int64 ``(N,)`` owner of every training example (a data set with its own federated
-        split, e.g. FedProx's synthetic devices; the ``natural`` partitioner follows it).
+        split, e.g. FedProx's synthetic devices or a file's ``client_id`` column; the ``natural`` partitioner
+        follows it).
+      metadata: what a loader knows beyond the tensors, e.g. for your own files (``trustfl/data/own.py``) the
+        path, the class labels in class-index order (``classes``), the client ids in client order
+        (``client_ids``) and the standardisation statistics of the training split.
     """
 
     name: str
@@ -96,6 +100,7 @@ class Dataset:
     source: str
     task: str = "classification"
     train_groups: torch.Tensor | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.task not in ("classification", "regression"):
@@ -347,8 +352,9 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **option
     """Load the data set registered as ``name``.
 
     Args:
-      name: ``"digits"`` (the default data set), ``"breast_cancer"``, ``"mnist"``, ``"fashion_mnist"`` or any
-        other registered name.
+      name: ``"digits"`` (the default data set), ``"breast_cancer"``, ``"mnist"``, ``"fashion_mnist"``, your own
+        file (``"npz"``, ``"csv"``, ``"parquet"``, ``"image_folder"`` with the option ``path``) or any other
+        registered name.
       data_dir: where IDX data sets live; default ``$TRUSTFL_DATA``, else ``~/.cache/trustfl``.
       seed: drives the train/test split of the bundled sets and every ``max_train`` / ``max_test`` subset.
       **options: loader options, e.g. ``max_train=5000`` (seeded stratified subset), ``max_test``.
@@ -364,6 +370,10 @@ def load_dataset(name: str, data_dir: str | None = None, seed: int = 0, **option
     takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
     for key in options:
         if key not in allowed and not takes_any:
+            if key == "path":
+                raise ConfigError(f"Data set {name!r} reads no file of yours, so `data.path` is not used with it; "
+                                  f"`data.path` is for dataset = \"npz\", \"csv\", \"parquet\" or "
+                                  f"\"image_folder\".")
             raise ConfigError(f"Data set {name!r} has no option {key!r}; valid options: {', '.join(allowed)}.")
     return loader(data_dir, seed, **options)
 

@@ -326,21 +326,29 @@ class QuantitySkew(AbstractPartitioner):
 @dataclass(frozen=True)
 class Natural(AbstractPartitioner):
     """The data set's own split: client ``g`` holds the examples whose group is ``g`` (e.g. FedProx's synthetic
-    devices). ``data.num_clients`` must equal the number of groups."""
+    devices, or the sorted distinct values of a file's ``client_id`` column). ``data.num_clients`` must equal the
+    number of groups (with ``attack.byzantine_hold_data = false``: the groups plus ``attack.num_byzantine``); it is
+    never chosen for you, so a config states how many clients it runs."""
 
     name: ClassVar[str] = "natural"
     needs_groups: ClassVar[bool] = True
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
                  groups: np.ndarray | None = None) -> Partition:
-        labels = _check_call(labels, num_clients)
         if groups is None:
-            raise ConfigError("partitioner 'natural' needs a data set with per-example groups (e.g. "
-                              "fedprox_synthetic); this data set has none.")
+            raise ConfigError("partitioner 'natural' needs a data set with per-example groups, saying which client "
+                              "owns each example (a csv or parquet file with a `client_id` column, an npz file "
+                              "with a `client_id` array, or fedprox_synthetic); this data set has none.")
         groups = np.asarray(groups)
         count = int(groups.max()) + 1 if groups.size else 0
-        if groups.shape != labels.shape or count != num_clients:
-            raise ConfigError(f"`num_clients` must equal the data set's {count} groups with partitioner 'natural', "
-                              f"found {num_clients}.")
+        if groups.shape != np.shape(labels):
+            raise ConfigError(f"partitioner 'natural': {groups.shape[0] if groups.ndim else 0} group ids for "
+                              f"{np.shape(labels)[0]} examples.")
+        if num_clients != count:
+            raise ConfigError(f"partitioner 'natural' gives each of the data set's {count} clients (distinct "
+                              f"client ids) its own examples, so {count} clients must hold data, found "
+                              f"{num_clients}: set `data.num_clients` = {count} (with "
+                              f"`attack.byzantine_hold_data` = false: {count} + `attack.num_byzantine`).")
+        labels = _check_call(labels, num_clients)
         order = np.argsort(groups, kind="stable")
         return self._finish(labels, np.split(order, np.cumsum(np.bincount(groups, minlength=count))[:-1]))

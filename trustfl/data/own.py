@@ -1,0 +1,761 @@
+"""Your own data: the ``npz``, ``csv``, ``parquet`` and ``image_folder`` data sets, read from ``data.path``.
+
+Each loader is registered as ``@register("dataset", name)`` with the signature ``(data_dir, seed, *, path, ...)``
+like the built-in sets, so ``data.dataset = "csv"`` with ``data.path = "table.csv"`` (``data.path`` is the loader
+option ``path``) and the keys of ``data.options`` reach it through :func:`trustfl.data.datasets.load_dataset`.
+
+* ``npz``: arrays ``x`` (N, ...) and ``y`` (N,) or (N, K), optional ``x_test`` / ``y_test`` and ``client_id`` (N,).
+* ``csv`` (``parquet`` with the optional ``pyarrow``): one row per example; the feature columns, a target column
+  (``target``, default the last column) and an optional ``client_id`` column (``client_column``).
+* ``image_folder``: one sub-folder per class holding PNG/JPEG files, resized to ``size`` with ``channels`` 1 or 3,
+  and an optional ``test`` sub-folder laid out the same way.
+
+Targets: integer, boolean or string labels are a classification task (the distinct labels, sorted, become the
+class indices 0..K−1; the mapping is ``Dataset.metadata["classes"]`` and is named in ``Dataset.source``);
+floating-point targets are a regression task. ``task = "classification" | "regression"`` overrides the guess.
+
+Without test data, a seeded test split of ``test_fraction`` (default 0.2) is drawn: stratified by class for
+classification, uniformly for regression, and within each client when the data name their clients (so every
+client keeps training rows). ``standardize`` (default true) scales the features with the training split's mean
+and standard deviation (per feature for tables and npz, per channel for images); ``standardize_target`` (default
+true) does the same for regression targets, as the built-in ``diabetes`` does.
+
+A relative ``path`` is read from the current working directory (the rule of ``plugins``: a config records no
+location of its own). Every problem with the files is a :class:`~trustfl.errors.DataError` naming the file and,
+where there is one, the array, column, line or image; an invalid option is a :class:`~trustfl.errors.ConfigError`.
+
+Example:
+  >>> import tempfile, numpy as np, pathlib
+  >>> f = pathlib.Path(tempfile.mkdtemp()) / "d.npz"
+  >>> np.savez(f, x=np.arange(20.0).reshape(10, 2), y=np.array([0, 1] * 5))
+  >>> ds = npz(path=str(f), seed=0)
+  >>> ds.train_x.shape, ds.test_x.shape, ds.num_classes, ds.task
+  (torch.Size([8, 2]), torch.Size([2, 2]), 2, 'classification')
+"""
+from __future__ import annotations
+
+import csv
+import importlib
+import os
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trustfl.core.registry import register
+from trustfl.core.rng import numpy_rng
+from trustfl.data.datasets import TEST_FRACTION, Dataset, _stratified_choice
+from trustfl.errors import ConfigError, DataError
+
+DEFAULT_CLIENT_COLUMN = "client_id"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+"""File endings read by ``image_folder`` (any case); other files are ignored."""
+MAX_SIZE = 4096
+"""The largest image side ``image_folder`` resizes to."""
+_SHOWN = 5  # rows, values or files named in one message
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+def resolve_path(name: str, path: Any) -> Path:
+    """``path`` as an absolute path: ``~`` expanded, a relative path taken from the working directory."""
+    if path is None or path == "":
+        raise ConfigError(f"data set {name!r} reads your own file: set `data.path` to it (a relative path is read "
+                          f"from the working directory).")
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"`path` of data set {name!r} must be a string, found {path!r}.")
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else Path.cwd() / p
+
+
+def _where(p: Path, given: Any) -> str:
+    """The file as a message names it: the absolute path, and the configured one when that was relative."""
+    shown = repr(str(p))
+    return shown if Path(str(given)).expanduser().is_absolute() else f"{shown} (data.path {str(given)!r}, read " \
+        f"from the working directory)"
+
+
+def _list(items: Sequence[Any], limit: int = _SHOWN) -> str:
+    """``a, b, c`` or ``a, b, c, … (12 in all)``."""
+    shown = ", ".join(str(i) for i in items[:limit])
+    return shown if len(items) <= limit else f"{shown}, … ({len(items)} in all)"
+
+
+def _check_options(name: str, *, test_fraction: Any, standardize: Any, standardize_target: Any = True,
+                   task: Any = "auto") -> float | None:
+    if test_fraction is not None and (isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float))
+                                      or not 0 < test_fraction < 1):
+        raise ConfigError(f"`test_fraction` of data set {name!r} must be a number in (0, 1), found "
+                          f"{test_fraction!r}.")
+    for key, value in (("standardize", standardize), ("standardize_target", standardize_target)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"`{key}` of data set {name!r} must be true or false, found {value!r}.")
+    if task not in ("auto", "classification", "regression"):
+        raise ConfigError(f"`task` of data set {name!r} must be \"auto\", \"classification\" or \"regression\", "
+                          f"found {task!r}.")
+    return None if test_fraction is None else float(test_fraction)
+
+
+def _parse(values: np.ndarray, kind: type) -> np.ndarray | int:
+    """``values`` (strings, or None for a missing value) parsed as ``kind`` (int or float); on failure the index
+    of the first value that does not parse."""
+    out = np.empty(len(values), dtype=np.int64 if kind is int else np.float64)
+    for i, v in enumerate(values):
+        if kind is int and not isinstance(v, (str, int, np.integer)):
+            return i  # never truncate a float to an int
+        try:
+            out[i] = kind(v.strip() if isinstance(v, str) else v)
+        except (TypeError, ValueError, OverflowError):
+            return i
+    return out
+
+
+def _is_numeric(arr: np.ndarray) -> bool:
+    return arr.dtype.kind in "biuf"
+
+
+def _non_finite_rows(x: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(~np.isfinite(x.reshape(x.shape[0], -1)).all(axis=1))
+
+
+def _encode_targets(raw: np.ndarray, task: str, describe: str,
+                    row: Callable[[int], str]) -> tuple[np.ndarray, str, list[Any] | None]:
+    """Targets → (int64 class indices, "classification", classes) or (float64 values, "regression", None).
+
+    ``raw`` is a numeric array, or an object array of strings (None: missing). Strings that all parse as integers
+    count as integers and strings that all parse as numbers as floating point, so CSV and npz files agree.
+    """
+    if raw.dtype.kind == "S":
+        raw = raw.astype(str)
+    if raw.dtype.kind in "OU":
+        missing = [i for i, v in enumerate(raw.ravel()) if v is None or (isinstance(v, str) and not v.strip())]
+        if missing:
+            raise DataError(f"{describe} has no value in {_list([row(i) for i in missing])}.")
+        as_int = _parse(raw.ravel(), int)
+        if isinstance(as_int, np.ndarray):
+            raw = as_int.reshape(raw.shape)
+        else:
+            as_float = _parse(raw.ravel(), float)
+            if isinstance(as_float, np.ndarray):
+                raw = as_float.reshape(raw.shape)
+            else:
+                raw = np.array([str(v).strip() for v in raw.ravel()], dtype=object).reshape(raw.shape)
+                if task == "regression":
+                    raise DataError(f"{describe} must hold numbers for a regression task: {row(as_float)} holds "
+                                    f"{raw.ravel()[as_float]!r}.")
+    elif not _is_numeric(raw):
+        raise DataError(f"{describe} must hold numbers or strings, found dtype {raw.dtype}.")
+    if raw.dtype == object:
+        guess = "classification"
+    else:
+        guess = "regression" if raw.dtype.kind == "f" else "classification"
+    chosen = guess if task == "auto" else task
+    if raw.dtype != object and raw.dtype.kind == "f":
+        bad = _non_finite_rows(raw.reshape(raw.shape[0], -1))
+        if bad.size:
+            raise DataError(f"{describe} holds NaN or Inf in {_list([row(i) for i in bad])}.")
+    if chosen == "regression":
+        return raw.astype(np.float64), chosen, None
+    if raw.ndim == 2 and raw.shape[1] == 1:
+        raw = raw[:, 0]
+    if raw.ndim != 1:
+        raise DataError(f"{describe} has shape {raw.shape}; class labels must be one per example, shape (N,).")
+    if raw.dtype == object:  # strings: sorted as text
+        classes = sorted(set(raw.tolist()))
+        index = {c: i for i, c in enumerate(classes)}
+        return np.array([index[v] for v in raw], dtype=np.int64), chosen, classes
+    classes_arr, inverse = np.unique(raw, return_inverse=True)
+    classes = [c.item() if hasattr(c, "item") else c for c in classes_arr]
+    if raw.dtype.kind == "b":
+        classes = [bool(c) for c in classes]
+    elif raw.dtype.kind == "f" and all(float(c).is_integer() for c in classes):
+        classes = [int(c) for c in classes]
+    return inverse.reshape(-1).astype(np.int64), chosen, classes
+
+
+def _groups(raw: np.ndarray, describe: str, row: Callable[[int], str]) -> tuple[np.ndarray, list[Any]]:
+    """Client ids → (int64 client index per row, the distinct ids sorted); integer ids sort as numbers, other
+    ids (strings, zero-padded numbers) as text."""
+    if raw.ndim != 1:
+        raise DataError(f"{describe} has shape {raw.shape}; expected one client id per example, shape (N,).")
+    if raw.dtype.kind == "S":
+        raw = raw.astype(str)
+    if raw.dtype.kind in "OU":
+        missing = [i for i, v in enumerate(raw) if v is None or (isinstance(v, str) and not v.strip())]
+        if missing:
+            raise DataError(f"{describe} has no value in {_list([row(i) for i in missing])}.")
+        texts = [str(v).strip() for v in raw]
+        as_int = _parse(raw, int)
+        # ids are names: numbers sort as numbers only when written plainly ("7", not "007", which stays text)
+        canonical = isinstance(as_int, np.ndarray) and all(str(n) == t for n, t in zip(as_int.tolist(), texts))
+        raw = as_int if canonical else np.array(texts, dtype=object)
+    elif raw.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(raw) | (raw != np.round(raw)))
+        if bad.size:
+            raise DataError(f"{describe} must hold integers or strings: {row(int(bad[0]))} holds {raw[bad[0]]!r}.")
+        raw = raw.astype(np.int64)
+    elif raw.dtype.kind not in "biu":
+        raise DataError(f"{describe} must hold integers or strings, found dtype {raw.dtype}.")
+    if raw.dtype == object:
+        ids = sorted(set(raw.tolist()))
+        index = {c: i for i, c in enumerate(ids)}
+        return np.array([index[v] for v in raw], dtype=np.int64), ids
+    ids_arr, inverse = np.unique(raw, return_inverse=True)
+    return inverse.astype(np.int64), [c.item() for c in ids_arr]
+
+
+def _split(name: str, where: str, y: np.ndarray, task: str, groups: np.ndarray | None, fraction: float,
+           seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (train, test) row indices: a seeded ``fraction`` held out, stratified by class for classification,
+    drawn within each client when ``groups`` is given (every client keeps at least one training row)."""
+    n = y.shape[0]
+    rng = numpy_rng(seed, "dataset", name, "split")
+    if groups is None:
+        pools = [np.arange(n)]
+    else:
+        order = np.argsort(groups, kind="stable")
+        pools = np.split(order, np.cumsum(np.bincount(groups))[:-1])
+    chosen: list[np.ndarray] = []
+    for pool in pools:
+        k = round(fraction * pool.size)
+        if groups is not None:
+            k = min(k, pool.size - 1)
+        if k <= 0:
+            continue
+        if task == "classification":
+            chosen.append(pool[_stratified_choice(y[pool], k, rng)])
+        else:
+            chosen.append(pool[rng.permutation(pool.size)[:k]])
+    test = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+    if test.size == 0 or test.size == n:
+        per = "" if groups is None else (f" (drawn within each of its {len(pools)} clients, each keeping at "
+                                         f"least one training example)")
+        raise DataError(f"{where} holds {n} examples: `test_fraction` = {fraction} leaves "
+                        f"{'no test' if test.size == 0 else 'no training'} examples{per}; give more examples, "
+                        f"another `test_fraction`, or test data of your own.")
+    mask = np.ones(n, dtype=bool)
+    mask[test] = False
+    return np.flatnonzero(mask), test
+
+
+def _standardize(train: np.ndarray, test: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray,
+                                                                                      np.ndarray, np.ndarray]:
+    """Both splits scaled with the training split's mean and std over ``axes`` (a constant feature stays 0)."""
+    mean = train.mean(axis=axes, keepdims=True, dtype=np.float64)
+    std = train.std(axis=axes, keepdims=True, dtype=np.float64)
+    std = np.where(std > 0, std, 1.0)
+    m, sd = mean.astype(train.dtype), std.astype(train.dtype)
+    return (train - m) / sd, (test - m) / sd, mean, std
+
+
+def _class_text(classes: list[Any]) -> str:
+    if classes == list(range(len(classes))):
+        return f"{len(classes)} classes, labels 0..{len(classes) - 1}"
+    pairs = [f"{i}={c!r}" for i, c in enumerate(classes)]
+    return f"{len(classes)} classes ({_list(pairs, 20)})"
+
+
+@dataclass
+class _Arrays:
+    """What a reader found, before the shared steps (targets, split, standardisation)."""
+
+    x: np.ndarray
+    y_raw: np.ndarray
+    row: Callable[[int], str]
+    x_test: np.ndarray | None = None
+    y_test_raw: np.ndarray | None = None
+    test_row: Callable[[int], str] | None = None
+    groups: np.ndarray | None = None
+    client_ids: list[Any] | None = None
+    y_name: str = "`y`"
+    standardize_axes: tuple[int, ...] = (0,)
+    class_names: list[Any] | None = None  # labels already 0..K-1: the names of the classes
+
+
+def _build(name: str, fmt: str, p: Path, where: str, arrays: _Arrays, seed: int, *, task: str,
+           test_fraction: float | None, standardize: bool, standardize_target: bool,
+           metadata: dict[str, Any]) -> Dataset:
+    """The shared last steps of every reader: encode the targets, split, standardise, wrap as a Dataset."""
+    a = arrays
+    has_test = a.x_test is not None
+    if has_test and test_fraction is not None:
+        raise ConfigError(f"`test_fraction` of data set {name!r} is set, but {fmt} {where} has its own test data; drop "
+                          f"`test_fraction`.")
+    raw = a.y_raw if not has_test else _concat_targets(a.y_raw, a.y_test_raw)
+    n_train = a.y_raw.shape[0]
+
+    def row(i: int) -> str:
+        return a.row(i) if i < n_train else a.test_row(i - n_train)
+
+    y_all, task, classes = _encode_targets(raw, task, f"{fmt} {where}: {a.y_name}", row)
+    if a.class_names is not None:
+        classes = a.class_names
+    if has_test:
+        x_tr, x_te, y_tr, y_te = a.x, a.x_test, y_all[:n_train], y_all[n_train:]
+        groups = a.groups
+    else:
+        tr, te = _split(name, f"{fmt} {where}", y_all, task, a.groups, TEST_FRACTION if test_fraction is None
+                        else test_fraction, seed)
+        x_tr, x_te, y_tr, y_te = a.x[tr], a.x[te], y_all[tr], y_all[te]
+        groups = None if a.groups is None else a.groups[tr]
+    meta: dict[str, Any] = {"format": fmt, "path": str(p), "task": task, **metadata}
+    if standardize:
+        x_tr, x_te, mean, std = _standardize(x_tr, x_te, a.standardize_axes)
+        meta["feature_mean"], meta["feature_std"] = mean[0], std[0]
+    notes = []
+    if task == "regression":
+        if standardize_target:
+            y_tr, y_te, t_mean, t_std = _standardize(y_tr, y_te, (0,))
+            meta["target_mean"], meta["target_std"] = t_mean[0], t_std[0]
+            notes.append("target standardised")
+        num_classes, y_dtype = 0, torch.float32
+        notes.insert(0, "regression")
+    else:
+        meta["classes"] = classes
+        num_classes, y_dtype = len(classes), torch.int64
+        notes.insert(0, _class_text(classes))
+    if a.client_ids is not None:
+        meta["client_ids"] = a.client_ids
+        notes.append(f"{len(a.client_ids)} clients from {metadata.get('client_column', 'client_id')!r} "
+                     f"(ids {_list([repr(c) for c in a.client_ids])})")
+    notes.append("own test data" if has_test else
+                 f"seeded test fraction {TEST_FRACTION if test_fraction is None else test_fraction}")
+    notes.append("features standardised on the training split" if standardize else "features not standardised")
+    return Dataset(
+        name=name,
+        train_x=torch.from_numpy(np.ascontiguousarray(x_tr, dtype=np.float32)),
+        train_y=torch.from_numpy(np.ascontiguousarray(y_tr)).to(y_dtype),
+        test_x=torch.from_numpy(np.ascontiguousarray(x_te, dtype=np.float32)),
+        test_y=torch.from_numpy(np.ascontiguousarray(y_te)).to(y_dtype),
+        input_shape=tuple(int(s) for s in a.x.shape[1:]), num_classes=num_classes, task=task,
+        source=f"{fmt} {p} ({'; '.join(notes)})",
+        train_groups=None if groups is None else torch.from_numpy(groups.astype(np.int64)),
+        metadata=meta,
+    )
+
+
+def _concat_targets(train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    train, test = (a.astype(str) if a.dtype.kind == "S" else a for a in (train, test))
+    if train.dtype.kind in "OU" or test.dtype.kind in "OU":
+        return np.concatenate([train.astype(object), test.astype(object)])
+    return np.concatenate([train, test])
+
+
+def _check_features(x: np.ndarray, describe: str, row: Callable[[int], str]) -> np.ndarray:
+    """``x`` as float64 (float32 unless it was float64), refusing non-numeric dtypes and NaN/Inf (naming the rows)."""
+    if not _is_numeric(x):
+        raise DataError(f"{describe} must be numeric, found dtype {x.dtype}.")
+    x = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    bad = _non_finite_rows(x)
+    if bad.size:
+        raise DataError(f"{describe} holds NaN or Inf in {_list([row(int(i)) for i in bad])}.")
+    return x
+
+
+def _exists(p: Path, where: str, what: str) -> None:
+    if not p.exists():
+        raise DataError(f"{what} {where} does not exist.")
+
+
+# ------------------------------------------------------------------------------------------------------- npz
+
+NPZ_ARRAYS = ("x", "y", "x_test", "y_test", "client_id")
+
+
+@register("dataset", "npz")
+def npz(data_dir: str | None = None, seed: int = 0, *, path: str | None = None, test_fraction: float | None = None,
+        standardize: bool = True, standardize_target: bool = True, task: str = "auto") -> Dataset:
+    """A NumPy ``.npz`` archive (``np.savez``): ``x`` (N, ...) and ``y`` (N,) — or (N, K) regression targets —,
+    optional ``x_test`` / ``y_test`` (without them a seeded ``test_fraction``, default 0.2, is held out) and an
+    optional ``client_id`` (N,) naming the client of every training example (``partition = "natural"``).
+
+    Other arrays are ignored. Features are standardised per element (e.g. per pixel) with ``standardize``.
+    ``data_dir`` is unused.
+    """
+    p = resolve_path("npz", path)
+    fraction = _check_options("npz", test_fraction=test_fraction, standardize=standardize,
+                              standardize_target=standardize_target, task=task)
+    where = _where(p, path)
+    _exists(p, where, "npz file")
+    if p.is_dir():
+        raise DataError(f"npz file {where} is a directory; give the path of an .npz archive.")
+    try:
+        archive = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise DataError(f"{where} is not an .npz archive (numpy could not read it: {err}); write it with "
+                        f"numpy.savez(path, x=..., y=...).") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{where} holds a single array (an .npy file); expected an .npz archive with arrays `x` "
+                        f"and `y` (numpy.savez(path, x=..., y=...)).")
+    with archive:
+        found = sorted(archive.files)
+        for key in ("x", "y"):
+            if key not in archive.files:
+                raise DataError(f"npz file {where} has no array `{key}` (found: {_list(found, 20) or 'none'}); "
+                                f"expected `x`, `y` and optionally `x_test`, `y_test`, `client_id`.")
+        if ("x_test" in archive.files) != ("y_test" in archive.files):
+            given, absent = ("x_test", "y_test") if "x_test" in archive.files else ("y_test", "x_test")
+            raise DataError(f"npz file {where} has `{given}` but no `{absent}`; give both or neither.")
+        arrays: dict[str, np.ndarray] = {}
+        for key in NPZ_ARRAYS:
+            if key in archive.files:
+                try:
+                    arrays[key] = archive[key]
+                except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+                    raise DataError(f"npz file {where}: array `{key}` cannot be read ({err}); arrays of Python "
+                                    f"objects are not read (save strings as a NumPy string array).") from None
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim == 0 or y.ndim == 0:
+        raise DataError(f"npz file {where}: `x` and `y` must hold one entry per example, found shapes {x.shape} "
+                        f"and {y.shape}.")
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.shape[0] != y.shape[0]:
+        raise DataError(f"npz file {where}: `x` has {x.shape[0]} examples but `y` has {y.shape[0]}; they must "
+                        f"have the same length.")
+    if x.shape[0] == 0:
+        raise DataError(f"npz file {where}: `x` and `y` are empty.")
+
+    def row(i: int) -> str:
+        return f"row {i}"
+
+    x = _check_features(x, f"npz file {where}: `x`", row)
+    a = _Arrays(x=x, y_raw=y, row=row)
+    if "x_test" in arrays:
+        xt, yt = arrays["x_test"], arrays["y_test"]
+        if xt.ndim == 1 and x.shape[1:] == (1,):
+            xt = xt[:, None]
+        if xt.ndim == 0 or tuple(xt.shape[1:]) != tuple(x.shape[1:]):
+            raise DataError(f"npz file {where}: `x_test` has shape {xt.shape}; expected (N_test, "
+                            f"{', '.join(map(str, x.shape[1:]))}) like `x` {x.shape}.")
+        if yt.ndim == 0 or yt.shape[0] != xt.shape[0] or yt.shape[1:] != y.shape[1:]:
+            raise DataError(f"npz file {where}: `y_test` has shape {yt.shape}; expected "
+                            f"{(xt.shape[0], *y.shape[1:])} to match `x_test` and `y`.")
+        if xt.shape[0] == 0:
+            raise DataError(f"npz file {where}: `x_test` and `y_test` are empty.")
+        a.x_test = _check_features(xt, f"npz file {where}: `x_test`", row)
+        a.y_test_raw, a.test_row = yt, lambda i: f"`y_test` row {i}"
+    metadata: dict[str, Any] = {}
+    if "client_id" in arrays:
+        cid = arrays["client_id"]
+        if cid.shape != (x.shape[0],):
+            raise DataError(f"npz file {where}: `client_id` has shape {cid.shape}; expected ({x.shape[0]},), one "
+                            f"client id per row of `x`.")
+        a.groups, a.client_ids = _groups(cid, f"npz file {where}: `client_id`", row)
+        metadata["client_column"] = "client_id"
+    return _build("npz", "npz file", p, where, a, seed, task=task, test_fraction=fraction, standardize=standardize,
+                  standardize_target=standardize_target, metadata=metadata)
+
+
+# ------------------------------------------------------------------------------------------------ csv, parquet
+
+@dataclass
+class _Table:
+    names: list[str]
+    columns: list[np.ndarray]  # numeric arrays, or object arrays of str / None
+    row: Callable[[int], str]
+
+
+def _read_csv(p: Path, where: str, delimiter: str) -> _Table:
+    lines: list[int] = []
+    rows: list[list[str]] = []
+    try:
+        with open(p, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            try:
+                header = None
+                for r in reader:
+                    if not r or (len(r) == 1 and not r[0].strip()):
+                        continue  # a blank line
+                    if header is None:
+                        header, header_line = r, reader.line_num
+                        continue
+                    rows.append(r)
+                    lines.append(reader.line_num)
+            except csv.Error as err:
+                raise DataError(f"CSV file {where}, line {reader.line_num}: {err}.") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"CSV file {where} is not UTF-8 text (byte 0x{err.object[err.start]:02x}); save it as "
+                        f"UTF-8.") from None
+    except OSError as err:
+        raise DataError(f"cannot read CSV file {where}: {err.strerror or err}.") from None
+    if header is None:
+        raise DataError(f"CSV file {where} is empty (or blank); expected a header row of column names, then one "
+                        f"row per example.")
+    names = [h.strip() for h in header]
+    if any(not n for n in names):
+        raise DataError(f"CSV file {where}: the header (line {header_line}) has an empty column name (column "
+                        f"{names.index('') + 1}); every column needs a name.")
+    for r, line in zip(rows, lines):
+        if len(r) != len(names):
+            raise DataError(f"CSV file {where}, line {line}: {len(r)} fields, but the header has {len(names)} "
+                            f"columns.")
+    if not rows:
+        raise DataError(f"CSV file {where} has a header but no rows.")
+    columns = [np.array(col, dtype=object) for col in zip(*rows)]
+    return _Table(names, columns, lambda i: f"line {lines[i]}")
+
+
+def _read_parquet(p: Path, where: str) -> _Table:
+    try:
+        pq = importlib.import_module("pyarrow.parquet")
+    except ImportError:
+        raise DataError(f"data set 'parquet' needs the optional package `pyarrow` to read {where}, and it is not "
+                        f"installed; run `pip install pyarrow`, or save the table as CSV and use "
+                        f"dataset = \"csv\".") from None
+    try:
+        table = pq.read_table(p)
+    except Exception as err:  # pyarrow raises its own ArrowInvalid / OSError types
+        raise DataError(f"{where} is not a readable Parquet file: {err}.") from None
+    names = [str(n) for n in table.column_names]
+    if table.num_rows == 0:
+        raise DataError(f"Parquet file {where} has no rows.")
+    columns = []
+    for i, name in enumerate(names):
+        col = table.column(i)
+        try:
+            arr = np.asarray(col.to_numpy(zero_copy_only=False))
+        except TypeError:  # older pyarrow: ChunkedArray.to_numpy() takes no argument
+            arr = np.asarray(col.to_numpy())
+        if col.null_count and _is_numeric(arr):
+            arr = np.array(col.to_pylist(), dtype=object)
+        if arr.dtype.kind not in "biufO":
+            arr = np.array(col.to_pylist(), dtype=object)
+        columns.append(arr)
+    return _Table(names, columns, lambda i: f"row {i}")
+
+
+def _numeric_column(values: np.ndarray, describe: str, row: Callable[[int], str]) -> np.ndarray:
+    if _is_numeric(values):
+        return values.astype(np.float64)
+    parsed = _parse(values, float)
+    if isinstance(parsed, np.ndarray):
+        return parsed
+    v = values[parsed]
+    found = "no value" if v is None or (isinstance(v, str) and not v.strip()) else repr(v)
+    raise DataError(f"{describe} must be numeric: {row(parsed)} holds {found}; give a number in every row, or "
+                    f"leave the column out with `features`.")
+
+
+def _from_table(name: str, fmt: str, p: Path, where: str, table: _Table, seed: int, *, target: Any,
+                features: Any, client_column: Any, test_fraction: Any, standardize: Any, standardize_target: Any,
+                task: Any) -> Dataset:
+    fraction = _check_options(name, test_fraction=test_fraction, standardize=standardize,
+                              standardize_target=standardize_target, task=task)
+    names = table.names
+    listed = _list([repr(n) for n in names], 30)
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise DataError(f"{fmt} {where} names column(s) {_list([repr(d) for d in dupes])} more than once.")
+    if client_column is not None and not isinstance(client_column, str):
+        raise ConfigError(f"`client_column` of data set {name!r} must be a column name (\"\": none), found "
+                          f"{client_column!r}.")
+    if client_column:
+        if client_column not in names:
+            raise DataError(f"{fmt} {where} has no client column {client_column!r} (`client_column`); its "
+                            f"columns: {listed}.")
+        cid_col: str | None = client_column
+    elif client_column is None and DEFAULT_CLIENT_COLUMN in names:
+        cid_col = DEFAULT_CLIENT_COLUMN
+    else:
+        cid_col = None
+    if target is None:
+        candidates = [n for n in names if n != cid_col]
+        if not candidates:
+            raise DataError(f"{fmt} {where} has no column besides the client column {cid_col!r}.")
+        target = candidates[-1]
+    elif not isinstance(target, str):
+        raise ConfigError(f"`target` of data set {name!r} must be a column name, found {target!r}.")
+    elif target not in names:
+        raise DataError(f"{fmt} {where} has no target column {target!r} (`target`); its columns: {listed}.")
+    if target == cid_col:
+        raise ConfigError(f"`target` of data set {name!r} is the client column {target!r}; name another column.")
+    if features is None:
+        features = [n for n in names if n not in (target, cid_col)]
+        if not features:
+            raise DataError(f"{fmt} {where} has no feature column: only the target {target!r}"
+                            f"{'' if cid_col is None else f' and the client column {cid_col!r}'}.")
+    else:
+        if not isinstance(features, (list, tuple)) or not features or not all(isinstance(f, str) for f in features):
+            raise ConfigError(f"`features` of data set {name!r} must be a non-empty list of column names, found "
+                              f"{features!r}.")
+        missing = [f for f in features if f not in names]
+        if missing:
+            raise DataError(f"{fmt} {where} has no column(s) {_list([repr(m) for m in missing])} named in "
+                            f"`features`; its columns: {listed}.")
+        clash = [f for f in features if f in (target, cid_col)]
+        if clash:
+            raise ConfigError(f"`features` of data set {name!r} names {clash[0]!r}, which is the "
+                              f"{'target' if clash[0] == target else 'client'} column.")
+        if len(set(features)) != len(features):
+            raise ConfigError(f"`features` of data set {name!r} names a column twice: {list(features)}.")
+        features = list(features)
+    col = {n: c for n, c in zip(names, table.columns)}
+    x = np.stack([_numeric_column(col[f], f"{fmt} {where}: column {f!r}", table.row) for f in features], axis=1)
+    bad = _non_finite_rows(x)
+    if bad.size:
+        cols = sorted({features[j] for j in np.flatnonzero(~np.isfinite(x[bad]).all(axis=0))})
+        raise DataError(f"{fmt} {where}: NaN or Inf in feature column(s) {_list([repr(c) for c in cols])} in "
+                        f"{_list([table.row(int(i)) for i in bad])}.")
+    a = _Arrays(x=x, y_raw=col[target], row=table.row, y_name=f"target column {target!r}")
+    metadata: dict[str, Any] = {"target": target, "features": features}
+    if cid_col is not None:
+        a.groups, a.client_ids = _groups(col[cid_col], f"{fmt} {where}: client column {cid_col!r}", table.row)
+        metadata["client_column"] = cid_col
+    return _build(name, fmt, p, where, a, seed, task=task, test_fraction=fraction, standardize=standardize,
+                  standardize_target=standardize_target, metadata=metadata)
+
+
+@register("dataset", "csv")
+def csv_table(data_dir: str | None = None, seed: int = 0, *, path: str | None = None, target: str | None = None,
+              features: list[str] | None = None, client_column: str | None = None, delimiter: str = ",",
+              test_fraction: float | None = None, standardize: bool = True, standardize_target: bool = True,
+              task: str = "auto") -> Dataset:
+    """A CSV file (UTF-8, a header row of column names, one row per example).
+
+    Args:
+      target: the target column (default: the last column that is not the client column).
+      features: the feature columns (default: every column but the target and the client column); each must
+        hold a number in every row.
+      client_column: the column naming each row's client (default ``"client_id"`` when the file has one; ``""``:
+        none). Its distinct values, sorted, are the clients of ``partition = "natural"``.
+      delimiter: the field separator (one character).
+      test_fraction: the seeded test share (default 0.2), drawn within each client when there is a client column.
+      standardize, standardize_target, task: see the module docstring.
+    """
+    p = resolve_path("csv", path)
+    if not isinstance(delimiter, str) or len(delimiter) != 1:
+        raise ConfigError(f"`delimiter` of data set 'csv' must be one character, found {delimiter!r}.")
+    where = _where(p, path)
+    _exists(p, where, "CSV file")
+    if p.is_dir():
+        raise DataError(f"CSV file {where} is a directory; give the path of a .csv file.")
+    table = _read_csv(p, where, delimiter)
+    return _from_table("csv", "CSV file", p, where, table, seed, target=target, features=features,
+                       client_column=client_column, test_fraction=test_fraction, standardize=standardize,
+                       standardize_target=standardize_target, task=task)
+
+
+@register("dataset", "parquet")
+def parquet_table(data_dir: str | None = None, seed: int = 0, *, path: str | None = None, target: str | None = None,
+                  features: list[str] | None = None, client_column: str | None = None,
+                  test_fraction: float | None = None, standardize: bool = True, standardize_target: bool = True,
+                  task: str = "auto") -> Dataset:
+    """A Parquet file, read with the optional package ``pyarrow``; the options are those of ``csv`` (no
+    ``delimiter``), and rows are named by their 0-based index in messages."""
+    p = resolve_path("parquet", path)
+    where = _where(p, path)
+    _exists(p, where, "Parquet file")
+    table = _read_parquet(p, where)
+    return _from_table("parquet", "Parquet file", p, where, table, seed, target=target, features=features,
+                       client_column=client_column, test_fraction=test_fraction, standardize=standardize,
+                       standardize_target=standardize_target, task=task)
+
+
+# ------------------------------------------------------------------------------------------------ image_folder
+
+def _image_files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")
+                  and f.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _class_folders(root: Path, skip: str | None) -> list[Path]:
+    return sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name != skip)
+
+
+def _read_images(files: list[Path], size: tuple[int, int], channels: int) -> np.ndarray:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise DataError("data set 'image_folder' needs the package `Pillow` to read images, and it is not "
+                        "installed; run `pip install pillow`.") from None
+    mode = "L" if channels == 1 else "RGB"
+    h, w = size
+    out = np.empty((len(files), h, w, channels), dtype=np.uint8)
+    for i, f in enumerate(files):
+        try:
+            with Image.open(f) as im:
+                im = im.convert(mode)
+                if im.size != (w, h):
+                    im = im.resize((w, h), Image.Resampling.BILINEAR)
+                out[i] = np.asarray(im, dtype=np.uint8).reshape(h, w, channels)
+        except Exception as err:  # Pillow raises UnidentifiedImageError, OSError, DecompressionBombError, ...
+            raise DataError(f"cannot read image {str(f)!r}: {err}; image_folder reads PNG and JPEG files.") from None
+    return out
+
+
+@register("dataset", "image_folder")
+def image_folder(data_dir: str | None = None, seed: int = 0, *, path: str | None = None,
+                 size: int | Sequence[int] = (28, 28), channels: int = 1, test_folder: str = "test",
+                 test_fraction: float | None = None, standardize: bool = True) -> Dataset:
+    """A folder of images, one sub-folder per class (the sub-folder names, sorted, are the classes).
+
+    Layout: ``path/<class>/*.png|jpg|jpeg`` and optionally ``path/<test_folder>/<class>/...`` (or
+    ``path/train/<class>/...`` beside ``path/<test_folder>/<class>/...``) for the test split; without a test
+    folder a seeded stratified ``test_fraction`` (default 0.2) is held out. Files with other endings and hidden
+    files are ignored. Every image is converted to grey (``channels = 1``) or RGB (``channels = 3``), resized to
+    ``size`` (``[height, width]`` or one int; default 28×28) and scaled to [0, 1]; ``standardize`` then scales
+    each channel with the training images' mean and std. Tensors are (N, channels, height, width).
+    ``data_dir`` is unused.
+    """
+    p = resolve_path("image_folder", path)
+    fraction = _check_options("image_folder", test_fraction=test_fraction, standardize=standardize)
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size, size)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2
+            and all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= MAX_SIZE for s in size)):
+        raise ConfigError(f"`size` of data set 'image_folder' must be an int or [height, width], each in "
+                          f"[1, {MAX_SIZE}], found {size!r}.")
+    size = (int(size[0]), int(size[1]))
+    if channels not in (1, 3) or isinstance(channels, bool):
+        raise ConfigError(f"`channels` of data set 'image_folder' must be 1 (grey) or 3 (RGB), found {channels!r}.")
+    if not isinstance(test_folder, str):
+        raise ConfigError(f"`test_folder` of data set 'image_folder' must be a folder name (\"\": none), found "
+                          f"{test_folder!r}.")
+    where = _where(p, path)
+    _exists(p, where, "image folder")
+    if not p.is_dir():
+        raise DataError(f"image folder {where} is not a directory; expected one sub-folder of images per class.")
+    test_root = p / test_folder if test_folder and (p / test_folder).is_dir() else None
+    train_root = p / "train" if test_root is not None and (p / "train").is_dir() else p
+    class_dirs = _class_folders(train_root, test_folder if train_root == p else None)
+    if not class_dirs:
+        raise DataError(f"image folder {where} has no class sub-folders; expected {train_root}/<class>/<image>.png "
+                        f"(one sub-folder per class).")
+    classes = [d.name for d in class_dirs]
+
+    def gather(dirs: list[Path]) -> tuple[list[Path], list[int]]:
+        files, labels = [], []
+        for d in dirs:
+            found = _image_files(d)
+            if not found:
+                raise DataError(f"class folder {str(d)!r} holds no images (files ending in "
+                                f"{', '.join(IMAGE_SUFFIXES)}); every class needs at least one.")
+            files += found
+            labels += [classes.index(d.name)] * len(found)
+        return files, labels
+
+    files, labels = gather(class_dirs)
+    metadata: dict[str, Any] = {"size": list(size), "channels": channels}
+    if test_root is not None:
+        test_dirs = _class_folders(test_root, None)
+        unknown = [d.name for d in test_dirs if d.name not in classes]
+        if unknown:
+            raise DataError(f"test folder {str(test_root)!r} has class folder(s) {_list([repr(u) for u in unknown])} "
+                            f"that the training images do not have (classes: {_list([repr(c) for c in classes], 20)}).")
+        if not test_dirs:
+            raise DataError(f"test folder {str(test_root)!r} has no class sub-folders; expected "
+                            f"{test_root}/<class>/<image>.png.")
+        test_files, test_labels = gather(test_dirs)
+    x = _read_images(files, size, channels).transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255)
+    a = _Arrays(x=x, y_raw=np.array(labels, dtype=np.int64), row=lambda i: str(files[i]), y_name="labels",
+                standardize_axes=(0, 2, 3), class_names=classes)
+    if test_root is not None:
+        a.x_test = _read_images(test_files, size, channels).transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255)
+        a.y_test_raw, a.test_row = np.array(test_labels, dtype=np.int64), (lambda i: str(test_files[i]))
+    return _build("image_folder", "image folder", p, where, a, seed, task="classification", test_fraction=fraction,
+                  standardize=standardize, standardize_target=False, metadata=metadata)
