@@ -1,4 +1,4 @@
-"""The ``trustfl`` command: run | validate | list | report | privacy.
+"""The ``trustfl`` command: run | sweep | compare | validate | list | report | privacy.
 
 Errors: every error a user can cause (a bad config or flag, a missing data set, an exhausted privacy budget) is
 a :class:`~trustfl.errors.TrustFLError`; the command prints it as one line, ``trustfl: error: <message>``, on
@@ -65,6 +65,28 @@ def _make_run_dir(out: str) -> None:
         raise UsageError(f"--out: cannot create run directory {out!r}: {err.strerror or err}.") from None
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from trustfl.report.sweep import run_sweep
+
+    result = run_sweep(args.config, args.grid, args.seeds, out=args.out, overrides=args.set, jobs=args.jobs,
+                       threads=args.threads, data_dir=args.data_dir)
+    hint = f"; compare with `trustfl compare {result.out}`" if result.done or result.skipped else ""
+    print(f"sweep: {len(result.done)} run, {len(result.skipped)} finished earlier, {len(result.failed)} failed{hint}")
+    return 0 if result.ok else 1
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from trustfl.report.compare import compare_runs
+
+    result = compare_runs(args.runs, out=args.out, plots=not args.no_plots, metric=args.metric, ignore=args.ignore)
+    print(result.markdown)
+    if result.skipped:
+        print(f"\nleft out (no metrics yet): {', '.join(result.skipped)}")
+    where = sorted({str(f.parent) for f in result.files})
+    print(f"\nwrote {', '.join(f.name for f in result.files)} to {', '.join(where)}")
+    return 0
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from trustfl.config.build import build_federation
     from trustfl.config.load import load_config
@@ -109,6 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="directory of IDX data sets (default: $TRUSTFL_DATA or ~/.cache/trustfl)")
     run.add_argument("--quiet", action="store_true", help="no progress output")
     run.set_defaults(func=_cmd_run)
+    swp = sub.add_parser("sweep", help="run a config over a grid of values x seeds, one run directory per point")
+    swp.add_argument("config", help="experiment TOML file")
+    swp.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                     help="values of a config key (TOML values, like --set); repeat for a Cartesian product")
+    swp.add_argument("--seeds", help="seeds, e.g. 0-2 or 0,3,5 (default: the config's seed)")
+    swp.add_argument("--out", required=True, help="sweep directory: sweep.json and one run directory per point; "
+                                                  "re-running the same command resumes the sweep")
+    swp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in every point")
+    swp.add_argument("--jobs", type=int, default=1, help="points run at once, in worker processes (default 1)")
+    swp.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1; 0: torch's default)")
+    swp.add_argument("--data-dir", help="directory of IDX data sets (default: $TRUSTFL_DATA or ~/.cache/trustfl)")
+    swp.set_defaults(func=_cmd_sweep)
+    cmp = sub.add_parser("compare", help="compare runs: mean ± std over seeds per setting, table and plots")
+    cmp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories, or a sweep directory")
+    cmp.add_argument("--out", help="where compare.md, compare.csv and the plots go (default: the sweep "
+                                   "directory, else the working directory)")
+    cmp.add_argument("--metric", help="metric of the plots (default: primary metric, accuracy, or the first)")
+    cmp.add_argument("--ignore", action="append", default=[], metavar="KEY",
+                     help="a config key that does not define a group (seed, name, data.data_dir always)")
+    cmp.add_argument("--no-plots", action="store_true", help="only the table")
+    cmp.set_defaults(func=_cmd_compare)
     val = sub.add_parser("validate", help="check a config and build the experiment without training")
     val.add_argument("config")
     val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -148,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         hint = f" (resume with `trustfl run --resume {run_dir}`)" if command == "run" else ""
+        if command == "sweep":
+            hint = " (re-run the same command to resume the sweep)"
         print(f"trustfl: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
