@@ -1,4 +1,5 @@
-"""CAF (Algorithm 2 with the spec §7 fixes): Gram route vs a direct d×d oracle, Prop. 4.1, power method, edge cases."""
+"""CAF (Algorithm 2 with trustfl's safeguards): Gram route vs a direct d×d oracle, Prop. 4.1, power method, edge
+cases."""
 import math
 
 import pytest
@@ -17,7 +18,7 @@ def ctx(n: int, seed: int = 0) -> RoundContext:
 
 def direct_caf(x: torch.Tensor, f: int, literal_max: bool = False, cap: int | None = None):
     """Oracle: Algorithm 2 on the d×d covariance with eigh (float64). ``literal_max`` takes max τ over all points
-    (the paper as printed) instead of over still-weighted points (§7 fix)."""
+    (the paper as printed) instead of over still-weighted points (trustfl's safeguard)."""
     n = x.shape[0]
     c = torch.ones(n, dtype=torch.float64)
     mu_best, sigma_best, it = x.mean(0), math.inf, 0

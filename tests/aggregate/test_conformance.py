@@ -1,4 +1,4 @@
-"""Conformance table: every registered aggregator and pre-aggregator through the same checks (STYLE.md rule 25).
+"""Conformance table: every registered aggregator and pre-aggregator through the same checks.
 
 Every context carries the per-row reports the report-weighted rules read (``num_samples``, ``reported_epsilon``,
 ``oracle_noise_variance``; see :func:`reports`). Names registered by other modules are built with no parameters; a

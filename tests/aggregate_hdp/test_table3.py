@@ -1,7 +1,7 @@
 """Robust-HDP Table 3 from formulas: Σ_i w_i² σ_i² / (p η²) at e = 1 (FMNIST, E = 200) with σ_i² from Eq. 3 + Eq. 7.
 
-Setting (robust_hdp.md §2.3, §4.5): N_i = 2400, K = 1, c = 3, δ = 1e-4, E = 200, the code's ε and batch lists,
-z_i = compute_z(ε_i, N_i, b_i) rounded to 2 decimals. The metric does not depend on η or p (both cancel).
+Setting (the paper's Table 3 and the authors' code): N_i = 2400, K = 1, c = 3, δ = 1e-4, E = 200, the code's ε and
+batch lists, z_i = compute_z(ε_i, N_i, b_i) rounded to 2 decimals. The metric does not depend on η or p (both cancel).
 
 The z values are pinned below (computed with ``trustfl.privacy.analysis.rhdp.compute_z``, the paper's bisection,
 ~90 s for all of them); the slow test recomputes them. Reference: the paper's Table 3, within 2% (or ±0.01 for
@@ -63,7 +63,7 @@ PAPER = {  # Table 3, Dist1 … Dist9
     "min_eps": [4.68, 103.91, 103.91, 127.18, 103.91, 1868.45, 74.41, 241.37, 87.15],
     "oracle": [0.27, 0.47, 0.07, 0.64, 0.39, 7.60, 2.25, 13.81, 5.93],
 }
-SPEC = {  # robust_hdp.md §2.3 recomputation (a regression target for every cell, Dist6 included)
+SPEC = {  # our recomputation with the code's lists (a regression target for every cell, Dist6 included)
     "weiavg": [1.03, 1.89, 0.92, 3.23, 4.59, 27.74, 9.87, 48.07, 34.87],
     "dpfedavg": [1.28, 16.91, 16.19, 26.74, 25.55, 67.12, 18.60, 85.48, 43.17],
     "min_eps": [4.69, 102.93, 102.93, 126.35, 102.93, 1453.79, 75.03, 232.47, 86.81],

@@ -14,7 +14,7 @@ from trustfl.errors import ConfigError
 from trustfl.types import ParamLayout, RoundContext
 
 BATCHES = [32, 64, 16, 32, 16, 16, 16, 32, 32, 64, 32, 64, 16, 128, 16, 64, 32, 64, 16, 16]
-EPS = {  # robust_hdp.md §4.5
+EPS = {  # the authors' fixed lists (their utils/privacy_params.py)
     "Dist1": [2.81, 1.69, 1.74, 1.46, 2.43, 0.85, 2.87, 1.62, 2.16, 1.88, 2.73, 0.97, 1.84, 1.81, 2.57, 1.45, 1.91,
               1.56, 2.02, 2.29],
     "Dist6": [0.5, 0.46, 0.39, 0.44, 0.21, 0.36, 0.19, 0.51, 1.12, 0.2, 0.49, 0.19, 0.19, 0.2, 0.2, 0.18, 0.61, 0.15,
@@ -72,7 +72,7 @@ def test_rpca_weights_match_oracle(dist):
 @pytest.mark.slow
 @pytest.mark.parametrize("dist", ["Dist1", "Dist6"])
 def test_rpca_weights_match_oracle_candes_default(dist):
-    """The spec's §2.5 check with the default (Candès μ, fixed): L1 ≈ 0.005–0.01 after ~1000–1500 iterations."""
+    """The synthetic check with the default (Candès μ, fixed): L1 ≈ 0.005–0.01 after ~1000–1500 iterations."""
     x, var = synthetic(dist, p=28_938)
     out = run(RobustHDP(per_client_metrics=True, max_iter=1500), x, ctx(20))
     assert float((weights_of(out, range(20)) - oracle_weights(var)).abs().sum()) < 0.02

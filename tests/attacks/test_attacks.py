@@ -12,7 +12,7 @@ import trustfl
 from trustfl.aggregate.base import AbstractAggregator, Mean
 from trustfl.attacks import (ALittleIsEnough, FallOfEmpires, GaussianAttack, LabelFlip, Mimic, SignFlip, alie_ls,
                              baruch_z, flip_labels, foe_ls, line_maximize)
-from trustfl.errors import ConfigError, MessageError, TrustFLError
+from trustfl.errors import ConfigError, DataError, MessageError
 from trustfl.types import RoundContext, StageOut
 
 H = torch.tensor([[1.0, -2.0, 0.0], [3.0, 0.0, 1.0], [5.0, 2.0, 5.0]])
@@ -85,7 +85,7 @@ def test_mimic_configured_and_seeded() -> None:
     assert any(torch.equal(a[0], row) for row in H)
     picked = {int((Mimic().craft(H, 1, ctx(seed=s))[0] == H).all(1).nonzero()) for s in range(30)}
     assert picked == {0, 1, 2}  # the seeded index covers every honest row
-    with pytest.raises(TrustFLError, match="index"):
+    with pytest.raises(ConfigError, match="index"):
         Mimic(index=3).craft(H, 1, ctx())
 
 
@@ -122,9 +122,9 @@ def test_every_update_attack_rejects_bad_input(name: str) -> None:
     attack = trustfl.build("attack", name)
     with pytest.raises(MessageError, match="2-D"):
         attack.craft(torch.zeros(3), 1, ctx(), Mean())
-    with pytest.raises(TrustFLError, match="num_byzantine"):
+    with pytest.raises(ConfigError, match="num_byzantine"):
         attack.craft(H, -1, ctx(), Mean())
-    with pytest.raises(TrustFLError, match="update-level"):  # update-level attacks have no data form
+    with pytest.raises(ConfigError, match="update-level"):  # update-level attacks have no data form
         attack.poison(torch.zeros(2, 1), torch.zeros(2, dtype=torch.long), 10)
 
 
@@ -151,11 +151,11 @@ def test_label_flip_is_data_level() -> None:
     px, py = attack.poison(x, torch.tensor([0, 4, 9]), 10)
     assert px is x and py.tolist() == [9, 5, 0]
     assert torch.equal(attack.flip_labels(torch.tensor([2]), 3), torch.tensor([0]))
-    with pytest.raises(TrustFLError, match="data-level"):
+    with pytest.raises(ConfigError, match="data-level"):
         attack.craft(H, 1, ctx())
-    with pytest.raises(TrustFLError, match="labels must lie"):
+    with pytest.raises(DataError, match="labels must lie"):
         flip_labels(torch.tensor([10]), 10)
-    with pytest.raises(TrustFLError, match="integer"):
+    with pytest.raises(DataError, match="integer"):
         flip_labels(torch.tensor([1.0]), 10)
 
 
@@ -203,7 +203,7 @@ def test_line_search_beats_zero_factor_within_budget(factory) -> None:
 
 
 def test_line_search_needs_an_aggregator() -> None:
-    with pytest.raises(TrustFLError, match="aggregator"):
+    with pytest.raises(ConfigError, match="aggregator"):
         alie_ls().craft(H, 1, ctx())
     named = trustfl.build("attack", "foe_ls", aggregator="mean", evals=4)
     out = named.craft(H, 1, ctx())  # built from the registry at call time

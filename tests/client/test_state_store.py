@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trustfl.client.state import ClientStateStore
-from trustfl.errors import TrustFLError
+from trustfl.errors import MessageError
 
 
 def _defaults() -> dict[str, torch.Tensor]:
@@ -136,7 +136,7 @@ def test_from_state_dict_of_nothing_is_empty():
 
 def test_gather_raises_on_a_shape_mismatch():
     store = ClientStateStore().scatter([1, 2], {"c": torch.zeros(2, 3)})
-    with pytest.raises(TrustFLError, match=r"client 1's state 'c' has shape \(3,\), expected \(4,\)"):
+    with pytest.raises(MessageError, match=r"client 1's state 'c' has shape \(3,\), expected \(4,\)"):
         store.gather([1], {"c": torch.zeros(4)})
     # clients without an entry are fine with any default
     assert store.gather([9], {"c": torch.zeros(4)})["c"].shape == (1, 4)

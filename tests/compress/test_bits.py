@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trustfl.compress.bits import pack_bits, packed_nbytes, unpack_bits
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 DIMS = (1, 5, 8, 13, 100, 257)
 
@@ -78,9 +78,11 @@ def test_bad_width_raises_config_error_naming_bits(bits):
 
 
 def test_bad_shapes_raise():
-    with pytest.raises(ValueError, match=r"\(m, d\) integer tensor, found torch.int64 \(3,\)"):
+    with pytest.raises(MessageError, match=r"\(m, d\) integer tensor, found torch.int64 \(3,\)"):
         pack_bits(torch.zeros(3, dtype=torch.int64), 4)
-    with pytest.raises(ValueError, match=r"\(m, d\) integer tensor, found torch.float32"):
+    with pytest.raises(MessageError, match=r"\(m, d\) integer tensor, found torch.float32"):
         pack_bits(torch.zeros(1, 3), 4)  # float input
-    with pytest.raises(ValueError, match=r"\(m, 2\)"):
+    with pytest.raises(MessageError, match=r"\(m, 2\)"):
         unpack_bits(torch.zeros(1, 3, dtype=torch.uint8), 4, 3)
+    with pytest.raises(ConfigError, match="int32 or int64"):
+        unpack_bits(torch.zeros(1, 2, dtype=torch.uint8), 4, 3, dtype=torch.int16)

@@ -1,4 +1,4 @@
-"""Every registered compressor through the same checks (STYLE rule 25), the identity, and the doctests."""
+"""Every registered compressor through the same checks, the identity, and the doctests."""
 from __future__ import annotations
 
 import doctest
@@ -11,6 +11,7 @@ import torch
 import trustfl
 import trustfl.compress
 from trustfl.compress import AbstractCompressor, Encoded, Identity
+from trustfl.errors import MessageError
 
 NAMES = ("identity", "lattice", "qsgd", "qsgd_minmax")
 
@@ -51,7 +52,7 @@ def test_conformance(name):
     assert not x64.equal(torch.zeros_like(x64))  # the input was not modified in place
     torch.testing.assert_close(x64.float(), x)
     assert comp.with_segments((300, 33)).bits_per_coordinate == comp.bits_per_coordinate
-    with pytest.raises(ValueError, match=r"floating \(m, d\) tensor"):
+    with pytest.raises(MessageError, match=r"floating \(m, d\) tensor"):
         comp.encode(x[0], _gen(1), 17)  # rows are required
 
 
@@ -67,7 +68,7 @@ def test_identity_is_exact_at_32_bits():
 
 
 def test_encoded_checks_the_row_dimension():
-    with pytest.raises(ValueError, match="leading dimension"):
+    with pytest.raises(MessageError, match="leading dimension"):
         Encoded({"codes": torch.zeros(2, 4, dtype=torch.uint8)}, rows=3, dim=4)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trustfl.compress import HadamardRotation, Lattice, unpack_bits
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 
 def _gen(seed: int, device: str = "cpu") -> torch.Generator:
@@ -158,9 +158,9 @@ def test_key_broadcasts_and_is_required():
     a, fa = lat.decode(enc, key, 1)
     b, fb = lat.decode(enc, key.expand(3, 200), 1)
     assert torch.equal(a, b) and torch.equal(fa, fb) and fa.dtype == torch.int64
-    with pytest.raises(ValueError, match="key"):
+    with pytest.raises(MessageError, match="key"):
         lat.decode(enc, None, 1)
-    with pytest.raises(ValueError, match="key"):
+    with pytest.raises(MessageError, match="key"):
         lat.decode(enc, key[:10], 1)
 
 

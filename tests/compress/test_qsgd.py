@@ -84,7 +84,7 @@ def test_segments_give_each_tensor_its_own_range():
     y = torch.cat([torch.full((1, 30), 4.0), large], dim=1)
     comp = QSGDMinMax(levels=4, segments=(30, 100))
     assert torch.equal(comp.decode(comp.encode(y, _gen(9), 0), None, 0)[0][:, :30], y[:, :30])
-    with pytest.raises(ValueError, match="segments"):
+    with pytest.raises(ConfigError, match="segments"):
         comp.encode(x, _gen(9), 0)  # sizes sum to 130, not 200
 
 

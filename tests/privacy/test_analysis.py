@@ -100,7 +100,7 @@ def test_gdp_closed_form_matches_pld_for_the_plain_gaussian(sigma, steps):
     assert eps_pld == pytest.approx(eps_gdp, abs=1e-3)
 
 
-# dpzv.md §3 table: μ at (ε, δ).
+# DPZV (App. C, Thm C.4): μ at (ε, δ), our computation.
 @pytest.mark.parametrize("eps, mu_1e3, mu_1e5", [
     (0.1, 0.0575, 0.0325), (0.5, 0.2169, 0.1422), (1.0, 0.3884, 0.2681), (5.0, 1.4496, 1.1212),
     (10.0, 2.4627, 2.0004)])
@@ -128,7 +128,7 @@ def test_gdp_clt_and_dpzv_worked_example():
     assert clt > first                                            # the paper's form is optimistic
     assert gdp.mu_poisson_clt(300.0, 0.01, 1000) == pytest.approx(gdp.mu_poisson_clt_first_order(300.0, 0.01, 1000),
                                                                    rel=1e-4)
-    # dpzv.md §3: D = 60000, B = 64, M = 7, 100 epochs, C = 10, ε = 1, δ = 1e-3 → σ_dp ≈ 0.695.
+    # DPZV (Sec. 6, App. C), MNIST: D = 60000, B = 64, M = 7, 100 epochs, C = 10, ε = 1, δ = 1e-3 → σ_dp ≈ 0.695.
     steps = 100 * 7 * math.ceil(60000 / 64)
     sigma_dp = gdp.dpzv_noise_std(10.0, steps, 60000, gdp.mu_from_epsilon(1.0, 1e-3))
     assert sigma_dp == pytest.approx(0.695, abs=5e-4)
@@ -138,7 +138,7 @@ def test_gdp_clt_and_dpzv_worked_example():
 
 
 # -------------------------------------------------------------------------------------------------------------
-# Robust-HDP compute_z (robust_hdp.md §3 table: N = 2400, δ = 1e-4, K = 1; ε = 0.2, 0.5, 1, 2, 5)
+# Robust-HDP compute_z (z table of the authors' compute_z: N = 2400, δ = 1e-4, K = 1; ε = 0.2, 0.5, 1, 2, 5)
 # -------------------------------------------------------------------------------------------------------------
 
 RHDP_EPS = (0.2, 0.5, 1.0, 2.0, 5.0)
@@ -155,9 +155,9 @@ RHDP_CELLS = [(E, b, eps, z) for E, row in RHDP_TABLE.items() for b, zs in row.i
 
 
 def test_rhdp_table_every_cell_brackets_the_root():
-    """All 60 cells, two ε evaluations each: the exact root lies within ±0.005 of the spec's rounded z.
+    """All 60 cells, two ε evaluations each: the exact root lies within ±0.005 of the table's rounded z.
 
-    ε(z) is decreasing, so ε(z − 0.005) > ε_target >= ε(z + 0.005) means round(root, 2) = z. All 60 spec values
+    ε(z) is decreasing, so ε(z − 0.005) > ε_target >= ε(z + 0.005) means round(root, 2) = z. All 60 table values
     are reproduced exactly by dp_accounting's RDP + the classic conversion (no cell differs).
     """
     for E, b, eps, z in RHDP_CELLS:

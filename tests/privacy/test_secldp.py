@@ -1,4 +1,4 @@
-"""CafCor SecLDP accounting (cafcor.md §3): Lemma A.4, special cases, threat models, calibration, refusals."""
+"""CafCor SecLDP accounting (Sec. 4.1, App. A): Lemma A.4, special cases, threat models, calibration, refusals."""
 from __future__ import annotations
 
 import math
@@ -75,7 +75,8 @@ def test_degenerate_calibrations_are_refused():
         secldp.threat_model_step("trusted", C, 100, 5, 1.0, 1.0)
 
 
-# cafcor.md §3.3: T = 30, δ = 1e-4, n = 100. (LDP σ_ind, SecLDP σ_cor, ByzLDP σ, CDP sum-std) × (pap, opa).
+# Calibration table (our computation at the paper's Sec. 5 settings): T = 30, δ = 1e-4, n = 100.
+# (LDP σ_ind, SecLDP σ_cor, ByzLDP σ, CDP sum-std) × (pap, opa).
 TABLE = [
     (2.25, 5, 27.8, (5.72, 5.51), (0.626, 0.603), (0.825, 0.795), (5.72, 5.51)),
     (2.25, 10, 26.4, (5.94, 5.72), (0.623, 0.600), (0.881, 0.848), (5.94, 5.72)),

@@ -12,7 +12,7 @@ from trustfl.config.build import build_federation
 from trustfl.config.load import config_from_dict
 from trustfl.config.schema import Component
 from trustfl.engine.sync import initial_state, run_round
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.experiment import run_experiment
 from trustfl.privacy.analysis.gaussian import epsilon_subsampled_gaussian
 from trustfl.privacy.analysis.secldp import OPACUS_ORDERS, calibrate_secldp, equivalent_noise_multiplier, secldp_epsilon
@@ -61,7 +61,7 @@ def test_calibration_matches_calibrate_secldp(threat, extra):
 
 
 def test_spec_table_values_for_mnist():
-    """Spec §3.3 (Opacus column, n = 100, C = 2.25, T = 30, f = 5, ε = 27.8)."""
+    """Calibration table (Opacus orders, n = 100, C = 2.25, T = 30, f = 5, ε = 27.8)."""
     base = dict(n=100, f=5, rounds=30, client={"batch_size": 50, "lr": 0.075, "dp": {"clip": 2.25}})
     sigma = {t: calibrate(make_cfg({"threat_model": t, "epsilon": 27.8, "conversion": "opacus"}, **base))
              for t in ("ldp", "secldp", "byzldp", "cdp")}
@@ -141,7 +141,7 @@ def test_worker_momentum_recursion_and_first_step():
     x1, x2 = torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
     state = mom.init(None)
     out1 = mom.apply(x1, state, RoundContext(0, 0, (3, 5)))
-    assert torch.allclose(out1.x, 0.2 * x1)  # m_0 = 0, so the first message is (1 − β) x (spec §7 item 4)
+    assert torch.allclose(out1.x, 0.2 * x1)  # m_0 = 0, so the first message is (1 − β) x (docs/papers/cafcor.md)
     out2 = mom.apply(x2, out1.state, RoundContext(1, 0, (3, 5)))
     assert torch.allclose(out2.x, 0.8 * 0.2 * x1 + 0.2 * x2)
     assert state == {} and torch.allclose(out1.state[3], 0.2 * x1[0])  # input state not mutated
@@ -169,7 +169,7 @@ def test_worker_momentum_beta_zero_is_identity_and_bad_beta_is_refused():
     for beta in (-0.1, 1.0, float("nan"), True):
         with pytest.raises(ConfigError, match="`beta`"):
             trustfl.build("client_stage", "worker_momentum", beta=beta)
-    with pytest.raises(TrustFLError, match="client_ids"):
+    with pytest.raises(MessageError, match="client_ids"):
         trustfl.build("client_stage", "worker_momentum", beta=0.5).apply(x, {}, RoundContext(0, 0, (0, 0, 1)))
 
 

@@ -1,4 +1,4 @@
-"""The simulated clock against the spec's closed forms (QuAFL spec §3 "Derived helpers", pitfall 15)."""
+"""The simulated clock against its closed forms (docs/papers/quafl.md, "Simulated time")."""
 import math
 
 import pytest

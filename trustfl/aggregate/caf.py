@@ -1,7 +1,7 @@
 """CAF, the Covariance-bound-Agnostic Filter (Allouah, Guerraoui, Stephan 2025, Algorithm 2), on the Gram matrix.
 
 Algorithm 2 only ever needs inner products between centred messages, so it runs exactly on the ``n×n`` Gram matrix
-``K = XXᵀ`` (spec §2.4): for weights ``w = c/Σc`` the centred Gram matrix is
+``K = XXᵀ`` (docs/papers/cafcor.md, "Choices"): for weights ``w = c/Σc`` the centred Gram matrix is
 ``K_c = K − Kw1ᵀ − 1(Kw)ᵀ + (wᵀKw)11ᵀ`` and ``G = diag(√w) K_c diag(√w)`` has the nonzero spectrum of the weighted
 covariance ``Σ̂_c``. With ``(λ, u)`` its top eigenpair, ``σ̂_c² = λ`` and ``⟨x_i − μ̂_c, v̂_c⟩ = (K_c(√w ⊙ u))_i / √λ``.
 """
@@ -74,7 +74,7 @@ def _top_eigen_power(kc: torch.Tensor, w: torch.Tensor, start: torch.Tensor, ite
 @register("aggregator", "caf")
 @dataclass(frozen=True)
 class CAF(AbstractAggregator):
-    """CAF (Allouah et al. 2025, Algorithm 2) with the spec §7 fixes, computed exactly on the Gram matrix::
+    """CAF (Allouah et al. 2025, Algorithm 2) with three safeguards, computed exactly on the Gram matrix::
 
         c = 1,  μ* = mean(x),  σ* = +∞
         while Σ_i c_i > n − 2f and iterations < max_iter:
@@ -84,7 +84,7 @@ class CAF(AbstractAggregator):
             c_i ← max(0, c_i (1 − τ_i / max_{j: c_j > 0} τ_j))
         return μ*
 
-    §7 fixes: the max is over still-weighted points (an already-removed far outlier cannot stall the filter),
+    Safeguards: the max is over still-weighted points (an already-removed far outlier cannot stall the filter),
     weights are clipped at 0, and the loop is capped. ``f = 0`` gives the mean (the loop never runs); so does a
     loop that stops after one pass (logged, not "fixed": that is the literal algorithm). ``ctx.weights`` are
     ignored (the algorithm has no weighted form).

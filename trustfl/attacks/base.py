@@ -1,9 +1,9 @@
 """The attack interface: omniscient Byzantine clients, for simulation only.
 
 An update-level attack sees the honest messages of the round (after the client-side privacy stages, so the noisy
-ones, cafcor.md §7 item 11) and returns the rows the ``f`` Byzantine clients send. A data-level attack
-(``data_level = True``) instead poisons the Byzantine clients' training data; the engine then runs their local
-updates like honest ones and never calls :meth:`AbstractAttack.craft`.
+ones; docs/papers/cafcor.md, "What the attacker sees") and returns the rows the ``f`` Byzantine clients send. A
+data-level attack (``data_level = True``) instead poisons the Byzantine clients' training data; the engine then runs
+their local updates like honest ones and never calls :meth:`AbstractAttack.craft`.
 
 Input and range: every ``craft`` first checks ``honest`` with :func:`check_honest` and raises
 :class:`~trustfl.errors.MessageError`, naming the attack and the bad rows, for a non-finite row, a shape other than
@@ -22,7 +22,7 @@ import torch
 
 from trustfl.core.checks import check_number
 from trustfl.core.registry import lookup, names
-from trustfl.errors import MessageError, TrustFLError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext
 
 if TYPE_CHECKING:  # attacks sit beside aggregate in the layering; the aggregator is only passed in
@@ -57,10 +57,10 @@ class AbstractAttack(abc.ABC):
         """Poison one training batch of a Byzantine client (data-level attacks only).
 
         Raises:
-          TrustFLError: for update-level attacks, which have no data form.
+          ConfigError: for update-level attacks, which have no data form.
         """
-        raise TrustFLError(f"{type(self).__name__} is an update-level attack (data_level=False): it has no "
-                           "poison(); the engine must call craft() instead.")
+        raise ConfigError(f"{type(self).__name__} is an update-level attack (data_level=False): it has no "
+                          "poison(); the engine must call craft() instead.")
 
     def label(self) -> str:
         """``attack 'name'`` for error messages: the registered name of this attack's class."""
@@ -80,7 +80,7 @@ def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1,
     Raises:
       MessageError: if ``honest`` is not a floating ``(h, d)`` tensor with ``h >= min_rows``, ``d >= 1`` and
         finite entries; the message names the attack and the non-finite rows.
-      TrustFLError: if ``num_byzantine`` is not an integer ``>= 0``.
+      ConfigError: if ``num_byzantine`` is not an integer ``>= 0``.
     """
     who = "attack" if attack is None else attack.label()
     if not isinstance(honest, torch.Tensor) or honest.ndim != 2 or honest.shape[1] == 0:
@@ -96,7 +96,7 @@ def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1,
         rows = torch.nonzero(bad).flatten().tolist()
         listed = str(rows) if len(rows) <= 10 else f"{rows[:10]} and {len(rows) - 10} more"
         raise MessageError(f"{who}: honest rows {listed} are not finite (NaN or ±inf); drop them before crafting.")
-    check_number("num_byzantine", num_byzantine, integer=True, low=0, where=who, error=TrustFLError)
+    check_number("num_byzantine", num_byzantine, integer=True, low=0, where=who)
 
 
 def without_overflow(fn: Callable[[torch.Tensor], torch.Tensor], honest: torch.Tensor) -> torch.Tensor:
@@ -123,7 +123,7 @@ def saturate(x: torch.Tensor) -> torch.Tensor:
 
 
 def repeat_row(row: torch.Tensor, num_byzantine: int) -> torch.Tensor:
-    """All Byzantine clients send the same vector (cafcor.md §4.2): ``(d,) -> (f, d)``, a fresh tensor."""
+    """All Byzantine clients send the same vector (CafCor, Sec. 5): ``(d,) -> (f, d)``, a fresh tensor."""
     return row.unsqueeze(0).expand(num_byzantine, -1).clone()
 
 

@@ -3,8 +3,8 @@
 Warning:
   A data-level attack (``data_level = True``) is not applied through :meth:`AbstractAttack.craft`. The engine runs
   the Byzantine clients' local updates exactly as the honest ones (same local update, clipping and noise stages,
-  unless the recipe says otherwise), but on batches passed through :meth:`AbstractAttack.poison`. The spec
-  (cafcor.md §4.2) leaves open whether label-flipping clients add DP noise or momentum; that is the recipe's choice.
+  unless the recipe says otherwise), but on batches passed through :meth:`AbstractAttack.poison`. CafCor
+  (Sec. 5, "Attacks") leaves open whether label-flipping clients add DP noise or momentum; that is the recipe's choice.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from trustfl.attacks.base import AbstractAttack, check_honest
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
-from trustfl.errors import TrustFLError
+from trustfl.errors import ConfigError, DataError
 from trustfl.types import RoundContext
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def flip_labels(y: torch.Tensor, num_classes: int) -> torch.Tensor:
 
     Raises:
       ConfigError: if ``num_classes < 2``.
-      TrustFLError: if ``y`` is not an integer tensor or has a label outside ``[0, num_classes)``.
+      DataError: if ``y`` is not an integer tensor or has a label outside ``[0, num_classes)``.
 
     Example:
       >>> flip_labels(torch.tensor([0, 3, 9]), 10).tolist()
@@ -43,16 +43,17 @@ def flip_labels(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     """
     check_number("num_classes", num_classes, integer=True, low=2)
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-        raise TrustFLError(f"`y` must hold integer class labels, found dtype {y.dtype}.")
+        raise DataError(f"label_flip: `y` must hold integer class labels, found dtype {y.dtype}.")
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
-        raise TrustFLError(f"labels must lie in [0, {num_classes}), found range [{int(y.min())}, {int(y.max())}].")
+        raise DataError(f"label_flip: labels must lie in [0, {num_classes}), found range "
+                        f"[{int(y.min())}, {int(y.max())}].")
     return (num_classes - 1) - y
 
 
 @register("attack", "label_flip")
 @dataclass(frozen=True)
 class LabelFlip(AbstractAttack):
-    """Byzantine clients train on flipped labels ``y → num_classes − 1 − y`` (cafcor.md §4.2 "LF").
+    """Byzantine clients train on flipped labels ``y → num_classes − 1 − y`` (CafCor, Sec. 5, "LF").
 
     The engine applies :meth:`poison` to each Byzantine training batch and otherwise runs the protocol;
     :meth:`craft` is never used and raises.
@@ -74,9 +75,9 @@ class LabelFlip(AbstractAttack):
 
         Raises:
           MessageError: for malformed ``honest`` (as every attack, :func:`~trustfl.attacks.base.check_honest`).
-          TrustFLError: otherwise, always; the engine must run the Byzantine clients' local updates on
+          ConfigError: otherwise, always; the engine must run the Byzantine clients' local updates on
             :meth:`poison`-ed batches instead.
         """
         check_honest(honest, num_byzantine, attack=self)
-        raise TrustFLError("label_flip is a data-level attack (data_level=True): the engine must run the Byzantine "
-                           "clients' local updates on batches passed through poison(), not call craft().")
+        raise ConfigError("label_flip is a data-level attack (data_level=True): the engine must run the Byzantine "
+                          "clients' local updates on batches passed through poison(), not call craft().")

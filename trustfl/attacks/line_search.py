@@ -6,7 +6,7 @@ or FOE's ``τ``) that maximises the damage
     φ(t) = ‖Agg(H ∪ {B(t)}^f) − mean(H)‖₂,
 
 where the f Byzantine rows all equal ``B(t)``. ``t = 0`` is harmless for both (``B(0) = mean(H)``). The search is
-the best-effort exploration of the authors' group ("LineMaximize" in ByzFL; cafcor.md §4.2) with its defaults:
+the best-effort exploration of the authors' group ("LineMaximize" in ByzFL; docs/papers/cafcor.md) with its defaults:
 16 evaluations, start 0, initial step Δ = 1, contraction ratio 0.8. :func:`line_maximize` gives the exact steps.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from trustfl.attacks.base import AbstractAttack, check_honest, repeat_row, witho
 from trustfl.attacks.update import alie_vector
 from trustfl.core.checks import check_number
 from trustfl.core.registry import build, register
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import ConfigError
 from trustfl.types import RoundContext
 
 if TYPE_CHECKING:
@@ -140,8 +140,8 @@ class LineSearchAttack(AbstractAttack):
             return aggregator
         if self.aggregator is not None:
             return build("aggregator", self.aggregator, **dict(self.aggregator_params))
-        raise TrustFLError(f"{self.family}_ls optimises its factor against the server's rule: pass `aggregator=` "
-                           "to craft() or configure `aggregator` (a registered aggregator name).")
+        raise ConfigError(f"{self.family}_ls optimises its factor against the server's rule: pass `aggregator=` "
+                          "to craft() or configure `aggregator` (a registered aggregator name).")
 
     def search(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
                aggregator: AbstractAggregator | None = None) -> tuple[float, float, int]:
@@ -164,7 +164,8 @@ class LineSearchAttack(AbstractAttack):
         """``B(t*)`` repeated ``f`` times, with ``t*`` from :meth:`search`.
 
         Raises:
-          TrustFLError: if no aggregator is passed or configured, or ``H`` has fewer than 2 rows.
+          ConfigError: if no aggregator is passed or configured.
+          MessageError: if ``H`` has fewer than 2 rows.
         """
         check_honest(honest, num_byzantine, min_rows=2, attack=self)
         if num_byzantine == 0:

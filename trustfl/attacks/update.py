@@ -12,7 +12,7 @@ gaussian   ``N(c, σ²)`` per coordinate, c = 0 or μ (ByzFL's Gaussian attack)
 inf, nan   ``+inf`` / ``NaN`` vectors, to exercise the server's rejection of invalid messages
 ========== =====================================================================================
 
-All rules except ``gaussian`` send the same vector from every Byzantine client (cafcor.md §4.2); all keep the dtype
+All rules except ``gaussian`` send the same vector from every Byzantine client (CafCor, Sec. 5); all keep the dtype
 of ``H``. The line-search versions of ``alie`` and ``foe`` live in :mod:`trustfl.attacks.line_search`.
 
 References:
@@ -36,7 +36,7 @@ from trustfl.attacks.base import (AbstractAttack, check_finite_number, check_hon
                                   without_overflow)
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import ConfigError
 from trustfl.types import RoundContext
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _honest_mean(honest: torch.Tensor) -> torch.Tensor:
 @register("attack", "sign_flip")
 @dataclass(frozen=True)
 class SignFlip(AbstractAttack):
-    """Send ``−mean(H)`` (sign flipping, Allen-Zhu et al. 2020; cafcor.md §4.2 "SF").
+    """Send ``−mean(H)`` (sign flipping, Allen-Zhu et al. 2020; CafCor, Sec. 5, "SF").
 
     Example:
       >>> import torch; from trustfl.types import RoundContext
@@ -96,7 +96,8 @@ class FallOfEmpires(AbstractAttack):
     """Send ``(1 − τ)·mean(H)`` (fall of empires / inner-product manipulation; ByzFL's convention).
 
     Xie et al. (2020) send ``−ε·mean(H)`` with a small ``ε > 0`` (e.g. 0.1); that is this attack with
-    ``τ = 1 + ε``. The default ``τ = 3`` (i.e. ``−2·mean``) is ByzFL's (cafcor.md §4.2).
+    ``τ = 1 + ε``. The default ``τ = 3`` (i.e. ``−2·mean``) is ByzFL's (docs/papers/cafcor.md,
+    "Attack parameters").
 
     Args:
       tau: the factor ``τ``; any finite number (``τ = 0`` sends the honest mean, a no-op).
@@ -136,7 +137,7 @@ class ALittleIsEnough(AbstractAttack):
         ByzFL's default is a fixed ``z = 1.5``.
 
     Raises:
-      TrustFLError: at :meth:`craft` time, with fewer than 2 honest rows (the std needs two).
+      MessageError: at :meth:`craft` time, with fewer than 2 honest rows (the std needs two).
     """
 
     z: float | None = None
@@ -163,7 +164,7 @@ class Mimic(AbstractAttack):
       index: ``k``; ``None`` (default) draws ``k`` uniformly from ``ctx.generator("attack")`` each round.
 
     Raises:
-      TrustFLError: at :meth:`craft` time if ``index >= h``.
+      ConfigError: at :meth:`craft` time if ``index >= h``.
     """
 
     index: int | None = None
@@ -178,7 +179,7 @@ class Mimic(AbstractAttack):
         if self.index is None:
             k = int(torch.randint(h, (1,), generator=ctx.generator("attack")))
         elif self.index >= h:
-            raise TrustFLError(f"`index` must be < the number of honest rows {h}, found {self.index}.")
+            raise ConfigError(f"mimic: `index` must be < the number of honest rows {h}, found {self.index}.")
         else:
             k = self.index
         return repeat_row(honest[k], num_byzantine)

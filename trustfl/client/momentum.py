@@ -5,9 +5,10 @@ message ``x_i`` computed so far (e.g. the noisy clipped gradient ``g̃_t^{(i)}``
 
     m^{(i)} ← β·m^{(i)} + (1 − β)·x_i,      m^{(i)} = 0 before the client's first round,
 
-and sends ``m^{(i)}`` (Algorithm 1, line 8, with the spec's convention for ``t = 0``: the state starts at 0 and the
-first message is ``(1 − β)·g̃``, not a zero update; cafcor.md §7 item 4; ByzFL's ``m ← βm + (1−β)g``). β is
-constant (the paper's experiments), so the β_{t−1}/β_t indexing question does not arise.
+and sends ``m^{(i)}`` (Algorithm 1, line 8, with trustfl's convention for ``t = 0``: the state starts at 0 and the
+first message is ``(1 − β)·g̃``, not a zero update; docs/papers/cafcor.md, "Choices"; ByzFL's
+``m ← βm + (1−β)g``). β is constant (the paper's experiments), so the β_{t−1}/β_t indexing question does not
+arise.
 
 Momentum, like every later step, is post-processing of the noisy gradient: it changes no privacy guarantee.
 
@@ -27,7 +28,7 @@ import torch
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
-from trustfl.errors import TrustFLError
+from trustfl.errors import MessageError
 from trustfl.types import ParamLayout, RoundContext, StageOut
 
 MomentumState = dict[int, torch.Tensor]
@@ -57,11 +58,12 @@ class WorkerMomentum(AbstractStage):
 
     def apply(self, x: torch.Tensor, state: MomentumState, ctx: RoundContext) -> StageOut:
         if x.ndim != 2 or not x.is_floating_point():
-            raise TrustFLError(f"worker_momentum takes a floating (m, d) tensor, found shape {tuple(x.shape)} "
+            raise MessageError(f"worker_momentum takes a floating (m, d) tensor, found shape {tuple(x.shape)} "
                                f"and dtype {x.dtype}.")
         ids = tuple(int(c) for c in ctx.client_ids)
         if len(ids) != x.shape[0] or len(set(ids)) != len(ids):
-            raise TrustFLError(f"`ctx.client_ids` must name each of the {x.shape[0]} rows once, found {ids}.")
+            raise MessageError(f"worker_momentum: `ctx.client_ids` must name each of the {x.shape[0]} rows once, "
+                               f"found {ids}.")
         new: MomentumState = dict(state) if state else {}
         if x.shape[0] == 0:
             return StageOut(x, new)
@@ -74,7 +76,7 @@ class WorkerMomentum(AbstractStage):
                 m = new.get(c)
                 if m is not None:
                     if m.shape != x.shape[1:]:
-                        raise TrustFLError(f"client {c}'s momentum has shape {tuple(m.shape)}, the message "
+                        raise MessageError(f"client {c}'s momentum has shape {tuple(m.shape)}, the message "
                                            f"{tuple(x.shape[1:])}; the model layout changed.")
                     prev[r] = m
             out = prev.mul_(beta).add_(x, alpha=1.0 - beta)  # β m + (1 − β) x, one vectorised op per round

@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from trustfl.errors import TrustFLError
+from trustfl.errors import MessageError
 
 Entry = dict[str, torch.Tensor]
 
@@ -50,7 +50,7 @@ class ClientStateStore:
             for cid in client_ids:
                 value = self._entries.get(cid, {}).get(key, default)
                 if value.shape != default.shape:
-                    raise TrustFLError(f"client {cid}'s state {key!r} has shape {tuple(value.shape)}, expected "
+                    raise MessageError(f"client {cid}'s state {key!r} has shape {tuple(value.shape)}, expected "
                                        f"{tuple(default.shape)}.")
                 rows.append(value)
             out[key] = torch.stack(rows) if rows else default.new_zeros((0, *default.shape))

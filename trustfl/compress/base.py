@@ -3,7 +3,7 @@
 A compressor maps a batch of ``m`` messages ``x`` of shape ``(m, d)`` to an :class:`Encoded` whose payload
 tensors all have a leading row dimension ``m``; the bits a message costs are counted from the bytes of those
 tensors (:meth:`Encoded.bits_per_row`), so the accounting can never drift from what is produced. The engine
-places the two halves (STYLE rule 6): the sender encodes, the receiver decodes, with a key (reference point)
+places the two halves: the sender encodes, the receiver decodes, with a key (reference point)
 for quantizers whose decoding needs one (:attr:`AbstractCompressor.needs_key`).
 
 Randomness: ``gen`` is the sender's private generator (dithering, stochastic rounding), on ``x``'s device;
@@ -17,7 +17,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class Encoded:
     def __post_init__(self) -> None:
         for name, t in self.payload.items():
             if t.ndim == 0 or t.shape[0] != self.rows:
-                raise ValueError(f"payload tensor {name!r} must have a leading dimension of {self.rows} rows, "
-                                 f"found shape {tuple(t.shape)}.")
+                raise MessageError(f"payload tensor {name!r} must have a leading dimension of {self.rows} rows, "
+                                   f"found shape {tuple(t.shape)}.")
 
     def bits_per_row(self) -> int:
         """``8 ×`` the bytes of all payload tensors ``/ rows``: the bits one message actually costs."""
@@ -112,20 +112,21 @@ def check_segments(sizes: Sequence[int] | None, name: str = "segments") -> tuple
 
 
 def check_rows(x: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless ``x`` is a floating ``(m, d)`` matrix with ``d >= 1``."""
+    """Raise :class:`MessageError` unless ``x`` is a floating ``(m, d)`` matrix with ``d >= 1``."""
     if x.ndim != 2 or not x.is_floating_point() or x.shape[1] == 0:
-        raise ValueError(f"compressors encode a floating (m, d) tensor with d >= 1, found {x.dtype} "
-                         f"{tuple(x.shape)}.")
+        raise MessageError(f"compressors encode a floating (m, d) tensor with d >= 1, found {x.dtype} "
+                           f"{tuple(x.shape)}.")
 
 
 def check_key(key: torch.Tensor | None, enc: Encoded, required: bool) -> torch.Tensor | None:
-    """``key`` as float32 (m, d) or (d,), or ``None``; raise ``ValueError`` if required and missing or misshapen."""
+    """``key`` as float32 (m, d) or (d,), or ``None``; raise :class:`MessageError` if required and missing or
+    misshapen."""
     if key is None:
         if required:
-            raise ValueError("this compressor decodes against a reference point: pass `key` ((m, d) or (d,)).")
+            raise MessageError("this compressor decodes against a reference point: pass `key` ((m, d) or (d,)).")
         return None
     if key.shape not in ((enc.rows, enc.dim), (enc.dim,)):
-        raise ValueError(f"`key` must have shape ({enc.rows}, {enc.dim}) or ({enc.dim},), found {tuple(key.shape)}.")
+        raise MessageError(f"`key` must have shape ({enc.rows}, {enc.dim}) or ({enc.dim},), found {tuple(key.shape)}.")
     return key.to(torch.float32)
 
 

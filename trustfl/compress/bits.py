@@ -28,6 +28,7 @@ import math
 import torch
 
 from trustfl.core.checks import check_number
+from trustfl.errors import ConfigError, MessageError
 
 
 def packed_nbytes(bits: int, d: int) -> int:
@@ -59,11 +60,11 @@ def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
 
     Raises:
       ConfigError: if ``bits`` is not an integer in 1..32.
-      ValueError: if ``values`` is not a 2-D integer tensor.
+      MessageError: if ``values`` is not a 2-D integer tensor.
     """
     check_bits(bits)
     if values.ndim != 2 or values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
-        raise ValueError(f"pack_bits takes an (m, d) integer tensor, found {values.dtype} {tuple(values.shape)}.")
+        raise MessageError(f"pack_bits takes an (m, d) integer tensor, found {values.dtype} {tuple(values.shape)}.")
     if values.dtype not in (torch.int32, torch.int64):
         values = values.to(torch.int64)
     m, d = values.shape
@@ -107,14 +108,15 @@ def unpack_bits(packed: torch.Tensor, bits: int, d: int, dtype: torch.dtype = to
 
     Raises:
       ConfigError: if ``bits`` is not an integer in 1..32.
-      ValueError: if ``packed`` does not have the shape :func:`pack_bits` produces.
+      ConfigError: if ``dtype`` is not ``torch.int32`` or ``torch.int64``.
+      MessageError: if ``packed`` does not have the shape :func:`pack_bits` produces.
     """
     check_bits(bits)
     if dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"unpack_bits returns int32 or int64, found dtype {dtype}.")
+        raise ConfigError(f"unpack_bits returns int32 or int64, found dtype {dtype}.")
     if packed.dtype != torch.uint8 or packed.ndim != 2 or packed.shape[1] != packed_nbytes(bits, d):
-        raise ValueError(f"unpack_bits expects uint8 (m, {packed_nbytes(bits, d)}) for bits={bits}, d={d}; "
-                         f"found {packed.dtype} {tuple(packed.shape)}.")
+        raise MessageError(f"unpack_bits expects uint8 (m, {packed_nbytes(bits, d)}) for bits={bits}, d={d}; "
+                           f"found {packed.dtype} {tuple(packed.shape)}.")
     m = packed.shape[0]
     a, r = divmod(bits, 8)
     out = torch.empty(m, d, dtype=dtype, device=packed.device)

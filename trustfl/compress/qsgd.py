@@ -89,7 +89,7 @@ class QSGDMinMax(AbstractCompressor):
         if self.segments is None:
             return (d,)
         if sum(self.segments) != d:
-            raise ValueError(f"`segments` sum to {sum(self.segments)}, but the messages have d = {d}.")
+            raise ConfigError(f"qsgd_minmax: `segments` sum to {sum(self.segments)}, but the messages have d = {d}.")
         return self.segments
 
     def _unit(self, fmin: torch.Tensor, fmax: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 _BASE = 16  # size of the dense inner factor: a 16×16 matmul beat 8, 32 and 64 on one CPU thread
 
@@ -65,8 +65,8 @@ def hadamard_transform(x: torch.Tensor, block: int, scale: float = 1.0) -> torch
     """
     check_block(block)
     if x.ndim != 2 or x.shape[1] % block:
-        raise ValueError(f"hadamard_transform needs an (m, n) tensor with n a multiple of block={block}, "
-                         f"found shape {tuple(x.shape)}.")
+        raise MessageError(f"hadamard_transform needs an (m, n) tensor with n a multiple of block={block}, "
+                           f"found shape {tuple(x.shape)}.")
     return _transform(x, block, scale, spare=None)
 
 
@@ -149,6 +149,6 @@ class HadamardRotation:
         y = y.to(torch.float32)
         block = self.block_for(d)
         if y.ndim != 2 or y.shape[1] != self.padded(d):
-            raise ValueError(f"inverse expects (m, {self.padded(d)}) for d={d}, found {tuple(y.shape)}.")
+            raise MessageError(f"inverse expects (m, {self.padded(d)}) for d={d}, found {tuple(y.shape)}.")
         h = _transform(y, block, scale, spare=y if overwrite and y.is_contiguous() else None)
         return h[:, :d] * self.signs(shared_seed, d, y.device)[:d]

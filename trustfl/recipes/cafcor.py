@@ -1,6 +1,6 @@
 """CafCor (Allouah, Guerraoui & Stephan, ICML 2025): correlated noise, worker momentum and CAF, as one recipe.
 
-``algorithm = "cafcor"`` turns an experiment into Algorithm 1 (cafcor.md §2.2)::
+``algorithm = "cafcor"`` turns an experiment into Algorithm 1 (Sec. 3 of the paper)::
 
     each round, each honest worker i:   g = Clip((1/b) Σ_{x∈S} ∇ℓ(θ; x); C)    (S: b points w/o replacement)
                                         g̃ = g + v̄^{(i)} + Σ_{j≠i} v^{(ij)}      (correlated_noise stage)
@@ -18,15 +18,15 @@ paper's γ is ``client.lr × server.lr`` (put γ in ``client.lr`` and keep ``ser
 
 * ``threat_model``: ``"secldp"`` (default; q = ``num_colluding`` colluding workers, default 0, σ_ind = 0 unless
   ``ind_to_cor``), ``"byzldp"`` (q = f, σ_ind = σ_cor unless ``ind_to_cor``), ``"ldp"`` (σ_cor = 0), ``"cdp"``
-  (σ_cor = 0, per-worker σ_ind = s/√(n−f) with s the std on the sum; spec §3.4), or ``"example_cdp"``
+  (σ_cor = 0, per-worker σ_ind = s/√(n−f) with s the std on the sum; docs/papers/cafcor.md), or ``"example_cdp"``
   (example-level CDP of Exp. B: per-example clipping, per-worker noise multiplier z/√(n−f), Poisson batches).
 * ``epsilon``, ``delta`` (default 1e-4): the user-level target, calibrated over T = ``rounds`` steps with
   :func:`trustfl.privacy.analysis.secldp.calibrate_secldp` for C = ``client.dp.clip``, n = ``data.num_clients``,
   f = ``attack.num_byzantine``. Not used by ``example_cdp``, which takes ``noise_multiplier`` (z on the sum).
 * ``conversion``: RDP → (ε, δ) conversion of the calibration: ``"rdp"`` (default; dp_accounting's RDP accountant
-  at its default orders, i.e. exactly what the engine's RDP ledgers compute), ``"opacus"`` (Opacus' orders, spec
-  §3.2; dp_accounting's RDP at those fractional orders is slightly looser, so ledgers then report up to ~1 % more
-  than the target), ``"mironov"`` (the paper's closed form; looser, ledgers report less) or ``"pld"`` (PLD
+  at its default orders, i.e. exactly what the engine's RDP ledgers compute), ``"opacus"`` (Opacus' orders, as in
+  the paper's Sec. 5; dp_accounting's RDP at those fractional orders is slightly looser, so ledgers then report up
+  to ~1 % more than the target), ``"mironov"`` (the paper's closed form; looser, ledgers report less) or ``"pld"`` (PLD
   calibration and PLD ledgers; exact but slow, ~30 s).
 * ``noise_path``: ``"exact"`` (default; pairwise seeds by key agreement, O(n²d)) or ``"fast"`` (same law, O(nd)).
 * ``momentum``: β (default 0.9; the paper uses 0.85 on MNIST, 0.9 on Fashion-MNIST).
@@ -47,7 +47,7 @@ Example:
   >>> cfg = config_from_dict({"algorithm": "cafcor", "rounds": 30, "data": {"num_clients": 100},
   ...                         "client": {"dp": {"clip": 2.25}}, "attack": {"name": "alie", "num_byzantine": 5},
   ...                         "recipe": {"threat_model": "secldp", "epsilon": 27.8, "conversion": "opacus"}})
-  >>> round(calibrate(cfg).sigma_cor, 3)   # spec §3.3: 0.603
+  >>> round(calibrate(cfg).sigma_cor, 3)   # docs/papers/cafcor.md: 0.603
   0.603
 
 References:
@@ -157,7 +157,7 @@ def calibrate(cfg: ExperimentConfig) -> CafCorCalibration:
 
     Raises:
       ConfigError: naming the ``recipe.*`` (or other) key of an invalid or degenerate setting, e.g. SecLDP with
-        f = q and σ_ind = 0 (the server can cancel all correlated noise; spec §7 item 10).
+        f = q and σ_ind = 0 (the server can cancel all correlated noise; Lemma A.4).
     """
     rec = recipe_keys(cfg, "cafcor", KEYS)
     threat = recipe_choice(rec, "threat_model", "secldp", THREAT_MODELS)
@@ -280,7 +280,8 @@ class CafCorRecipe(AbstractRecipe):
         if example:
             if sampler == "fixed":
                 raise ConfigError("`client.batch_sampler` must be \"poisson\" with threat_model = \"example_cdp\": "
-                                  "its ε is the Poisson-subsampled Gaussian (Opacus recipe, spec §3.4).")
+                                  "its ε is the Poisson-subsampled Gaussian (Opacus recipe; see "
+                                  "docs/papers/cafcor.md, \"Example-level CDP\").")
             sampler = "poisson"
         elif sampler == "shuffle":
             sampler = "fixed"  # Algorithm 1: b points without replacement (the engine's default is shuffling)

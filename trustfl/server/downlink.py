@@ -2,7 +2,7 @@
 
 The payload is ``{"model": θ (d,), **shared}``: the global model and the shared statistics of the gradient
 transforms' server halves (e.g. SCAFFOLD's ``"scaffold/c"``). Downlink stages encode it in order on the server
-and decode it in reverse on the client (STYLE rule 6); ``bytes_down`` is counted from the encoded tensors. A
+and decode it in reverse on the client; ``bytes_down`` is counted from the encoded tensors. A
 lossy stage (``cast`` to bfloat16, later a quantizer) makes clients start from what they actually received.
 """
 from __future__ import annotations

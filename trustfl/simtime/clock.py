@@ -14,7 +14,7 @@ per client, and the server time) is the whole state of the clock.
 Warning:
   In the authors' ``client.py`` the duration of the step interrupted by a contact is drawn in advance and carried
   into the next interval, where it is conditioned to exceed the time left before the contact. Here every contact
-  draws a fresh sequence, which is what the closed forms below (and the spec's "Derived helpers") assume.
+  draws a fresh sequence, which is what the closed forms below (and docs/papers/quafl.md) assume.
 
 References:
   Zakerinia, Talaei, Nadiradze, Alistarh. "Communication-Efficient Federated Learning With Data and Client
@@ -28,7 +28,6 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from scipy import special
 
 from trustfl.core.checks import check_number
 from trustfl.errors import CheckpointError, ConfigError
@@ -258,7 +257,7 @@ def prob_zero_steps(p: float, c: float, mean: float) -> float:
 
 
 def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: float = 1e-12) -> float:
-    """H_i, the expected number of steps a contacted client completed (spec §3 "Derived helpers")::
+    """H_i, the expected number of steps a contacted client completed (docs/papers/quafl.md, "Simulated time")::
 
         H = Σ_{g≥1} p(1−p)^{g−1} · E[min(K, N_g)],   N_g ~ Poisson(g·c/m)
         E[min(K, N)] = μ·P(N ≤ K−2) + K·P(N ≥ K),   μ = E[N]
@@ -292,6 +291,8 @@ def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: floa
         g_geo = max(1, math.ceil(math.log(tol) / math.log(q)))
         while (bound := min(k, lam * (g_geo + 1.0 / p)) * q ** g_geo) >= tol:
             g_geo += max(1, math.ceil(math.log(bound / tol) / -math.log(q)))
+    from scipy import special  # here: importing scipy takes seconds, and only this statistic needs it
+
     # Beyond mu_sat, K·P(N ≤ K−1) < tol: E[min(K, N)] is K up to tol / K·K.
     mu_sat = float(special.pdtri(k - 1, tol / k))
     g_sat = max(1, math.ceil(mu_sat / lam)) if math.isfinite(mu_sat) else g_geo
