@@ -109,7 +109,7 @@ def run_one(run_id: str, config: str, overrides: list[str], meta: dict[str, Any]
         "wall_time_s": elapsed, "train_time_s": res.summary["wall_time_s"],
         "ledger_epsilon_max": max(eps) if eps else None, "ledger_epsilon_min": min(eps) if eps else None,
         "cafcor": info.get("cafcor", {}),
-        "curve": [(r["round"], r["accuracy"]) for r in res.rows],
+        "curve": res.curve("accuracy"),  # the evaluated rounds (metrics.jsonl has a row per round)
         "caf_returned_plain_mean": _plain_mean_fraction(res.rows),
     }
     print(f"[cafcor] {run_id}: accuracy {record['final_accuracy']:.4f} in {elapsed:.0f} s", file=sys.stderr,

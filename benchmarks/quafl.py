@@ -78,7 +78,8 @@ def _tag(label: str) -> str:
 
 
 def _run(config: str, overrides: list[str], tag: str) -> list[dict]:
-    return run_cached(ROOT / config, overrides, OUT / tag)
+    """The evaluated rows of the run (metrics.jsonl has a row per round; accuracy is in the evaluated ones)."""
+    return [r for r in run_cached(ROOT / config, overrides, OUT / tag) if "accuracy" in r]
 
 
 def _score(rows: list[dict]) -> float:

@@ -1,10 +1,12 @@
 """Run an experiment end to end: build, train round by round, evaluate, checkpoint, save and plot.
 
 A run directory holds ``config.toml`` (the resolved config), ``run_info.json`` (partition summary, per-client
-budgets and noise), ``metrics.jsonl``, ``summary.json``, one ``<metric>.png`` per evaluation metric
-(``accuracy.png`` and ``loss.png`` for classification; ``mse.png``, ``mae.png``, ``r2.png`` for regression) and
-``checkpoint.pt``. The engine is resolved from ``engine.kind`` through the registry; the run loop
-(``engine/loop.py``) is the same for every engine.
+budgets and noise), ``metrics.jsonl`` (one row per round; evaluation metrics in the rows of evaluated rounds),
+``summary.json``, ``model.pt`` (the final model's ``state_dict()``), one ``<metric>.png`` per evaluation metric
+(``accuracy.png`` and ``loss.png`` for classification; ``mse.png``, ``mae.png``, ``r2.png`` for regression),
+``checkpoint.pt`` and, with ``report.tensorboard``, ``tensorboard/`` (every row's scalars). The engine is
+resolved from ``engine.kind`` through the registry; the run loop (``engine/loop.py``) is the same for every
+engine.
 ``resume`` continues from the checkpoint; every draw is keyed by (seed, round, client, stage), so a resumed run
 ends with the same model as an uninterrupted one.
 """
@@ -24,21 +26,38 @@ from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig
 from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.loop import CHECKPOINT, Progress, load_checkpoint, metric_names, run_rounds, save_checkpoint
+from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, load_checkpoint, metric_names, run_rounds,
+                                 save_checkpoint, save_model)
+from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
-from trustfl.core.runfiles import read_metrics, truncate_metrics, write_json
+from trustfl.core.runfiles import metric_rows, read_metrics, truncate_metrics, write_json
 from trustfl.report.plots import plot_run
 
-__all__ = ["CHECKPOINT", "RunResult", "default_run_dir", "load_checkpoint", "run_config_file", "run_experiment",
-           "save_checkpoint"]
+__all__ = ["CHECKPOINT", "MODEL", "RunResult", "default_run_dir", "load_checkpoint", "run_config_file",
+           "run_experiment", "save_checkpoint"]
 
 
 @dataclass
 class RunResult:
+    """What a run leaves: its directory, ``summary.json``, the ``metrics.jsonl`` rows and the final flat model.
+
+    ``rows`` holds one row per round (of the whole run, resumed or not); the evaluation metrics are only in the
+    rows of evaluated rounds, so a metric's curve is :meth:`curve` (or ``[r for r in rows if metric in r]``).
+    """
+
     run_dir: Path
     summary: dict[str, Any]
     rows: list[dict[str, Any]]
     params: torch.Tensor
+
+    def curve(self, metric: str, x: str = "round") -> list[tuple[Any, Any]]:
+        """``(x, metric)`` for every row that carries ``metric`` (the evaluated rounds), in round order."""
+        return [(r.get(x), r[metric]) for r in metric_rows(self.rows, metric)]
+
+    @property
+    def model_path(self) -> Path:
+        """``model.pt``: the final model's ``state_dict()`` (``torch.load`` + ``model.load_state_dict``)."""
+        return self.run_dir / MODEL
 
 
 def _config_hash(cfg: ExperimentConfig) -> str:
@@ -58,17 +77,21 @@ def default_run_dir(cfg: ExperimentConfig, root: str | Path = "runs") -> Path:
 def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resume: str | Path | None = None,
                    data_dir: str | None = None, progress: bool = True, checkpoint_every: int | None = None,
                    stop_after: int | None = None,
-                   on_eval: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+                   on_eval: Callable[[dict[str, Any]], None] | None = None, plots: bool = True) -> RunResult:
     """Run ``cfg`` (or resume the run in ``resume``) and return the run directory, summary, rows and model.
 
     Args:
       stop_after: stop after this many rounds in total (simulates an interruption; tests use it).
+      on_eval: called with the row of every evaluated round.
+      plots: write the ``<metric>.png`` plots (False: skip them, e.g. in sweeps).
     """
     tune_allocator()
     if resume is not None:
         run_dir = Path(resume)
         cfg = load_config(run_dir / "config.toml")
-    else:
+    if cfg.report.tensorboard:
+        summary_writer()  # a missing package is refused before anything is built or written
+    if resume is None:
         run_dir = Path(out) if out is not None else default_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
     fed = build_federation(cfg, data_dir=data_dir, quiet=not progress)
@@ -89,13 +112,52 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     primary = primary_metric(cfg, fed)
     bar = Progress(cfg.rounds, state.round, progress, cfg.name, primary)
-    state = run_rounds(fed, engine, state, run_dir=run_dir, cfg_hash=cfg_hash, rounds=cfg.rounds, last=last,
-                       checkpoint_every=every, progress=bar, on_eval=on_eval)
+    board = TensorBoard(run_dir / "tensorboard", state.round + 1) if cfg.report.tensorboard else None
+    try:
+        state = run_rounds(fed, engine, state, run_dir=run_dir, cfg_hash=cfg_hash, rounds=cfg.rounds, last=last,
+                           checkpoint_every=every, progress=bar, on_eval=on_eval, on_row=board)
+    finally:
+        if board is not None:
+            board.close()
     rows = read_metrics(run_dir)
     summary = _summary(cfg, fed, state, rows)
     write_json(run_dir / "summary.json", summary)
-    plot_run(run_dir, rows, cfg.name, metric_names(fed))
+    save_model(run_dir, fed, state.params)
+    if plots:
+        plot_run(run_dir, rows, cfg.name, metric_names(fed))
     return RunResult(run_dir, summary, rows, state.params)
+
+
+def summary_writer() -> type:
+    """``torch.utils.tensorboard.SummaryWriter``; a ConfigError naming ``report.tensorboard`` when the optional
+    ``tensorboard`` package is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("`report.tensorboard` is true but the tensorboard package is not installed (or too "
+                          "old): run `pip install tensorboard` (or set `report.tensorboard = false`).") from None
+    return SummaryWriter
+
+
+class TensorBoard:
+    """Writes every metrics row's numbers as TensorBoard scalars (tag = the row's key, step = its round).
+
+    ``first_step`` is the first round this writer sees: a resumed run hides what an interrupted one logged from
+    that round on (``SummaryWriter``'s ``purge_step``), so every round has one value per tag.
+    """
+
+    def __init__(self, log_dir: Path, first_step: int = 1) -> None:
+        self.writer = summary_writer()(log_dir=str(log_dir), purge_step=first_step if first_step > 1 else None)
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        step = int(row["round"])
+        for key, value in row.items():
+            if key != "round" and isinstance(value, (int, float)):
+                self.writer.add_scalar(key, float(value), step)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
 
 
 def primary_metric(cfg: ExperimentConfig, fed: Federation) -> str:
@@ -115,8 +177,8 @@ def _summary(cfg: ExperimentConfig, fed: Federation, state: EngineState, rows: l
     out: dict[str, Any] = {"name": cfg.name, "algorithm": cfg.algorithm, "dataset": fed.info.get("dataset"),
                            "engine": cfg.engine.kind, "objective": fed.info.get("objective"),
                            "primary_metric": primary, "metrics": metric_names(fed)}
-    for metric in metric_names(fed):
-        values = [r.get(metric, math.nan) for r in rows]
+    for metric in metric_names(fed):  # the values of the evaluated rounds; final = the last evaluation
+        values = [r[metric] for r in metric_rows(rows, metric)]
         out[f"final_{metric}"] = values[-1] if values else math.nan
         out[f"best_{metric}"] = _best(values, metric)
     out.update({"rounds": state.round, "rounds_planned": cfg.rounds, "wall_time_s": state.wall_time_s,

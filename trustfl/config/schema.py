@@ -2,7 +2,7 @@
 
 Scalar settings are typed fields. Pluggable components (model, partitioner, aggregator, stages, attack) are
 ``Component`` tables: a registry ``name`` plus the factory's own parameters, checked against the factory's
-signature when the experiment is built (``config/build.py``). Compatibility contract (STYLE.md 23): fields are
+signature when the experiment is built (``config/build.py``). Compatibility contract: fields are
 never removed or re-purposed; new fields are optional.
 """
 from __future__ import annotations
@@ -156,8 +156,9 @@ class AttackConfig:
     """False: the data are split among the honest clients only (CafCor's setting)."""
     view: Literal["transmitted", "noiseless"] = "transmitted"
     """What an update-level attack sees of the honest clients: the messages they send ("transmitted", after
-    every client stage, cafcor.md §7 item 11), or the messages their client stages would produce without the
-    privacy-noise stages ("noiseless", a simulation-only oracle kept with its own stage state)."""
+    every client stage; docs/papers/cafcor.md, "What the attacker sees"), or the messages their client stages
+    would produce without the privacy-noise stages ("noiseless", a simulation-only oracle kept with its own stage
+    state)."""
 
     def __post_init__(self) -> None:
         check(self.num_byzantine >= 0, "num_byzantine", self.num_byzantine, "an integer >= 0")
@@ -213,6 +214,9 @@ class ReportConfig:
     primary_metric: str = ""
     """The metric the progress bar, the CLI and the summary lead with (default: the first evaluator's first
     metric, e.g. ``accuracy`` for classification, ``mse`` for regression)."""
+    tensorboard: bool = False
+    """Also write every ``metrics.jsonl`` row's numbers as TensorBoard scalars into ``<run_dir>/tensorboard/``
+    (needs the optional ``tensorboard`` package: ``pip install tensorboard``)."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,9 @@ class ExperimentConfig:
     rounds: int = 10
     data: DataConfig = field(default_factory=DataConfig)
     model: Component = field(default_factory=lambda: Component("mlp"))
+    """The registered model and its parameters; ``init_from = "path.pt"`` starts the run from saved weights
+    instead of the seeded initialisation: a ``state_dict()`` of the model (e.g. a run's ``model.pt``) or a flat
+    tensor of all its parameters, read from the working directory like ``data.path``."""
     objective: Component = field(default_factory=lambda: Component("auto"))
     """The registered objective (``cross_entropy``, ``mse``, ``bce``, a plugin's own); ``auto`` picks
     ``cross_entropy`` for class labels and ``mse`` for real-valued targets."""
@@ -251,3 +258,6 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        init_from = self.model.params.get("init_from", "")
+        check(isinstance(init_from, str), "model.init_from", init_from,
+              "the path of a .pt file (a string) holding the model's state_dict or a flat parameter tensor")

@@ -1,12 +1,19 @@
-"""Run-directory files: ``metrics.jsonl`` (one object per evaluation), ``summary.json``, ``run_info.json``."""
+"""Run-directory files: ``metrics.jsonl``, ``summary.json``, ``run_info.json``.
+
+``metrics.jsonl`` holds one JSON object per round, in round order. Every row has ``round``, ``wall_time_s``, the
+round's bytes, ``rejected_total``, the privacy columns and whatever the engine reports for the round (e.g.
+``train_loss``); the evaluation metrics (``accuracy``, ``loss``, ...) are present only in the rows of evaluated
+rounds (every ``engine.eval_every`` rounds and the last one). A metric's curve is the rows that carry it:
+:func:`metric_rows`.
+"""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-from trustfl.errors import TrustFLError
+from trustfl.errors import UsageError
 
 
 def _clean(value: Any) -> Any:
@@ -38,8 +45,14 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
             if line.strip():
                 rows.append(json.loads(line))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise TrustFLError(f"{path} is not a trustfl metrics file (line {number}: {err}).") from None
+        raise UsageError(f"{path} is not a trustfl metrics file (line {number}: {err}).") from None
     return rows
+
+
+def metric_rows(rows: Iterable[dict[str, Any]], metric: str | Sequence[str]) -> list[dict[str, Any]]:
+    """The rows that carry ``metric`` (or any of several metrics): the evaluated rows of a run."""
+    names = (metric,) if isinstance(metric, str) else tuple(metric)
+    return [r for r in rows if any(m in r for m in names)]
 
 
 def truncate_metrics(path: Path, last_round: int) -> None:

@@ -1,9 +1,12 @@
-"""The run loop every engine shares: rounds, evaluation rows, checkpoints, resume and progress.
+"""The run loop every engine shares: rounds, metrics rows, evaluation, checkpoints, resume and progress.
 
 An engine only implements its round (:class:`trustfl.engine.base.AbstractEngine`); this module runs rounds until
-the planned number, evaluates the global model with the federation's evaluators every ``eval_every`` rounds,
-appends a row to ``metrics.jsonl``, saves ``checkpoint.pt`` (the whole :class:`EngineState`, client state store
-included) and shows progress. ``resume`` restores the state bitwise, so a resumed run ends with the same model.
+the planned number and appends one row per round to ``metrics.jsonl``: the round's own metrics (bytes,
+``train_loss``, rejections, stage metrics), ``wall_time_s``, ``rejected_total`` and the ε spent, plus the global
+model's evaluation with the federation's evaluators on evaluated rounds (every ``eval_every`` rounds, the last
+round, and the round an engine finishes early). It saves ``checkpoint.pt`` (the whole :class:`EngineState`,
+client state store included) and shows progress. ``resume`` restores the state bitwise, so a resumed run ends
+with the same model.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from trustfl.evaluate.base import evaluate_model
 from trustfl.core.runfiles import append_metrics
 
 CHECKPOINT = "checkpoint.pt"
+MODEL = "model.pt"
 
 
 def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str) -> None:
@@ -41,6 +45,22 @@ def load_checkpoint(run_dir: Path, cfg_hash: str) -> EngineState:
     if data.get("config_hash") != cfg_hash:
         raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}.")
     return EngineState(**data["state"])
+
+
+def model_state_dict(fed: Federation, params: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``fed.model.state_dict()`` with the flat global model ``params`` in place of the parameters: CPU tensors
+    that ``model.load_state_dict`` takes for the model class ``fed.model`` is (buffers as the model holds them)."""
+    flat = fed.layout.unflatten(params.detach())
+    return {k: (flat[k] if k in flat else v).detach().to("cpu", copy=True).contiguous()
+            for k, v in fed.model.state_dict().items()}
+
+
+def save_model(run_dir: Path, fed: Federation, params: torch.Tensor) -> Path:
+    """Write ``model.pt``: :func:`model_state_dict` of ``params``, loadable with ``torch.load`` alone."""
+    path, tmp = run_dir / MODEL, run_dir / (MODEL + ".tmp")
+    torch.save(model_state_dict(fed, params), tmp)
+    tmp.replace(path)
+    return path
 
 
 @torch.no_grad()
@@ -63,7 +83,8 @@ def _privacy_row(fed: Federation) -> dict[str, float]:
 
 
 class Progress:
-    """A tqdm bar on a terminal; plain log lines otherwise. Shows the primary metric and the loss."""
+    """A tqdm bar on a terminal; plain log lines otherwise. Shows the primary metric and the loss of the last
+    evaluated round (the bar advances every round; a log line is printed per evaluated round)."""
 
     def __init__(self, total: int, start: int, enabled: bool, name: str, primary: str) -> None:
         self.enabled, self.name, self.total, self.primary = enabled, name, total, primary
@@ -76,14 +97,16 @@ class Progress:
         keys = [self.primary] + (["loss"] if self.primary != "loss" and "loss" in row else [])
         return {k: f"{row[k]:.4f}" for k in keys if isinstance(row.get(k), (int, float))}
 
-    def update(self, row: dict[str, Any] | None, round_: int) -> None:
+    def update(self, row: dict[str, Any] | None, round_: int, evaluated: bool = True) -> None:
+        """Advance by one round; ``row`` is the round's metrics row, ``evaluated`` whether it holds an evaluation."""
+        shown = row is not None and evaluated
         if self.bar is not None:
             self.bar.update(1)
-            if row is not None:
+            if shown:
                 self.bar.set_postfix(self._shown(row))
-        elif self.enabled and row is not None:
-            shown = " ".join(f"{k}={v}" for k, v in self._shown(row).items())
-            print(f"[{self.name}] round {round_}/{self.total} {shown} time={row['wall_time_s']:.1f}s",
+        elif self.enabled and shown:
+            text = " ".join(f"{k}={v}" for k, v in self._shown(row).items())
+            print(f"[{self.name}] round {round_}/{self.total} {text} time={row['wall_time_s']:.1f}s",
                   file=sys.stderr, flush=True)
 
     def close(self) -> None:
@@ -91,26 +114,35 @@ class Progress:
             self.bar.close()
 
 
+def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, Any],
+                evaluated: dict[str, float] | None) -> dict[str, Any]:
+    """The ``metrics.jsonl`` row of the round that led to ``state``: ``round``, the evaluation metrics (evaluated
+    rounds only), the engine's round metrics, ``wall_time_s``, ``rejected_total`` and the ε spent."""
+    names = metric_names(fed) if evaluated is not None else []
+    metrics = dict(round_metrics)
+    return {"round": metrics.pop("round", state.round), **{k: evaluated[k] for k in names}, **metrics,
+            "wall_time_s": state.wall_time_s, "rejected_total": state.rejected_total, **_privacy_row(fed)}
+
+
 def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, run_dir: Path, cfg_hash: str,
                rounds: int, last: int, checkpoint_every: int, progress: Progress,
-               on_eval: Callable[[dict[str, Any]], None] | None = None) -> EngineState:
-    """Run ``engine`` from ``state`` up to round ``last`` (of ``rounds`` planned), writing rows and checkpoints."""
+               on_eval: Callable[[dict[str, Any]], None] | None = None,
+               on_row: Callable[[dict[str, Any]], None] | None = None) -> EngineState:
+    """Run ``engine`` from ``state`` up to round ``last`` (of ``rounds`` planned), writing one row per round and
+    checkpoints. ``on_row`` sees every row, ``on_eval`` the rows of evaluated rounds."""
     metrics_path = run_dir / "metrics.jsonl"
-    names = metric_names(fed)
     try:
         while state.round < last and not engine.finished(fed, state):
             state, round_metrics = engine.run_round(fed, state)
-            row = None
             done = engine.finished(fed, state)
-            if state.round % fed.eval_every == 0 or state.round == rounds or done:
-                evaluated = evaluate(fed, state.params)
-                row = {"round": round_metrics.pop("round"), **{k: evaluated[k] for k in names},
-                       **round_metrics, "wall_time_s": state.wall_time_s, "rejected_total": state.rejected_total,
-                       **_privacy_row(fed)}
-                append_metrics(metrics_path, row)
-                if on_eval is not None:
-                    on_eval(row)
-            progress.update(row, state.round)
+            due = state.round % fed.eval_every == 0 or state.round == rounds or done
+            row = metrics_row(fed, state, round_metrics, evaluate(fed, state.params) if due else None)
+            append_metrics(metrics_path, row)
+            if on_row is not None:
+                on_row(row)
+            if due and on_eval is not None:
+                on_eval(row)
+            progress.update(row, state.round, evaluated=due)
             if checkpoint_every and (state.round % checkpoint_every == 0 or state.round == last or done):
                 save_checkpoint(run_dir, state, cfg_hash)
     finally:

@@ -55,10 +55,11 @@ def _as_image(x: torch.Tensor, channels: int, side: int) -> torch.Tensor:
 
 @register("model", "cnn_cafcor")
 class CafCorCNN(nn.Module):
-    """CafCor's MNIST CNN (specs/cafcor.md §5): conv 20 → conv 50 → fc 500 → fc 10; 431,080 parameters at 28×28.
+    """CafCor's MNIST CNN (the paper's Sec. 5): conv 20 → conv 50 → fc 500 → fc 10; 431,080 parameters at 28×28.
 
     Conv2d(1,20,5) → ReLU → MaxPool(2) → Conv2d(20,50,5) → ReLU → MaxPool(2) → Linear(800,500) → ReLU →
-    Linear(500,10). The paper's log_softmax is applied by the cross-entropy loss.
+    Linear(500,10). The paper gives only the parameter count; these layers are ByzFL's ``cnn_mnist``, which has
+    exactly that count. The paper's log_softmax is applied by the cross-entropy loss.
     """
 
     def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
@@ -79,7 +80,7 @@ class CafCorCNN(nn.Module):
 
 @register("model", "cnn_rhdp")
 class RobustHDPCNN(nn.Module):
-    """Robust-HDP's MNIST/FMNIST CNN (specs/robust_hdp.md Table 5): 28,938 parameters at 28×28.
+    """Robust-HDP's MNIST/FMNIST CNN (the paper's Table 5): 28,938 parameters at 28×28.
 
     Conv2d(1,16,5,pad 2) → ReLU → MaxPool(2) → Conv2d(16,32,5,pad 2) → ReLU → MaxPool(2) → Linear(1568,10).
     No ReLU on the output layer (the authors' code; Table 5's output ReLU is a typo).

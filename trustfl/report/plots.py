@@ -1,5 +1,8 @@
 """Plots of a run: one ``<metric>.png`` per evaluation metric against rounds (``accuracy.png``, ``loss.png``,
-``mse.png``, ``r2.png``, ...); an asynchronous run adds ``<metric>_vs_sim_time.png`` and ``<metric>_vs_bits.png``."""
+``mse.png``, ``r2.png``, ...); an asynchronous run adds ``<metric>_vs_sim_time.png`` and ``<metric>_vs_bits.png``.
+
+``metrics.jsonl`` has a row per round and the evaluation metrics only in evaluated rounds: a metric's curve is
+drawn through the rows that carry it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,6 +24,7 @@ def _x(row: dict[str, Any], axis: str) -> float | None:
 
 
 def _plot(rows: list[dict[str, Any]], key: str, label: str, title: str, path: Path, axis: str = "round") -> None:
+    """``key`` against ``axis`` over the rows that carry a number under ``key`` (the evaluated rounds)."""
     pts = [(_x(r, axis), r[key]) for r in rows if isinstance(r.get(key), (int, float)) and _x(r, axis) is not None]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     if pts:
@@ -40,7 +44,7 @@ _LABELS = {"accuracy": "test accuracy", "loss": "test loss", "mse": "test MSE", 
 
 def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "",
              metrics: Sequence[str] = ("accuracy", "loss")) -> list[Path]:
-    """Write ``<metric>.png`` for every metric of the run; return the paths."""
+    """Write ``<metric>.png`` for every metric of the run from its ``metrics.jsonl`` rows; return the paths."""
     run_dir = Path(run_dir)
     paths = []
     for metric in metrics:

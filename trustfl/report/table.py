@@ -1,4 +1,4 @@
-"""Text tables of run metrics (``trustfl report RUN_DIR``)."""
+"""Text tables of run metrics (``trustfl report RUN_DIR``): one line per evaluated round."""
 from __future__ import annotations
 
 import json
@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.errors import TrustFLError
-from trustfl.core.runfiles import read_metrics
+from trustfl.core.runfiles import metric_rows, read_metrics
 from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
             "wall_time_s")
-_TAIL = ("sim_time", "local_steps_total", "bits_up_total", "bits_down_total", "bytes_up_total", "bytes_down_total",
-         "epsilon_max", "rejected", "wall_time_s")
+_TAIL = ("train_loss", "sim_time", "local_steps_total", "bits_up_total", "bits_down_total", "bytes_up_total",
+         "bytes_down_total", "epsilon_max", "rejected", "wall_time_s")
 
 
 def _fmt(v: Any) -> str:
@@ -31,7 +31,8 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = _COLUM
 
 
 def report_run(run_dir: str | Path) -> str:
-    """Re-plot a run directory and return its metrics table and summary as text."""
+    """Re-plot a run directory and return its metrics table (the evaluated rounds; every round when none is
+    evaluated yet) and summary as text."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     if not rows:
@@ -40,7 +41,7 @@ def report_run(run_dir: str | Path) -> str:
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     metrics = summary.get("metrics") or [m for m in ("accuracy", "loss") if any(m in r for r in rows)]
     plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics)
-    text = format_table(rows, ("round", *metrics, *_TAIL))
+    text = format_table(metric_rows(rows, metrics) or rows, ("round", *metrics, *_TAIL))
     if summary:
         primary = summary.get("primary_metric", "accuracy")
         keys = (f"final_{primary}", f"best_{primary}", "rounds", "wall_time_s", "seed")
