@@ -57,7 +57,9 @@ class RunRecord:
         return self.config.get("seed")
 
     def final(self, metric: str) -> float:
-        return _num(self.rows[-1].get(metric)) if self.rows else math.nan
+        """The value at the last row that carries ``metric`` (the last evaluation, for an evaluation metric)."""
+        carrying = [r for r in self.rows if metric in r]
+        return _num(carrying[-1].get(metric)) if carrying else math.nan
 
     def best(self, metric: str) -> float:
         """The best value over the rows; the run's own summary decides the direction of a metric trustfl does
@@ -311,7 +313,7 @@ def format_csv(rows: list[dict[str, Any]], varied: list[str], columns: list[str]
 def _curve(members: list[RunRecord], metric: str, axis: str) -> list[tuple[float, float]]:
     """(mean x, mean y) over the group's runs at each round every run evaluated with both values."""
     per_run = [{r["round"]: (_num(r.get(axis)) if axis != "round" else float(r["round"]), _num(r.get(metric)))
-                for r in m.rows if "round" in r} for m in members]
+                for r in m.rows if "round" in r and metric in r} for m in members]
     rounds = sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []
     points = []
     for rnd in rounds:
