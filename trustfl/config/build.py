@@ -5,8 +5,6 @@ ConfigError naming its key path before any training starts.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import math
 import sys
@@ -22,7 +20,7 @@ from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerEx
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.schema import Component, ExperimentConfig
-from trustfl.core.registry import lookup
+from trustfl.core.registry import import_module_or_file, lookup
 from trustfl.core.rng import derive_seed, numpy_rng
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
@@ -77,20 +75,7 @@ def import_plugins(cfg: ExperimentConfig) -> None:
     """Import the modules of ``plugins`` (module names, or ``.py`` paths relative to the working directory)."""
     for i, target in enumerate(cfg.plugins):
         try:
-            if target.endswith(".py"):
-                path = Path(target).expanduser().resolve()
-                if not path.is_file():
-                    raise ImportError(f"no file {str(path)!r}")
-                name = f"trustfl_plugin_{path.stem}"
-                if name not in sys.modules:
-                    spec = importlib.util.spec_from_file_location(name, path)
-                    module = importlib.util.module_from_spec(spec)
-                    sys.modules[name] = module
-                    spec.loader.exec_module(module)
-            else:
-                if "" not in sys.path and str(Path.cwd()) not in sys.path:
-                    sys.path.insert(0, str(Path.cwd()))
-                importlib.import_module(target)
+            import_module_or_file(target)
         except (ImportError, SyntaxError) as err:
             raise ConfigError(f"`plugins[{i}]`: cannot import {target!r}: {err}") from None
         except TrustFLError as err:

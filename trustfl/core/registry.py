@@ -9,7 +9,10 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
+import sys
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from trustfl.errors import RegistryError
@@ -22,6 +25,7 @@ _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {}
 _PLUGIN_PACKAGES = ("models", "data", "objectives", "evaluate", "aggregate", "attacks", "privacy", "compress",
                     "simtime", "client", "server", "engine", "recipes")
 _loaded = False
+_ADAPTERS: dict[str, Callable[[Any, str], Callable[..., Any]]] = {}
 
 
 def register(kind: str, name: str) -> Callable[[F], F]:
@@ -35,6 +39,51 @@ def register(kind: str, name: str) -> Callable[[F], F]:
         return factory
 
     return deco
+
+
+def register_adapter(kind: str, adapter: Callable[[Any, str], Callable[..., Any]]) -> None:
+    """How an object named by import path (``"pkg.mod:Obj"``) becomes a factory of ``kind`` (e.g. a loss function
+    → an objective); without an adapter the object itself is the factory."""
+    _ADAPTERS[kind] = adapter
+
+
+def import_module_or_file(target: str) -> Any:
+    """Import a module by name (the working directory on ``sys.path``) or a ``.py`` file by path (relative to the
+    working directory; imported once, as ``trustfl_plugin_<stem>``). Raises ImportError / SyntaxError."""
+    if target.endswith(".py"):
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise ImportError(f"no file {str(path)!r}")
+        name = f"trustfl_plugin_{path.stem}"
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        return sys.modules[name]
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    return importlib.import_module(target)
+
+
+def import_object(spec: str) -> Any:
+    """The object ``"pkg.module:Name"`` or ``"path/to/file.py:Name"`` names (``Name`` may be dotted)."""
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise RegistryError(f"{spec!r} is not an import path of the form 'module:Name' or 'file.py:Name'.")
+    try:
+        obj = import_module_or_file(module_name)
+    except (ImportError, SyntaxError) as err:
+        raise RegistryError(f"cannot import {module_name!r} (from {spec!r}): {err}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RegistryError(f"{module_name!r} has no attribute {attr!r} (from {spec!r}).")
+        obj = getattr(obj, part)
+    return obj
 
 
 def _load_plugins() -> None:
@@ -68,11 +117,18 @@ def names(kind: str) -> list[str]:
 
 
 def lookup(kind: str, name: str) -> Callable[..., Any]:
-    """The factory registered as ``name`` under ``kind``; an unknown name lists the valid ones."""
+    """The factory registered as ``name`` under ``kind``, or the object an import path ``"pkg.mod:Name"`` /
+    ``"file.py:Name"`` names (adapted for ``kind``, see :func:`register_adapter`); an unknown name lists the valid
+    ones."""
     valid = names(kind)
-    if name not in _REGISTRY[kind]:
-        raise RegistryError(f"Unknown {kind} {name!r}; valid names: {', '.join(valid)}.")
-    return _REGISTRY[kind][name]
+    if name in _REGISTRY[kind]:
+        return _REGISTRY[kind][name]
+    if ":" in name:
+        obj = import_object(name)
+        adapter = _ADAPTERS.get(kind)
+        return adapter(obj, name) if adapter is not None else obj
+    raise RegistryError(f"Unknown {kind} {name!r}; valid names: {', '.join(valid)} (or an import path "
+                        f"'module:Name').")
 
 
 def build(kind: str, name: str, **params: Any) -> Any:

@@ -4,13 +4,14 @@ Models return **logits**; losses apply ``cross_entropy`` (= NLL of log-softmax, 
 """
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
-from trustfl.core.registry import lookup, register
+from trustfl.core.registry import lookup, register, register_adapter
 from trustfl.errors import ConfigError
 
 
@@ -112,6 +113,30 @@ def _image_geometry(input_shape: Sequence[int], name: str) -> tuple[int, int]:
         raise ConfigError(f"model {name!r} needs images of side >= 16, found {side} (use 'mlp' or 'logreg' for "
                           f"small inputs such as digits).")
     return channels, side
+
+
+def _imported_model(cls: Any, name: str) -> Callable[..., nn.Module]:
+    """``model.name = "pkg.mod:Net"``: the class is called with the ``[model]`` table's arguments, plus
+    ``input_shape`` and ``num_classes`` when its constructor takes them (or ``**kwargs``)."""
+    if not callable(cls):
+        raise ConfigError(f"model {name!r} is a {type(cls).__name__}, not a class or function building a module.")
+    try:
+        accepted = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        accepted = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+
+    def factory(input_shape: tuple[int, ...], num_classes: int, **params: Any) -> nn.Module:
+        given = {"input_shape": input_shape, "num_classes": num_classes}
+        extra = {k: v for k, v in given.items() if takes_any or k in accepted}
+        model = cls(**extra, **params)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model {name!r} built a {type(model).__name__}, not a torch.nn.Module.")
+        return model
+    return factory
+
+
+register_adapter("model", _imported_model)
 
 
 _DEFAULT_INIT = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)

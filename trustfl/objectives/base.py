@@ -8,6 +8,7 @@ is a new objective, not a new engine.
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from trustfl.core.registry import register
+from trustfl.core.registry import register, register_adapter
 from trustfl.errors import ConfigError
 
 Batch = Mapping[str, torch.Tensor]
@@ -98,6 +99,24 @@ def register_objective(name: str) -> Callable[[LossFn], LossFn]:
         return fn
 
     return deco
+
+
+def _imported_objective(obj: Any, name: str) -> Callable[..., AbstractObjective]:
+    """``objective = "pkg.mod:fn"``: an :class:`AbstractObjective` subclass is used as is; a plain function
+    ``fn(outputs, batch, **params) -> (N,) losses`` becomes a :class:`LossObjective` (the table's parameters are
+    passed to it on every call)."""
+    if isinstance(obj, type) and issubclass(obj, AbstractObjective):
+        return obj
+    if not callable(obj):
+        raise ConfigError(f"objective {name!r} is a {type(obj).__name__}, not a loss function or an objective class.")
+
+    def factory(**params: Any) -> AbstractObjective:
+        fn = functools.partial(obj, **params) if params else obj
+        return LossObjective(fn, name)
+    return factory
+
+
+register_adapter("objective", _imported_objective)
 
 
 def match_targets(outputs: torch.Tensor, targets: torch.Tensor, who: str) -> torch.Tensor:
