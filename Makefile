@@ -23,6 +23,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/engine_throughput.py
+	$(BIN)/python benchmarks/startup.py
 
 data: setup
 	$(BIN)/python scripts/fetch_data.py

@@ -17,8 +17,8 @@ import types
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from trustfl.errors import TrustFLError
-from trustfl.privacy.analysis.gaussian import (ACCOUNTANTS, SAMPLINGS, calibrate_noise_multiplier,
-                                               epsilon_subsampled_gaussian)
+# Only the constants: building the parser must not import dp_accounting (and scipy); `_run` imports the math.
+from trustfl.privacy.analysis.gaussian import ACCOUNTANTS, SAMPLINGS
 
 __all__ = ["add_parser", "main", "run"]
 
@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
+
     try:
         if args.privacy_command == "epsilon":
             value = epsilon_subsampled_gaussian(args.noise_multiplier, args.sample_rate, args.steps, args.delta,

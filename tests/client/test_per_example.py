@@ -211,3 +211,39 @@ def test_errors_name_the_argument():
         noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, torch.tensor([1.0, 0.0]),
                            [torch.Generator(), torch.Generator()])
     assert issubclass(ConfigError, TrustFLError) and issubclass(PrivacyError, TrustFLError)
+
+
+@pytest.mark.parametrize("name,shape,kw", MODELS)
+@pytest.mark.parametrize("objective", ["cross_entropy", "mse"])
+def test_plain_mean_grad_is_bitwise_torch_func_grad(name, shape, kw, objective):
+    """The plain path takes autograd of the vmapped sum (no torch.func.grad, whose first call imports torch._dynamo):
+    bitwise what ``torch.func.grad`` of the same sum gives, in float32 as the engine runs, masked or not."""
+    from torch.func import grad
+
+    import trustfl
+    from trustfl.client.per_example import batched_mean_grad, batched_mean_losses
+
+    obj = trustfl.build("objective", objective)
+    net = build_model(name, shape, 10, seed=0, **kw)
+    m, b = 4, 6
+    gen = torch.Generator().manual_seed(3)
+    params = {k: v.detach() + 0.01 * torch.randn(m, *v.shape, generator=gen) for k, v in net.named_parameters()}
+    x = torch.randn(m, b, *shape, generator=gen)
+    y = torch.randint(0, 10, (m, b), generator=gen) if objective == "cross_entropy" else torch.randn(m, b, 10,
+                                                                                                      generator=gen)
+    for padded in (False, True):
+        mask = torch.ones(m, b, dtype=torch.bool)
+        if padded:
+            mask[0, b // 2:] = False
+            mask[-1] = False
+        w = mask.float()
+
+        def total(p):
+            per_client = batched_mean_losses(net, obj, p, {"x": x, "y": y}, w)
+            return per_client.sum(), per_client.detach()
+
+        ref, ref_losses = grad(total, has_aux=True)(params)
+        grads, losses = batched_mean_grad(net, obj, params, {"x": x, "y": y}, mask, full=not padded)
+        assert torch.equal(losses, ref_losses)
+        for k in ref:
+            assert torch.equal(grads[k], ref[k]), k

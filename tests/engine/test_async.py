@@ -61,7 +61,7 @@ def _base(fed, state, cid):
 
 @pytest.mark.parametrize("compress", [None, "identity"])
 def test_quafl_round_preserves_the_sum_of_server_and_client_models(compress):
-    """§2.2: with identity quantization, X_{t+1} + Σ_{i∈S} X^i_new = X_t + Σ_{i∈S} Y^i."""
+    """QuAFL Alg. 1 (Sec. 2.2): with identity quantization, X_{t+1} + Σ_{i∈S} X^i_new = X_t + Σ_{i∈S} Y^i."""
     over = {} if compress is None else {"compress": {"uplink": compress, "downlink": compress}}
     fed, engine, state = _engine(_cfg(**over))
     fed.executor = rec = _Recorder(fed.executor)

@@ -1,6 +1,6 @@
 """Ghost clipping math: per-example gradient norms and clipped gradient sums from activations and output gradients.
 
-Plain tensor code (STYLE rule 17): the activations ``a`` and output gradients ``g`` of every ``nn.Linear`` /
+Plain tensor code (no torch.func): the activations ``a`` and output gradients ``g`` of every ``nn.Linear`` /
 ``nn.Conv2d`` layer are captured by :mod:`trustfl.client.per_example`; this module turns them into
 
 * per-example squared gradient norms, without materialising the per-example gradients of fully connected layers

@@ -1,4 +1,4 @@
-"""DP-SGD gradients with torch.func, vectorized over a cohort of clients (STYLE rule 17: torch.func lives here).
+"""DP-SGD gradients with torch.func, vectorized over a cohort of clients (one of the few modules that use torch.func).
 
 One step of client ``i`` with batch ``S_i`` (padded to ``B`` rows; ``mask`` marks the real ones) computes
 
@@ -422,21 +422,25 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
                       batch: Batch, mask: torch.Tensor, full: bool = False) -> tuple[Params, torch.Tensor]:
     """Per-client gradients of the per-client mean losses, ``({name: (m, ...)}, losses (m,))``.
 
-    One ``grad`` of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters: client ``i``'s rows depend on ``θ_i`` only, so
-    row ``i`` of the result is ``∇L_i(θ_i)``. ``full``: every row of ``mask`` is real (known on the host).
+    One autograd pass of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters (the forward under ``vmap``): client ``i``'s
+    rows depend on ``θ_i`` only, so row ``i`` of the result is ``∇L_i(θ_i)``. ``full``: every row of ``mask`` is
+    real (known on the host).
     """
     if full and mask.shape[0] == 1:  # one client, no padding: the plain mean, no mask arithmetic
         return _one_client_mean_grad(model, objective, params_stacked, batch, None)
     x = batch[objective.input_key]
     w = mask.to(x.dtype if x.is_floating_point() else next(iter(params_stacked.values())).dtype)
-
-    def total(params: Params) -> tuple[torch.Tensor, torch.Tensor]:
-        per_client = batched_mean_losses(model, objective, params, batch, w)
-        return per_client.sum(), per_client.detach()
-
     if w.shape[0] == 1:  # one client (the sequential executor): plain autograd, no torch.func transforms
         return _one_client_mean_grad(model, objective, params_stacked, batch, w[0])
-    return grad(total, has_aux=True)(dict(params_stacked))
+    # The forward runs under vmap; the gradient is plain autograd on the stacked leaves, bitwise equal to
+    # torch.func.grad of the same sum (tests/client/test_per_example.py) without its first-call cost: torch.func.grad
+    # imports torch._dynamo (seconds) on its first call.
+    with torch.enable_grad():
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params_stacked.items()}
+        per_client = batched_mean_losses(model, objective, leaves, batch, w)
+        grads = torch.autograd.grad(per_client.sum(), list(leaves.values()), allow_unused=True)
+    out = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
+    return out, per_client.detach()
 
 
 def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
-from dp_accounting import dp_event
 
 from trustfl.core.rng import make_generator
 from trustfl.data.sampling import AbstractBatchSampler
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | 
     """
     if not training.private or plan.noise_multiplier <= 0:
         return None
+    from dp_accounting import dp_event  # here: a run without DP never imports dp_accounting (and scipy)
+
     gauss = dp_event.GaussianDpEvent(plan.noise_multiplier)
     if training.dp_mode == "batch_clip":
         return gauss

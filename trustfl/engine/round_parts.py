@@ -1,7 +1,7 @@
 """The parts of a round every engine shares: admission, the uplink, screening, aggregation and the server update.
 
 An engine decides *when* clients train and *which* model each starts from; it then hands the clients' local
-results to :func:`deliver`, which runs the fixed server-side pipeline (STYLE.md):
+results to :func:`deliver`, which runs the fixed server-side pipeline (docs/architecture.md):
 
 client stages (clip, noise, ...) → uplink (what the server decodes; a compressor, or a model message turned into
 the server's delta) → [attacks.inject, simulation only] → screening (NaN/Inf/wrong shape dropped) → aggregate
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-from dp_accounting import dp_event
 
 from trustfl.client.state import ClientStateStore
 from trustfl.core.rng import SERVER, make_generator
@@ -22,6 +21,9 @@ from trustfl.engine.executors import ClientResults
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import ClientPlan, num_local_steps, step_event
 from trustfl.types import CohortContext, RoundContext
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ def round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEv
     event = step_event(fed.training, plan)
     if event is None or steps == 0:
         return None
+    from dp_accounting import dp_event
+
     return event if steps == 1 else dp_event.SelfComposedDpEvent(event, steps)
 
 

@@ -1,4 +1,4 @@
-"""The synchronous round engine (STYLE.md pipeline):
+"""The synchronous round engine (docs/architecture.md, "One round, end to end"):
 
 sample → downlink (encode, decode) → client state store → local chain (objective → gradient method → gradient
 transforms → local SGD) → client stages (clip, noise, correlated noise, momentum) → uplink (compressor) →

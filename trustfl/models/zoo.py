@@ -178,7 +178,10 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: i
         skeleton = make()
     stateful = [m for m in skeleton.modules() if _has_state(m)]
     if all(type(m) in _DEFAULT_INIT for m in stateful):
-        model = skeleton.to_empty(device="cpu")
+        # ``to_empty(device="cpu")`` with an ``empty`` that does not go through the meta tensor: torch.empty_like of
+        # a meta tensor runs the Python reference, whose first call imports torch.fx's symbolic shapes and sympy
+        # (about 0.5 s). Every value is drawn below, so only shapes and dtypes matter.
+        model = skeleton._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
         generator = torch.Generator(device="cpu").manual_seed(seed)
         for module in stateful:
             _reset_with(module, generator)

@@ -1,4 +1,4 @@
-"""Per-client privacy ledgers: the stateful wrapper around dp_accounting (STYLE.md rules 10-12).
+"""Per-client privacy ledgers: the stateful wrapper around dp_accounting.
 
 Mechanisms describe what they did as ``DpEvent`` values; a :class:`PrivacyLedger` composes them for one client
 and refuses any event that is unsupported or would overspend the client's :class:`Budget`. Every refusal
@@ -20,15 +20,16 @@ import math
 import numbers
 import statistics
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
-
-from dp_accounting import dp_event
-from dp_accounting import privacy_accountant as dpa_accountant
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from trustfl.core.checks import check_number
 from trustfl.errors import BudgetExceededError, CheckpointError, PrivacyError, UnsupportedEventError
 from trustfl.privacy.analysis.gaussian import ACCOUNTANTS, NEIGHBORINGS, make_accountant
-from trustfl.privacy.events import DpEvent, describe, event_from_dict
+from trustfl.privacy.events import describe, event_from_dict
+
+if TYPE_CHECKING:  # dp_accounting is imported where it is used (a run without ledgers never imports it)
+    from dp_accounting import privacy_accountant as dpa_accountant
+    from dp_accounting.dp_event import DpEvent
 
 __all__ = ["Budget", "LedgerBook", "PrivacyLedger", "check_schedule"]
 
@@ -66,6 +67,8 @@ def _check_count(count: int) -> int:
 
 def _unsupported_message(acc: dpa_accountant.PrivacyAccountant, event: DpEvent) -> str:
     """dp_accounting's own explanation (it names the offending sub-event), from a throw-away accountant."""
+    from dp_accounting import privacy_accountant as dpa_accountant
+
     try:
         copy.deepcopy(acc).compose(event)
     except dpa_accountant.UnsupportedEventError as exc:
@@ -107,10 +110,14 @@ class PrivacyLedger:
     # -- checks (never mutate) -------------------------------------------------------------------------------
     def supports(self, event: DpEvent) -> bool:
         """Whether this ledger's accountant can compose ``event`` (recursively)."""
-        return isinstance(event, dp_event.DpEvent) and self._acc.supports(event)
+        from dp_accounting.dp_event import DpEvent
+
+        return isinstance(event, DpEvent) and self._acc.supports(event)
 
     def _require_supported(self, event: DpEvent) -> None:
-        if not isinstance(event, dp_event.DpEvent):
+        from dp_accounting.dp_event import DpEvent
+
+        if not isinstance(event, DpEvent):
             raise UnsupportedEventError(f"client {self.client_id}: expected a DpEvent, found "
                                         f"{type(event).__name__}.")
         if not self._acc.supports(event):
@@ -189,6 +196,8 @@ class PrivacyLedger:
         Raises:
           CheckpointError: the state belongs to another client or accountant, or is corrupt.
         """
+        from dp_accounting import privacy_accountant as dpa_accountant
+
         try:
             if int(state["client_id"]) != self.client_id:
                 raise CheckpointError(f"Ledger state is for client {state['client_id']}, not {self.client_id}.")

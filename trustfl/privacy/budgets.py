@@ -60,7 +60,7 @@ class EpsilonDistribution:
         return rng.normal(means[which], stds[which])
 
 
-# Robust-HDP Table 7. N(a, b): b is a standard deviation (robust_hdp.md §4.4: the code's draws fit a std).
+# Robust-HDP Table 7. N(a, b): b is a standard deviation (the paper does not say; the code's draws fit a std).
 EPSILON_DISTRIBUTIONS: Mapping[str, EpsilonDistribution] = MappingProxyType({
     "dist1": EpsilonDistribution("dist1", components=((1.0, 2.0, 1.0),)),
     "dist2": EpsilonDistribution("dist2", components=((0.2, 0.2, 0.01), (0.6, 1.0, 0.1), (0.2, 5.0, 1.0))),
@@ -74,7 +74,7 @@ EPSILON_DISTRIBUTIONS: Mapping[str, EpsilonDistribution] = MappingProxyType({
 })
 
 # Robust-HDP code (utils/privacy_params.py), n = 20 clients: the per-client ε of each Dist and the batch sizes
-# shared by all Dists (robust_hdp.md §4.5). These lists reproduce the paper's Table 3.
+# shared by all Dists. These lists reproduce the paper's Table 3.
 RHDP_FIXED_LISTS: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "batch_sizes": (32, 64, 16, 32, 16, 16, 16, 32, 32, 64, 32, 64, 16, 128, 16, 64, 32, 64, 16, 16),
     "dist1": (2.81, 1.69, 1.74, 1.46, 2.43, 0.85, 2.87, 1.62, 2.16, 1.88, 2.73, 0.97, 1.84, 1.81, 2.57, 1.45, 1.91,

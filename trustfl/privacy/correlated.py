@@ -1,4 +1,4 @@
-"""Correlated Gaussian noise that cancels in the sum (CafCor, cafcor.md §2.2–2.3), plus independent noise.
+"""Correlated Gaussian noise that cancels in the sum (CafCor, Sec. 3 and Algorithm 1), plus independent noise.
 
 Client ``i`` of ``n`` protocol participants adds to its message, in round ``t``,
 
@@ -15,14 +15,15 @@ Two samplers:
     each row is computed from its own client's private key and the public directory only. Cost O(n·d) per client,
     O(n²·d) per cohort: for small ``n·d`` and tests.
   * **fast** (:func:`centered_pair_noise`): ``N = σ_cor·√n·(G − 1·mean_rows(G))`` with ``G ~ N(0, 1)^{n×d}``,
-    the same joint law (covariance ``σ_cor²·n·P``, ``P = I − 11ᵀ/n``) in O(n·d) (cafcor.md §2.3). It draws all
-    rows from one generator: a simulation shortcut, not a protocol.
+    the same joint law (covariance ``σ_cor²·n·P``, ``P = I − 11ᵀ/n``) in O(n·d) (docs/papers/cafcor.md). It
+    draws all rows from one generator: a simulation shortcut, not a protocol.
 
 Warning:
   In simulation the Byzantine clients' pair terms are drawn for the honest rows too, but the Byzantine clients do
   not follow the protocol, so these terms never cancel: the honest sum keeps noise of variance
-  ``m·f·σ_cor²`` per coordinate (``m`` honest rows, ``f`` absent peers) even with ``σ_ind = 0`` (cafcor.md §7
-  item 11). The same holds for any of the ``n`` participants that is not among the rows (e.g. not sampled).
+  ``m·f·σ_cor²`` per coordinate (``m`` honest rows, ``f`` absent peers) even with ``σ_ind = 0``
+  (docs/papers/cafcor.md, "Key equations"). The same holds for any of the ``n`` participants that is not among
+  the rows (e.g. not sampled).
 
 References:
   Allouah, Guerraoui, Stephan. Towards Trustworthy Federated Learning with Untrusted Participants. ICML 2025.
@@ -122,7 +123,7 @@ class PairwiseCorrelatedNoise:
 
 def centered_pair_noise(n: int, d: int, sigma_cor: float, generator: torch.Generator,
                         dtype: torch.dtype = torch.float32, rows: Sequence[int] | None = None) -> torch.Tensor:
-    """The fast sampler: ``N = σ_cor·√n·(G − 1·mean_rows(G))``, ``G ~ N(0, 1)^{n×d}`` (cafcor.md §2.3).
+    """The fast sampler: ``N = σ_cor·√n·(G − 1·mean_rows(G))``, ``G ~ N(0, 1)^{n×d}`` (docs/papers/cafcor.md).
 
     ``Cov(N_i, N_j) = σ_cor²·n·(δ_ij − 1/n)``: ``(n − 1)σ_cor²`` on the diagonal and ``−σ_cor²`` off it, the law of
     the exact pair noise; the ``n`` rows sum to 0 (up to rounding). Cost O(n·d), computed in place.
@@ -176,7 +177,7 @@ class CorrelatedNoise(AbstractStage):
       ``ctx.generator("correlated_noise_fast")`` and keeps the participants' rows: the same joint law, but a
       simulation shortcut, not a protocol (no client could compute its own row).
 
-    The stage emits no DP events: the SecLDP guarantee (Lemma A.4, cafcor.md §3.1) depends on ``f`` and ``q``,
+    The stage emits no DP events: the SecLDP guarantee (Lemma A.4) depends on ``f`` and ``q``,
     so the recipe charges it. Metrics: ``message_noise_std`` = ``√((n−1)σ_cor² + σ_ind²)`` per coordinate of one
     row, and ``sum_noise_std`` = ``√(m(n−m)σ_cor² + mσ_ind²)``, the noise left in the sum of the ``m`` rows.
     """

@@ -1,7 +1,7 @@
 """Thin builders for dp_accounting ``DpEvent`` descriptions, and their JSON form.
 
 Mechanisms *describe* what they did with these events; accountants (:mod:`trustfl.privacy.accountant`)
-compute what it cost (STYLE.md rule 10). An event is immutable and carries no state.
+compute what it cost. An event is immutable and carries no state.
 
 Example:
   >>> ev = self_composed(poisson_sampled(gaussian_event(1.1), 0.01), 100)
@@ -14,21 +14,36 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+import types
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attr
-from dp_accounting import dp_event
 
 from trustfl.errors import PrivacyError
 
-DpEvent = dp_event.DpEvent
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
+    from dp_accounting.dp_event import DpEvent
 
 __all__ = ["DpEvent", "composed", "describe", "event_from_dict", "gaussian_event", "poisson_sampled",
            "self_composed", "without_replacement_sampled"]
 
 
+def _dp_event() -> types.ModuleType:
+    """``dp_accounting.dp_event``, imported on first use (dp_accounting imports scipy: seconds), not with trustfl."""
+    from dp_accounting import dp_event
+
+    return dp_event
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DpEvent":  # the public alias ``trustfl.privacy.events.DpEvent``, resolved on first access
+        return _dp_event().DpEvent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _check_event(event: object, name: str = "event") -> DpEvent:
-    if not isinstance(event, DpEvent):
+    if not isinstance(event, _dp_event().DpEvent):
         raise PrivacyError(f"`{name}` must be a dp_accounting DpEvent, found {type(event).__name__}.")
     return event
 
@@ -42,7 +57,7 @@ def gaussian_event(noise_multiplier: float) -> dp_event.GaussianDpEvent:
     z = float(noise_multiplier)
     if not z >= 0 or math.isinf(z):
         raise PrivacyError(f"`noise_multiplier` must be a finite number >= 0, found {noise_multiplier!r}.")
-    return dp_event.GaussianDpEvent(z)
+    return _dp_event().GaussianDpEvent(z)
 
 
 def poisson_sampled(event: DpEvent, q: float) -> DpEvent:
@@ -58,7 +73,7 @@ def poisson_sampled(event: DpEvent, q: float) -> DpEvent:
         raise PrivacyError(f"`q` (sampling probability) must be in [0, 1], found {q!r}.")
     if rate == 1.0:
         return event
-    return dp_event.PoissonSampledDpEvent(rate, event)
+    return _dp_event().PoissonSampledDpEvent(rate, event)
 
 
 def without_replacement_sampled(event: DpEvent, n: int, b: int) -> DpEvent:
@@ -72,7 +87,7 @@ def without_replacement_sampled(event: DpEvent, n: int, b: int) -> DpEvent:
     _check_event(event)
     if not isinstance(n, numbers.Integral) or not isinstance(b, numbers.Integral) or not 0 < b <= n:
         raise PrivacyError(f"`n` and `b` must be integers with 0 < b <= n, found n={n!r}, b={b!r}.")
-    return dp_event.SampledWithoutReplacementDpEvent(int(n), int(b), event)
+    return _dp_event().SampledWithoutReplacementDpEvent(int(n), int(b), event)
 
 
 def self_composed(event: DpEvent, count: int) -> DpEvent:
@@ -80,18 +95,18 @@ def self_composed(event: DpEvent, count: int) -> DpEvent:
     _check_event(event)
     if not isinstance(count, numbers.Integral) or count < 0:
         raise PrivacyError(f"`count` must be an integer >= 0, found {count!r}.")
-    return dp_event.SelfComposedDpEvent(event, int(count))
+    return _dp_event().SelfComposedDpEvent(event, int(count))
 
 
 def composed(events: list[DpEvent]) -> DpEvent:
     """The adaptive composition of several events, in order."""
     for i, ev in enumerate(events):
         _check_event(ev, f"events[{i}]")
-    return dp_event.ComposedDpEvent(list(events))
+    return _dp_event().ComposedDpEvent(list(events))
 
 
 def _encode(value: Any) -> Any:
-    if isinstance(value, DpEvent):
+    if isinstance(value, _dp_event().DpEvent):
         return describe(value)
     if isinstance(value, (list, tuple)):
         return [_encode(v) for v in value]
@@ -125,8 +140,9 @@ def _decode(value: Any) -> Any:
 def event_from_dict(data: Mapping[str, Any]) -> DpEvent:
     """Rebuild the event that :func:`describe` described (used to restore ledgers from checkpoints)."""
     name = data.get("type") if isinstance(data, Mapping) else None
+    dp_event = _dp_event()
     cls = getattr(dp_event, str(name), None)
-    if not (isinstance(cls, type) and issubclass(cls, DpEvent)):
+    if not (isinstance(cls, type) and issubclass(cls, dp_event.DpEvent)):
         raise PrivacyError(f"Unknown DP event description {data!r}: `type` must name a dp_accounting DpEvent.")
     fields = {f.name: _decode(data[f.name]) for f in attr.fields(cls) if f.name in data}
     try:

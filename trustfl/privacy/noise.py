@@ -107,7 +107,7 @@ def gaussian_noise(std: float | None = None, noise_multiplier: float | None = No
       std: ``σ`` per coordinate, ``>= 0``.
       noise_multiplier: ``z``; then ``σ = z · sensitivity``. Give exactly one of ``std`` and ``noise_multiplier``.
       sensitivity: ``Δ``, the L2 sensitivity of one row (the clip norm ``C`` under add/remove adjacency, ``2C``
-        under replace-one as in CafCor, cafcor.md §3.4). Each client is charged ``GaussianDpEvent(σ/Δ)``.
+        under replace-one as in CafCor's Lemma A.4). Each client is charged ``GaussianDpEvent(σ/Δ)``.
       stream: the generator key (see :class:`GaussianNoise`).
 
     Raises:

@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from dp_accounting import dp_event
 
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
 from trustfl.privacy.analysis.secldp import equivalent_noise_multiplier, step_event
 from trustfl.types import RoundContext, StageOut
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
 
 
 @dataclass(frozen=True)

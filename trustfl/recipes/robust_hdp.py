@@ -2,7 +2,7 @@
 
 Every client runs local DP-SGD (per-example clipping at ``c``, Poisson batches of expected size ``b_i``, noise
 ``N(0, c² z_i² I)``, plain SGD) with its own budget ε_i, and the server aggregates the model deltas with the
-weights of the chosen ``method`` (robust_hdp.md §2.7):
+weights of the chosen ``method`` (the paper's baselines, Sec. 4.1 and App. B.3):
 
 ==============  ===========================================  ===========================================
 ``method``      clients train with                           server weights (aggregator)
@@ -19,10 +19,10 @@ weights of the chosen ``method`` (robust_hdp.md §2.7):
 ``[recipe]`` keys (all optional):
 
 * ``method``: one of the table's names (default ``"robust_hdp"``).
-* ``eps_list``: a §4.5 fixed list (``"dist1"`` … ``"dist9"``, n = 20, cycled for other n); otherwise ε comes from
-  ``client.dp.epsilons`` / ``epsilon_distribution`` / ``epsilon``, resolved here once so that every method
-  (and ``min_eps``) sees the same list.
-* ``batch_list``: use the §4.5 batch sizes (cycled); default true with ``eps_list`` and no ``client.batch_sizes``.
+* ``eps_list``: one of the authors' fixed lists (``"dist1"`` … ``"dist9"``, n = 20, cycled for other n); otherwise
+  ε comes from ``client.dp.epsilons`` / ``epsilon_distribution`` / ``epsilon``, resolved here once so that every
+  method (and ``min_eps``) sees the same list.
+* ``batch_list``: use the authors' batch sizes (cycled); default true with ``eps_list`` and no ``client.batch_sizes``.
 * ``sort_by_batch``: renumber the clients so that equal batch sizes are adjacent (a stable sort of the
   (ε_i, b_i) pairs by b_i). Under an i.i.d. split a client's number carries no meaning, so this changes nothing
   but speed: the vectorized executor with ``engine.max_clients_per_batch`` then batches clients with similar

@@ -21,19 +21,18 @@ from __future__ import annotations
 import math
 import numbers
 from fractions import Fraction
-from typing import Callable, Optional, Sequence
-
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from trustfl.errors import PrivacyError, UnsupportedEventError
-from trustfl.privacy.analysis.cached_rdp import CachedRdpAccountant
+
+if TYPE_CHECKING:  # dp_accounting (and scipy behind it) is imported by the functions that use it
+    from dp_accounting import dp_event
+    from dp_accounting.privacy_accountant import PrivacyAccountant
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "without_replacement")
-NEIGHBORINGS = {"add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE,
-                "replace_one": NeighboringRelation.REPLACE_ONE}
+NEIGHBORINGS = {"add_remove": "ADD_OR_REMOVE_ONE", "replace_one": "REPLACE_ONE"}
+"""trustfl's name of each neighbouring relation → the member of dp_accounting's ``NeighboringRelation``."""
 PLD_DISCRETIZATION = 1e-4
 """Value discretization interval of every PLD accountant trustfl builds."""
 DEFAULT_RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 192, 256, 512, 1024)
@@ -58,12 +57,18 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
     """
     if neighboring not in NEIGHBORINGS:
         raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
-    relation = NEIGHBORINGS[neighboring]
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    relation = NeighboringRelation[NEIGHBORINGS[neighboring]]
     if accountant == "rdp":
+        from trustfl.privacy.analysis.cached_rdp import CachedRdpAccountant
+
         return CachedRdpAccountant(list(DEFAULT_RDP_ORDERS if orders is None else orders), relation)
     if accountant == "pld":
         if orders is not None:
             raise PrivacyError("`orders` applies to the RDP accountant only, found accountant='pld'.")
+        from dp_accounting.pld import pld_privacy_accountant
+
         return pld_privacy_accountant.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
     raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
 
@@ -85,6 +90,8 @@ def sampled_gaussian_event(noise_multiplier: float, sample_rate: float, steps: i
     integers (n, b) with b/n = q: pass ``dataset_size`` = n, or b/n is taken as the closest fraction to q with
     n <= 10⁶ (dp_accounting's analysis uses only the ratio).
     """
+    from dp_accounting import dp_event
+
     if sampling not in SAMPLINGS:
         raise PrivacyError(f"`sampling` must be one of {SAMPLINGS}, found {sampling!r}.")
     z = float(noise_multiplier)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize, special
-
 from trustfl.errors import PrivacyError
 
 __all__ = ["delta_from_mu", "dpzv_noise_std", "epsilon_from_mu", "mu_from_epsilon", "mu_gaussian",
@@ -80,6 +78,8 @@ def delta_from_mu(epsilon: float, mu: float) -> float:
         return 0.0
     if math.isinf(m):
         return 1.0
+    from scipy import special
+
     first = special.ndtr(-eps / m + m / 2.0)
     second = math.exp(eps + special.log_ndtr(-eps / m - m / 2.0))
     return float(min(1.0, max(0.0, first - second)))
@@ -96,6 +96,8 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
     hi = max(1.0, m * m)
     while delta_from_mu(hi, m) > d:
         hi *= 2.0
+    from scipy import optimize
+
     return float(optimize.brentq(lambda e: delta_from_mu(e, m) - d, 0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
@@ -110,6 +112,8 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
         raise PrivacyError(f"(ε, δ) = ({eps:g}, {d:g}) allows μ > 50; no useful GDP calibration.")
     if delta_from_mu(eps, lo) > d:
         raise PrivacyError(f"(ε, δ) = ({eps:g}, {d:g}) needs μ < 1e-6; raise ε or δ.")
+    from scipy import optimize
+
     return float(optimize.brentq(lambda m: delta_from_mu(eps, m) - d, lo, hi, xtol=1e-14, rtol=1e-12))
 
 

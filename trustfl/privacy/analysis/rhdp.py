@@ -1,8 +1,8 @@
 """Robust-HDP's per-client noise calibration ``compute_z`` (Malekmohammadi, Yu & Cao, ICML 2024).
 
-Reproduces the authors' code (robust_hdp.md §3): the RDP of the Poisson-sampled Gaussian at the orders
-{1 + x/10 : x = 1..99} ∪ {12..64}, multiplied by the (real, not rounded up) number of steps T = K·E·N/b, then
-the **classic** conversion (Mironov 2017, Prop. 3)
+Reproduces the authors' code (docs/papers/robust_hdp.md, "Noise calibration"): the RDP of the Poisson-sampled
+Gaussian at the orders {1 + x/10 : x = 1..99} ∪ {12..64}, multiplied by the (real, not rounded up) number of
+steps T = K·E·N/b, then the **classic** conversion (Mironov 2017, Prop. 3)
 
     ε = min_α [RDP(α) − log δ / (α − 1)],
 
@@ -13,7 +13,7 @@ Warning:
   ε = min_α [RDP(α) + log(1 − 1/α) − log(δα)/(α − 1)], Balle et al. 2020), which is tighter. Only the RDP
   values at the orders come from dp_accounting here; the conversion is done in :func:`classic_rdp_to_epsilon`
   because that is what the paper's code (TF-Privacy's old ``get_privacy_spent``) does. dp_accounting's RDP at
-  fractional orders is a slightly looser bound than TF-Privacy's old series; it reproduces the spec's z table
+  fractional orders is a slightly looser bound than TF-Privacy's old series; it reproduces the tests' z table
   (N = 2400, δ = 1e-4, K = 1) exactly after rounding.
 
 Example:
@@ -28,8 +28,7 @@ import numbers
 from typing import Optional, Sequence
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.rdp import rdp_privacy_accountant
+
 from trustfl.errors import PrivacyError
 from trustfl.privacy.analysis.gaussian import solve_decreasing
 
@@ -44,6 +43,9 @@ __all__ = ["RHDP_ORDERS", "calibrate_z", "classic_rdp_to_epsilon", "compute_z", 
 
 @functools.lru_cache(maxsize=4096)
 def _rdp_one_step(q: float, z: float, orders: tuple[float, ...]) -> tuple[float, ...]:
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
     acc = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
     event: dp_event.DpEvent = dp_event.GaussianDpEvent(z)
     if q < 1.0:

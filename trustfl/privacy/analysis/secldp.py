@@ -16,13 +16,14 @@ Threat models (who knows which secrets):
 - ``"byzldp"``: q = f, all malicious workers collude; needs σ_ind > 0 (Cor. 4.1 uses σ_ind = σ_cor).
 - ``"ldp"``: the server knows every secret, so correlated noise is removed: ε_step = 2C²/σ_ind².
 - ``"cdp"``: a trusted server, only the aggregate is released: ε_step = 2C²/s² with s = √(n−f)·σ_ind the noise
-  std on the honest sum (cafcor.md §3.4; correlated noise is not counted, which can only overstate ε).
+  std on the honest sum (docs/papers/cafcor.md, "Central DP"; correlated noise is not counted, which can only
+  overstate ε).
 
 Composition over T steps is plain RDP composition, RDP(α) = Tαε_step, with no subsampling amplification
 (Thm 4.1 uses the sensitivity of the whole clipped gradient). Conversions to (ε, δ):
 
 - ``"mironov"`` (the paper's proof): ε = Tε_step + 2√(Tε_step·log(1/δ)), the optimum over real α > 1.
-- ``"opacus"`` (cafcor.md §3.2, what the experiments ran): dp_accounting's RDP accountant at the Opacus orders
+- ``"opacus"`` (the paper's Sec. 5, what the experiments ran): dp_accounting's RDP accountant at the Opacus orders
   {1 + x/10 : x = 1..99} ∪ {12..63} with ε = min_α [Tαε_step + log((α−1)/α) − (log δ + log α)/(α−1)].
 - ``"pld"``: dp_accounting's PLD accountant on the equivalent Gaussian (exact up to discretization).
 
@@ -35,12 +36,13 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional
-
-from dp_accounting import dp_event
+from typing import TYPE_CHECKING, Optional
 
 from trustfl.errors import PrivacyError
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
 
 THREAT_MODELS = ("cdp", "secldp", "byzldp", "ldp")
 CONVERSIONS = ("mironov", "opacus", "pld")
@@ -133,6 +135,8 @@ def equivalent_noise_multiplier(step: float) -> float:
 
 def step_event(step: float) -> dp_event.GaussianDpEvent:
     """The dp_accounting event of one CafCor step: a Gaussian with noise multiplier z_eff (exact)."""
+    from dp_accounting import dp_event
+
     return dp_event.GaussianDpEvent(equivalent_noise_multiplier(step))
 
 

@@ -1,0 +1,91 @@
+"""Fast start (issue #18): `import trustfl` and the CLI's argument parsing import nothing heavy, a run without DP
+never imports dp_accounting, and the plain gradient path never imports torch._dynamo.
+
+Each check runs in a fresh interpreter, since this test process has long imported everything.
+"""
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HEAVY = ("dp_accounting", "scipy", "sklearn", "matplotlib")
+CHECK = textwrap.dedent("""
+    import sys
+    def heavy(allow_torch=False):
+        return sorted(m for m in sys.modules if (m == "torch" or m.startswith("torch.")) and not allow_torch
+                      or m.startswith({heavy!r}))
+""").format(heavy=HEAVY)
+
+
+def _run(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CHECK + textwrap.dedent(code), *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_import_trustfl_imports_nothing_heavy():
+    _ok(_run("""
+        import trustfl
+        assert not heavy(), heavy()[:10]
+        assert trustfl.TrustFLError.__name__ == "TrustFLError" and callable(trustfl.register)
+        @trustfl.register("dataset", "startup_probe")
+        def probe():
+            return None
+        assert not heavy(), heavy()[:10]  # registering loads no component package
+    """))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["privacy", "--help"],
+                                  ["privacy", "calibrate", "--help"]])
+def test_cli_parser_and_help_import_nothing_heavy(argv):
+    _ok(_run("""
+        from trustfl.cli import build_parser, main
+        build_parser()
+        assert not heavy(), heavy()[:10]
+        try:
+            main(sys.argv[1:])
+        except SystemExit as exc:
+            assert exc.code == 0, exc.code
+        assert not heavy(), heavy()[:10]
+    """, *argv))
+
+
+def test_component_packages_import_no_optional_heavy_dependency():
+    """Loading every registered component (what a run does) imports torch, but no dp_accounting, scipy, sklearn or
+    matplotlib: those are imported by the functions that use them."""
+    _ok(_run("""
+        import trustfl
+        assert "dataset" in trustfl.kinds()
+        assert not heavy(allow_torch=True), heavy(allow_torch=True)[:10]
+    """))
+
+
+def test_run_without_dp_imports_neither_dp_accounting_nor_dynamo(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('rounds = 2\n[data]\ndataset = "fedprox_synthetic"\nnum_clients = 5\npartition = {name = "natural"}'
+                   '\noptions = {num_devices = 5, max_samples = 60}\n[model]\nname = "mlp"\nhidden = [8]\n'
+                   '[cohort]\nsampler = "uniform"\nsize = 3\n[engine]\nexecutor = "vectorized"\n')
+    _ok(_run("""
+        from trustfl.cli import main
+        assert main(["run", sys.argv[1], "--out", sys.argv[2], "--quiet"]) == 0
+        loaded = [m for m in heavy(allow_torch=True) if not m.startswith("matplotlib")]  # plots: the run's end
+        assert not loaded, loaded[:10]
+        assert "torch._dynamo" not in sys.modules  # torch.func.grad's first call imports it (seconds)
+    """, str(cfg), str(tmp_path / "run")))
+
+
+@pytest.mark.parametrize("package", ["trustfl", "trustfl.core", "trustfl.privacy", "trustfl.privacy.analysis"])
+def test_lazy_namespaces_resolve_every_public_name(package):
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+        assert name in dir(module)
+    with pytest.raises(AttributeError):
+        getattr(module, "no_such_name")
