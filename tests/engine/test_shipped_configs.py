@@ -7,7 +7,9 @@ compared with its evaluated rows (every round here: ``engine.eval_every = 1``). 
 on purpose (configs/dp/{cdp,ldp}_digits: z rounded up so that the full schedule fits its budget), gets its
 fixture from ``generate.py --missing``; so did configs/quafl/sequential.toml (added in #11) when a one-client
 full batch started taking the objective's fused loss sum (its only single-client cohort; every fixture from
-before #10 still reproduces bitwise).
+before #10 still reproduces bitwise). configs/robust_hdp/mnist_falsified.toml (method weiavg) got a new fixture
+in #16 when its learning rates became the ones the fair tuning chose (weiavg 0.003 → 0.01); with the old rates
+set on the command line it still reproduced its old fixture bitwise.
 """
 import json
 import math
