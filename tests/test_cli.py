@@ -1,5 +1,6 @@
 """The trustfl command: list, run, report, and one-line errors."""
 import json
+from pathlib import Path
 
 from trustfl.cli import main
 
@@ -30,3 +31,16 @@ def test_config_error_is_one_line(tmp_path, capsys):
     assert main(["run", str(cfg), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "`client.lr`" in err
+
+
+def test_import_flag_registers_parts_like_plugins(tmp_path, capsys, monkeypatch):
+    (tmp_path / "myagg.py").write_text(
+        "import trustfl\nfrom trustfl.aggregate.base import Mean\n"
+        "trustfl.register('aggregator', 'my_mean_from_flag')(type('MyMean', (Mean,), {}))\n")
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
+    args = ["validate", str(config), "--set", 'aggregator={name="my_mean_from_flag"}']
+    assert main(args) == 2                                   # unknown without the module
+    assert "my_mean_from_flag" in capsys.readouterr().err
+    assert main(args + ["--import", "myagg.py"]) == 0
+    assert "valid" in capsys.readouterr().out

@@ -37,7 +37,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         if not args.config:
             raise UsageError("trustfl run needs a CONFIG file (or --resume RUN_DIR).")
-        cfg = load_config(args.config, args.set)
+        cfg = _with_imports(load_config(args.config, args.set), args.imports)
         if args.out:
             _make_run_dir(args.out)
         result = run_experiment(cfg, args.out, data_dir=args.data_dir, progress=not args.quiet)
@@ -52,6 +52,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")
     return 0
+
+
+def _with_imports(cfg, imports: list[str]):
+    """``--import MODULE``: add to the config's ``plugins`` (kept in the run's config.toml, so a resume imports them
+    too)."""
+    if not imports:
+        return cfg
+    import dataclasses
+    return dataclasses.replace(cfg, plugins=[*cfg.plugins, *(m for m in imports if m not in cfg.plugins)])
 
 
 def _make_run_dir(out: str) -> None:
@@ -91,7 +100,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from trustfl.config.build import build_federation
     from trustfl.config.load import load_config
 
-    cfg = load_config(args.config, args.set)
+    cfg = _with_imports(load_config(args.config, args.set), args.imports)
     fed = build_federation(cfg, data_dir=args.data_dir)
     print(f"{args.config}: valid ({cfg.algorithm}, {fed.info['dataset']}, objective {fed.info['objective']}, "
           f"engine {cfg.engine.kind}, {fed.num_clients} clients, {fed.layout.numel} parameters, {cfg.rounds} rounds)")
@@ -130,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
     run.add_argument("--data-dir", help="directory of IDX data sets (default: $TRUSTFL_DATA or ~/.cache/trustfl)")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                     help="import a module (name or .py path) that registers your parts, like `plugins`")
     run.set_defaults(func=_cmd_run)
     swp = sub.add_parser("sweep", help="run a config over a grid of values x seeds, one run directory per point")
     swp.add_argument("config", help="experiment TOML file")
@@ -156,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("config")
     val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     val.add_argument("--data-dir")
+    val.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                     help="import a module (name or .py path) that registers your parts, like `plugins`")
     val.set_defaults(func=_cmd_validate)
     lst = sub.add_parser("list", help="every registered data set, partitioner, model, algorithm and stage")
     lst.set_defaults(func=_cmd_list)
