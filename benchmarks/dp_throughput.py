@@ -11,16 +11,16 @@ Also checks, on the same parameters and batch:
     gradients, clipped and summed in plain torch) with the same seeds, max |diff| <= 1e-5;
   * trustfl's noise-free clipped mean equals Opacus-ghost's (σ = 0).
 
-Opacus is a benchmark-only peer, never a runtime dependency:
-  /tmp/venvtest/bin/pip install -c /tmp/torchpin.txt opacus==1.6.0
+Opacus is a benchmark-only peer, never a runtime dependency; install it beside the project's torch with
+  .venv/bin/pip install -c constraints.txt opacus==1.6.0
 
-Run from the repository root:
-  /tmp/venvtest/bin/python benchmarks/dp_throughput.py
+Run from the repository root (the record in benchmarks/dp_throughput.md is written by):
+  .venv/bin/python benchmarks/dp_throughput.py --out benchmarks/dp_throughput.md
 Defaults: one torch thread, CPU-time clock (``time.process_time``), and glibc's allocator tuned at start-up with
 ``mallopt(M_MMAP_MAX, 0)`` + ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` (big buffers come from the heap and stay mapped
 instead of page-faulting on every step). On a shared 2-core machine wall-clock timings with two threads swing by 10x
 with other processes' load; CPU time with one thread is steady. For wall-clock figures on an idle machine:
-  /tmp/venvtest/bin/python benchmarks/dp_throughput.py --threads 0 --clock wall
+  .venv/bin/python benchmarks/dp_throughput.py --threads 0 --clock wall
 Allocator comparison: ``--malloc default`` (glibc defaults) or ``--malloc mmap0`` (M_MMAP_MAX only).
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ import os
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,12 +60,15 @@ def main() -> None:
                         help="wall: time.perf_counter; cpu: time.process_time (CPU seconds of this process, all "
                              "threads; steadier on a shared machine, use with --threads 1)")
     parser.add_argument("--cohorts", type=int, nargs="+", default=[1, 10])
+    parser.add_argument("--out", help="also write the record (markdown) to this file")
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn_cafcor"], choices=["mlp", "cnn_cafcor"])
     args = parser.parse_args()
     malloc_note = apply_malloc(args.malloc)  # before torch allocates anything
+    load_start = os.getloadavg()[0]
 
     import torch
     import torch.nn.functional as F
+    import opacus
     from opacus import GradSampleModule
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
     from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
@@ -180,21 +184,29 @@ def main() -> None:
         diff_opacus = max((clean[k][0] - p.grad).abs().max().item() for k, p in gsm._module.named_parameters())
         checks.append((label, diff_ref, diff_opacus))
 
-    head = (f"{'model':<16}{'batch':>6}{'cohort':>7}{'trustfl ghost':>15}{'trustfl vmap':>14}{'opacus hooks':>14}"
-            f"{'opacus ghost':>14}{'tf-ghost/op-ghost':>19}{'tf-ghost/op-hooks':>19}")
     unit = "samples/s" if args.clock == "wall" else "samples per CPU-second"
-    print(f"\n{unit} (best of {args.repeats} interleaved runs of >= {args.min_time}s; load average at the end "
-          f"{os.getloadavg()[0]:.2f})")
-    print(head)
+    lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/dp_throughput.py'] + sys.argv[1:])}`", "",
+             "# DP-SGD throughput: trustfl vs Opacus", "",
+             f"torch {torch.__version__}, Opacus {opacus.__version__}, {torch.get_num_threads()} torch thread(s), "
+             f"{malloc_note}, σ = {sigma}, C = {clip}; {unit}, best of {args.repeats} interleaved runs of >= "
+             f"{args.min_time} s; {os.cpu_count()} CPUs, load average {load_start:.2f} at the start and "
+             f"{os.getloadavg()[0]:.2f} at the end. Opacus has no cohort vectorization, so its cohort loops over "
+             "the clients.", "",
+             "| model | batch | cohort | trustfl ghost | trustfl vmap | Opacus hooks | Opacus ghost | "
+             "tf-ghost / op-ghost | tf-ghost / op-hooks |", "|---|---|---|---|---|---|---|---|---|"]
     for label, batch, m, r in rows:
-        print(f"{label:<16}{batch:>6}{m:>7}{r['trustfl ghost']:>15.0f}{r['trustfl vmap']:>14.0f}"
-              f"{r['opacus hooks']:>14.0f}{r['opacus ghost']:>14.0f}"
-              f"{r['trustfl ghost'] / r['opacus ghost']:>18.2f}x{r['trustfl ghost'] / r['opacus hooks']:>18.2f}x")
-    print("\nequality (float32, 3 clients, one padded example)")
+        lines.append(f"| {label} | {batch} | {m} | {r['trustfl ghost']:.0f} | {r['trustfl vmap']:.0f} | "
+                     f"{r['opacus hooks']:.0f} | {r['opacus ghost']:.0f} | "
+                     f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['trustfl ghost'] / r['opacus hooks']:.2f}× |")
+    lines += ["", "Equality (float32, 3 clients, one padded example):", ""]
     for label, diff_ref, diff_opacus in checks:
         verdict = "OK" if diff_ref <= 1e-5 else "FAIL"
-        print(f"  {label}: noisy ghost vs materialised reference, same seeds: max|diff| = {diff_ref:.2e} "
-              f"[{verdict} <= 1e-5]; noise-free vs Opacus ghost (client 0): max|diff| = {diff_opacus:.2e}")
+        lines.append(f"- {label}: noisy ghost vs materialised reference, same seeds: max|diff| = {diff_ref:.2e} "
+                     f"[{verdict} <= 1e-5]; noise-free vs Opacus ghost (client 0): max|diff| = {diff_opacus:.2e}")
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if args.out:
+        Path(args.out).write_text(text)
 
 
 if __name__ == "__main__":

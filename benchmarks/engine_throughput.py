@@ -6,7 +6,9 @@ clients on the same batches; the plain loop is an ``nn.Module`` + ``torch.optim.
 machinery. Each (method, cohort) runs in its own process so that peak memory (max RSS) is its own; each process
 is run with and without the allocator setting (``mallopt(M_MMAP_MAX, 0)``).
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/engine_throughput.py [--rounds 3] [--quick]``.
+Run: ``make bench`` or ``.venv/bin/python benchmarks/engine_throughput.py [--rounds 3] [--quick] [--out FILE]``.
+The record benchmarks/engine_throughput.md is written by
+``.venv/bin/python benchmarks/engine_throughput.py --threads 1 --clock cpu --rounds 3 --out benchmarks/engine_throughput.md``.
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def _plain_round(fed, state_params, cohort_ids, round_):
     total = torch.zeros_like(flat)
     weights = 0.0
     for cid in cohort_ids:
-        torch.nn.utils.vector_to_parameters(flat, model.parameters())
+        torch.nn.utils.vector_to_parameters(flat.clone(), model.parameters())  # a copy: SGD updates it in place
         opt = torch.optim.SGD(model.parameters(), lr=fed.training.lr)
         rows = fed.client_rows[cid]
         for batch in batch_schedule(fed.training, ClientPlan(cid, rows, 32), fed.seed, round_):
@@ -142,11 +144,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall time, or process CPU time (robust when other jobs load the machine)")
+    parser.add_argument("--out", help="also write the record (markdown) to this file")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.cohort, args.rounds, not args.synthetic, args.mallopt,
                                 args.threads, args.clock)))
         return
+    load_start = os.getloadavg()[0]
     rounds = 1 if args.quick else args.rounds
     cohorts = [int(c) for c in args.cohorts.split(",")]
     settings = (True,) if args.quick else (False, True)
@@ -159,20 +163,28 @@ def main() -> None:
                 print(f"  measured {method:10s} cohort={cohort:3d} mallopt={mallopt!s:5s}: "
                       f"{res['seconds_per_round']:.3f} s/round, peak {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
     data = next(iter(results.values()))["data"]
-    print(f"\nFedAvg round time, MLP 784-200-200-10, batch 32, 1 local epoch, 100 clients x 600 samples ({data}), "
-          f"median of {rounds} rounds, {os.cpu_count()} cores, threads={args.threads or 'default'}, "
-          f"clock={args.clock}\n")
-    print("| allocator | clients/round | plain loop s | sequential s | vectorized s | seq/plain | vec/plain | "
-          "peak MB (plain/seq/vec) |")
-    print("|---|---|---|---|---|---|---|---|")
+    lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/engine_throughput.py'] + sys.argv[1:])}`", "",
+             "# Engine throughput: FedAvg round time vs a plain PyTorch loop", "",
+             f"MLP 784-200-200-10, batch 32, 1 local epoch, 100 clients x 600 samples ({data}); median of {rounds} "
+             f"timed rounds after a warm-up round; {os.cpu_count()} CPUs, torch threads "
+             f"{args.threads or 'default'}, clock {args.clock}; 1-minute load average {load_start:.2f} at the start "
+             f"and {os.getloadavg()[0]:.2f} at the end. Each (method, cohort, allocator) ran in its own process "
+             "(peak RSS is its own).", "",
+             "| allocator | clients/round | plain loop s | sequential s | vectorized s | seq/plain | vec/plain | "
+             "peak MB (plain/seq/vec) |", "|---|---|---|---|---|---|---|---|"]
     for mallopt in settings:
         for cohort in cohorts:
             p, s, v = (results[(mallopt, cohort, m)] for m in METHODS)
-            print(f"| {'mallopt' if mallopt else 'default'} | {cohort} | {p['seconds_per_round']:.3f} | "
-                  f"{s['seconds_per_round']:.3f} | {v['seconds_per_round']:.3f} | "
-                  f"{s['seconds_per_round'] / p['seconds_per_round']:.2f} | "
-                  f"{v['seconds_per_round'] / p['seconds_per_round']:.2f} | "
-                  f"{p['peak_rss_mb']:.0f}/{s['peak_rss_mb']:.0f}/{v['peak_rss_mb']:.0f} |")
+            lines.append(f"| {'mallopt' if mallopt else 'default'} | {cohort} | {p['seconds_per_round']:.3f} | "
+                         f"{s['seconds_per_round']:.3f} | {v['seconds_per_round']:.3f} | "
+                         f"{s['seconds_per_round'] / p['seconds_per_round']:.2f} | "
+                         f"{v['seconds_per_round'] / p['seconds_per_round']:.2f} | "
+                         f"{p['peak_rss_mb']:.0f}/{s['peak_rss_mb']:.0f}/{v['peak_rss_mb']:.0f} |")
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@ The data set is the test plugin ``tests/engine/million_plugin.py`` (10⁶ two-fe
 loaded through the config's ``plugins``; logistic regression, batch 1. Prints the peak RSS of the process and the
 wall time from start to finish (imports, building the population, the round, evaluation, run directory).
 
-Run from the repository root: ``.venv/bin/python benchmarks/million_clients.py``.
+Run from the repository root: ``.venv/bin/python benchmarks/million_clients.py [--out benchmarks/million_clients.md]``.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import resource
 import sys
 import tempfile
@@ -22,6 +24,9 @@ from trustfl.experiment import run_experiment  # noqa: E402
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the record (markdown) to this file")
+    args = parser.parse_args()
     cfg = config_from_dict({
         "name": "million", "rounds": 1, "plugins": ["tests/engine/million_plugin.py"],
         "data": {"dataset": "million_points", "num_clients": 1_000_000}, "model": {"name": "logreg"},
@@ -30,8 +35,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         result = run_experiment(cfg, Path(out) / "run", progress=False)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"1,000,000 clients, 100 per round: rounds={result.summary['rounds']} peak RSS {peak_mb:.0f} MB, "
-          f"{time.perf_counter() - start:.1f} s from start to finish")
+    line = (f"1,000,000 clients, 100 per round: rounds={result.summary['rounds']} peak RSS {peak_mb:.0f} MB, "
+            f"{time.perf_counter() - start:.1f} s from start to finish (load average {os.getloadavg()[0]:.2f})")
+    print(line)
+    if args.out:
+        Path(args.out).write_text(f"`.venv/bin/python benchmarks/million_clients.py --out {args.out}`\n\n"
+                                  f"# A million stateless clients\n\n{line}\n")
 
 
 if __name__ == "__main__":
