@@ -1,7 +1,7 @@
 """Ghost clipping math: per-example gradient norms and clipped gradient sums from activations and output gradients.
 
 Plain tensor code (no torch.func): the activations ``a`` and output gradients ``g`` of every ``nn.Linear`` /
-``nn.Conv2d`` layer are captured by :mod:`trustfl.client.per_example`; this module turns them into
+``nn.Conv1d`` / ``nn.Conv2d`` layer are captured by :mod:`trustfl.client.per_example`; this module turns them into
 
 * per-example squared gradient norms, without materialising the per-example gradients of fully connected layers
   (Goodfellow 2015; "ghost clipping", Li et al. 2022), and
@@ -16,7 +16,13 @@ output channels). Example ``b``'s weight gradient is ``G_bᵀ A_b`` and its bias
             = Σ_{t,s} (A_b A_bᵀ)_{ts} (G_b G_bᵀ)_{ts}    (ghost Gram form, cost T²(D+P)), or
             = ‖G_bᵀ A_b‖²_F                              (materialised, cost T·D·P),
 
-whichever is cheaper; and the clipped sum of client ``i`` is ``Σ_b c_{ib} G_{ib}ᵀ A_{ib}``, one batched matmul.
+whichever is cheaper (the "mixed" strategy of Bu et al.); and the clipped sum of client ``i`` is
+``Σ_b c_{ib} G_{ib}ᵀ A_{ib}``, one batched matmul.
+
+A ``Conv1d`` is a ``Conv2d`` of height 1. A convolution with ``groups = g`` splits ``A_b`` and ``G_b`` column-wise into
+``g`` blocks ``A_{b,j} ∈ R^{T×D/g}``, ``G_{b,j} ∈ R^{T×P/g}``; group ``j``'s weight gradient is ``G_{b,j}ᵀ A_{b,j}``
+(output channels ``j·P/g …``), so ``‖∇W_b‖² = Σ_j ‖G_{b,j}ᵀ A_{b,j}‖²`` with the cheaper form chosen for the group
+shapes; the bias gradient is ``Σ_t G_b[t]`` whatever ``g``.
 
 References:
   Goodfellow, *Efficient per-example gradient computations*, 2015. https://arxiv.org/abs/1510.01799
@@ -46,15 +52,17 @@ class GhostUnsupportedError(TrustFLError):
 
 @dataclass(frozen=True)
 class GhostLayer:
-    """One ``nn.Linear`` or ``nn.Conv2d`` layer whose parameters are trained.
+    """One ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d`` layer whose parameters are trained.
 
     Attributes:
       name: module path in ``model.named_modules()``.
-      kind: ``"linear"`` or ``"conv2d"``.
+      kind: ``"linear"``, ``"conv1d"`` or ``"conv2d"``.
       weight: key of the weight in the params dict, ``None`` if the weight is not trained.
       bias: key of the bias in the params dict, ``None`` if there is no trained bias.
       weight_shape: shape of the weight (without the client dimension).
-      kernel_size, stride, padding, dilation: convolution geometry (unused for linear layers).
+      kernel_size, stride, padding, dilation: convolution geometry as ``(height, width)`` pairs (unused for linear
+        layers; a ``Conv1d`` is stored as a ``Conv2d`` of height 1: ``(1, k)``, ``(1, s)``, ``(0, p)``, ``(1, d)``).
+      groups: number of convolution groups (1 for linear layers).
     """
 
     name: str
@@ -66,10 +74,13 @@ class GhostLayer:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in ("linear", "conv2d"):
-            raise ConfigError(f"`kind` must be 'linear' or 'conv2d', found {self.kind!r}.")
+        if self.kind not in ("linear", "conv1d", "conv2d"):
+            raise ConfigError(f"`kind` must be 'linear', 'conv1d' or 'conv2d', found {self.kind!r}.")
+        if not isinstance(self.groups, int) or self.groups < 1 or (self.kind == "linear" and self.groups != 1):
+            raise ConfigError(f"`groups` must be a positive integer (1 for linear layers), found {self.groups!r}.")
 
 
 def ghost_layers(model: nn.Module, param_names: Iterable[str]) -> tuple[GhostLayer, ...]:
@@ -84,7 +95,8 @@ def ghost_layers(model: nn.Module, param_names: Iterable[str]) -> tuple[GhostLay
 
     Raises:
       GhostUnsupportedError: a trained parameter belongs to a module other than exactly ``nn.Linear`` /
-        ``nn.Conv2d`` (with ``groups=1``, zero padding given as numbers), or parameters are tied.
+        ``nn.Conv1d`` / ``nn.Conv2d`` (with zero padding given as numbers, ``"valid"``, or ``"same"`` when it is
+        symmetric), or parameters are tied.
       ConfigError: a name is not a parameter of ``model``.
     """
     wanted = set(param_names)
@@ -112,25 +124,31 @@ def ghost_layers(model: nn.Module, param_names: Iterable[str]) -> tuple[GhostLay
 
 
 def _describe(name: str, module: nn.Module, trained: dict[str, str]) -> GhostLayer:
-    kind = {nn.Linear: "linear", nn.Conv2d: "conv2d"}.get(type(module))
+    kind = {nn.Linear: "linear", nn.Conv1d: "conv1d", nn.Conv2d: "conv2d"}.get(type(module))
     extra = sorted(set(trained) - {"weight", "bias"})
     if kind is None or extra:
         raise GhostUnsupportedError(
             f"parameter {next(iter(trained.values()))!r} belongs to a {type(module).__name__}; ghost clipping "
-            f"supports exactly nn.Linear and nn.Conv2d (use method='vmap').")
+            f"supports exactly nn.Linear, nn.Conv1d and nn.Conv2d (use method='vmap').")
     shape = tuple(module.weight.shape)
     if kind == "linear":
         return GhostLayer(name, kind, trained.get("weight"), trained.get("bias"), shape)
-    conv: nn.Conv2d = module  # type: ignore[assignment]
+    conv: nn.Conv1d | nn.Conv2d = module  # type: ignore[assignment]
+    kernel, stride, dilation = tuple(conv.kernel_size), tuple(conv.stride), tuple(conv.dilation)
     padding = conv.padding
     if padding == "valid":
-        padding = (0, 0)
-    if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(padding, str):
+        padding = (0,) * len(kernel)
+    elif padding == "same":  # stride 1 (PyTorch's rule); total d·(k-1), left half rounded down
+        totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        padding = tuple(t // 2 for t in totals) if all(t % 2 == 0 for t in totals) else padding
+    if conv.padding_mode != "zeros" or isinstance(padding, str):
         raise GhostUnsupportedError(
-            f"Conv2d {name!r} has groups={conv.groups}, padding={conv.padding!r}, padding_mode="
-            f"{conv.padding_mode!r}; ghost clipping supports groups=1 with numeric zero padding (use method='vmap').")
+            f"{type(conv).__name__} {name!r} has padding={conv.padding!r}, padding_mode={conv.padding_mode!r}; ghost "
+            f"clipping supports symmetric zero padding (use method='vmap').")
+    if kind == "conv1d":  # a Conv2d of height 1
+        kernel, stride, padding, dilation = (1, *kernel), (1, *stride), (0, *padding), (1, *dilation)
     return GhostLayer(name, kind, trained.get("weight"), trained.get("bias"), shape,
-                      tuple(conv.kernel_size), tuple(conv.stride), tuple(padding), tuple(conv.dilation))
+                      kernel, stride, tuple(padding), dilation, conv.groups)
 
 
 def layer_matrices(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,13 +156,34 @@ def layer_matrices(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple
 
     Args:
       layer: the layer.
-      a: its input, ``(N, ..., D)`` for linear layers, ``(N, C_in, H, W)`` for convolutions.
-      g: the gradient of the loss w.r.t. its output, ``(N, ..., P)`` or ``(N, P, H_out, W_out)``.
+      a: its input, ``(N, ..., D)`` for linear layers, ``(N, C_in, H, W)`` / ``(N, C_in, L)`` for convolutions.
+      g: the gradient of the loss w.r.t. its output, ``(N, ..., P)``, ``(N, P, H_out, W_out)`` or ``(N, P, L_out)``.
+
+    For a grouped convolution the columns of ``A`` and ``G`` are group-major (group ``j`` owns input columns
+    ``j·D/g …`` and output columns ``j·P/g …``); see :func:`group_matrices`.
     """
     n = a.shape[0]
     if layer.kind == "linear":
         return a.reshape(n, -1, a.shape[-1]), g.reshape(n, -1, g.shape[-1])
+    if layer.kind == "conv1d":
+        a = a.unsqueeze(2)
     return _patches(layer, a).transpose(1, 2), g.flatten(2).transpose(1, 2)
+
+
+def group_matrices(groups: int, mat_a: torch.Tensor, mat_g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split ``A (N, T, D)``, ``G (N, T, P)`` into ``(N·g, T, D/g)``, ``(N·g, T, P/g)``; row ``n·g+j``: group ``j``.
+
+    A grouped convolution's input columns are group-major (``F.unfold`` orders them channel-first) and so are its
+    output channels.
+    """
+    if groups == 1:
+        return mat_a, mat_g
+    n, t, d = mat_a.shape
+    p = mat_g.shape[-1]
+
+    def split(mat: torch.Tensor, c: int) -> torch.Tensor:
+        return mat.reshape(n, t, groups, c // groups).transpose(1, 2).reshape(n * groups, t, c // groups)
+    return split(mat_a, d), split(mat_g, p)
 
 
 def _patches(layer: GhostLayer, a: torch.Tensor) -> torch.Tensor:
@@ -195,12 +234,23 @@ def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[
       one and fits :data:`MATERIALISE_BUDGET`).
     """
     mat_a, mat_g = layer_matrices(layer, a, g)
-    n, t, d = mat_a.shape
-    p = mat_g.shape[-1]
     bias = mat_g.sum(1) if layer.bias is not None else None
-    sq = _sq(bias) if bias is not None else mat_a.new_zeros(n)
+    sq = _sq(bias) if bias is not None else mat_a.new_zeros(mat_a.shape[0])
     if layer.weight is None:
         return sq, LayerTerms(None, mat_g, bias, None)
+    if layer.groups == 1:
+        return _weight_norms(mat_a, mat_g, sq, bias)
+    n, groups = mat_a.shape[0], layer.groups
+    mat_a, mat_g = group_matrices(groups, mat_a, mat_g)
+    weight_sq, terms = _weight_norms(mat_a, mat_g, mat_a.new_zeros(n * groups), None)
+    return sq + weight_sq.view(n, groups).sum(1), LayerTerms(terms.a, terms.g, bias, terms.per_example)
+
+
+def _weight_norms(mat_a: torch.Tensor, mat_g: torch.Tensor, sq: torch.Tensor,
+                  bias: torch.Tensor | None) -> tuple[torch.Tensor, LayerTerms]:
+    """``sq + ‖G_bᵀ A_b‖²`` for each row ``b`` by the cheapest form, and the terms for :func:`weighted_grads`."""
+    n, t, d = mat_a.shape
+    p = mat_g.shape[-1]
     if t == 1:
         return sq + _sq(mat_a) * _sq(mat_g), LayerTerms(mat_a, mat_g, bias, None)
     if _use_gram(t, d, p):
@@ -221,24 +271,34 @@ def weighted_grads(layer: GhostLayer, terms: LayerTerms, coef: torch.Tensor) -> 
 
     Args:
       layer: the layer.
-      terms: from :func:`squared_norms`, with ``N = m·B`` examples ordered client-major.
+      terms: from :func:`squared_norms`, with ``N = m·B`` examples ordered client-major (for a grouped convolution
+        the weight terms hold ``N·g`` rows, example-major, as made by :func:`group_matrices`).
       coef: ``(m, B)`` weights (the clip factors; 0 for padding).
 
     Returns:
       ``{key: (m, *param_shape)}`` for the layer's weight and/or bias keys.
     """
     m, b = coef.shape
-    n, t, p = terms.g.shape
+    groups = layer.groups
     out: dict[str, torch.Tensor] = {}
     if layer.weight is not None:
-        if terms.per_example is not None:
+        _, t, p = terms.g.shape  # per group: P/g output channels
+        if terms.per_example is not None:  # (N·g, P/g, D/g), example-major: the weight layout per example
             d = terms.per_example.shape[-1]
-            w = torch.bmm(coef.unsqueeze(1), terms.per_example.view(m, b, p * d)).view(m, p, d)
+            w = torch.bmm(coef.unsqueeze(1), terms.per_example.view(m, b, groups * p * d))
         else:
-            d = terms.a.shape[-1]  # type: ignore[union-attr]
-            scaled = terms.g * coef.reshape(n, 1, 1)
-            w = scaled.reshape(m, b * t, p).transpose(1, 2) @ terms.a.reshape(m, b * t, d)  # type: ignore[union-attr]
+            mat_a: torch.Tensor = terms.a  # type: ignore[assignment]
+            d = mat_a.shape[-1]
+            if groups == 1:
+                scaled = terms.g * coef.reshape(-1, 1, 1)
+                w = scaled.reshape(m, b * t, p).transpose(1, 2) @ mat_a.reshape(m, b * t, d)
+            else:  # (m·g, B·T, ·): client-major, then group, then examples and positions
+                scaled = terms.g * coef.reshape(-1).repeat_interleave(groups).view(-1, 1, 1)
+                per_group = lambda x: x.reshape(m, b, groups, t, x.shape[-1]).transpose(1, 2).reshape(  # noqa: E731
+                    m * groups, b * t, x.shape[-1])
+                w = per_group(scaled).transpose(1, 2) @ per_group(mat_a)  # (m·g, P/g, D/g)
         out[layer.weight] = w.reshape(m, *layer.weight_shape)
     if terms.bias is not None:
-        out[layer.bias] = torch.bmm(coef.unsqueeze(1), terms.bias.view(m, b, p)).squeeze(1)  # type: ignore[index]
+        p_all = terms.bias.shape[-1]
+        out[layer.bias] = torch.bmm(coef.unsqueeze(1), terms.bias.view(m, b, p_all)).squeeze(1)  # type: ignore[index]
     return out
