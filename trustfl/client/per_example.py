@@ -42,6 +42,9 @@ METHODS = ("ghost", "vmap")
 _Plan = list[tuple[ghost.GhostLayer, tuple[int, ...]]]
 VMAP_BUDGET = 2**25
 """Per-example gradient elements materialised at once by ``method="vmap"`` when ``chunk_size`` is None."""
+COHORT_LAYERS = False
+"""Default of ``clipped_grad_sum(cohort_layers=None)``: the vmap-free cohort forward is opt-in (bitwise equality
+with the vmap path is not guaranteed)."""
 
 
 def clip_factors(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -90,7 +93,8 @@ def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], batc
 
 def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch,
                      mask: torch.Tensor, max_norm: float, *, objective: AbstractObjective = CROSS_ENTROPY,
-                     method: str = "ghost", chunk_size: int | None = None) -> tuple[Params, torch.Tensor]:
+                     method: str = "ghost", chunk_size: int | None = None,
+                     cohort_layers: bool | None = None) -> tuple[Params, torch.Tensor]:
     """Per-client sum of clipped per-example gradients, all ``m`` clients at once.
 
     Computes ``s_i = Σ_b 1[mask_{ib}] · min(1, C/(‖g_{ib}‖ + 1e-6)) · g_{ib}`` with ``g_{ib}`` the gradient of
@@ -109,6 +113,12 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         layer called more than once per forward; see :func:`supports_ghost`) or ``"vmap"`` (materialised).
       chunk_size: ``"vmap"`` only: examples per client per chunk (``None``: sized so that about ``2**25``
         per-example gradient elements are held at once).
+      cohort_layers: ``"ghost"`` only, opt-in (``None``: :data:`COHORT_LAYERS`, off): for ``m > 1`` clients, run the
+        forward without ``vmap`` as one ``m·B`` batch whose ``nn.Linear``/``nn.Conv2d`` layers compute with their
+        client's weights (:func:`_cohort_forward`; about 10% faster for a 10-client ``cnn_cafcor`` cohort on one
+        CPU thread, neutral for MLPs). Same results as the default path to float rounding (1e-12 relative at
+        float64); bitwise equal in float32 on the shipped configs on CPU, but not guaranteed (other convolution
+        kernels), hence off by default. Needs an objective whose ``forward`` is the plain ``functional_call``.
 
     Returns:
       ``(sums, norms)``: ``sums[k]`` of shape ``(m, *param_shape)`` and the per-example gradient norms ``(m, B)``
@@ -129,7 +139,8 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
     if method == "ghost":
         layers = _ghost_plan(model, params, batch, objective)
         if layers is not None:
-            return _ghost_clipped_sum(model, layers, params, batch, keep, max_norm, objective)
+            cohort = COHORT_LAYERS if cohort_layers is None else bool(cohort_layers)
+            return _ghost_clipped_sum(model, layers, params, batch, keep, max_norm, objective, cohort)
     return _vmap_clipped_sum(model, params, batch, keep, max_norm, chunk_size, objective)
 
 
@@ -185,8 +196,9 @@ def _trace_one_example(model: nn.Module, params: Params, batch: Batch, objective
 
 
 def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, batch: Batch, keep: torch.Tensor,
-                       max_norm: float, objective: AbstractObjective) -> tuple[Params, torch.Tensor]:
-    acts, backprops = _activations_and_backprops(model, plan, params, batch, keep, objective)
+                       max_norm: float, objective: AbstractObjective,
+                       cohort_layers: bool = False) -> tuple[Params, torch.Tensor]:
+    acts, backprops = _activations_and_backprops(model, plan, params, batch, keep, objective, cohort_layers)
     m, b = keep.shape
     sq = torch.zeros(m * b, dtype=acts[0].dtype, device=acts[0].device)
     terms = []
@@ -204,7 +216,8 @@ def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, batch: Bat
 
 
 def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params, batch: Batch, keep: torch.Tensor,
-                               objective: AbstractObjective) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                               objective: AbstractObjective, cohort_layers: bool = False
+                               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``.
 
     Forward hooks record each layer's input and add a zero probe to its output; the gradient w.r.t. the probes is
@@ -218,7 +231,8 @@ def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params, ba
     def hook(i: int) -> Callable[..., torch.Tensor]:
         def tap(_mod: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
             state["acts"][i] = inputs[0]  # type: ignore[index]
-            return out + state["probes"][i]  # type: ignore[index]
+            probe = state["probes"][i]  # type: ignore[index]
+            return out if probe is None else out + probe  # None: the cohort forward taps the output itself
         return tap
 
     def client_forward(p: Params, probes: list[torch.Tensor], bi: Batch):
@@ -228,11 +242,15 @@ def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params, ba
         return outputs, acts
 
     modules = dict(model.named_modules())
-    probes = [torch.zeros((m, b, *s), dtype=x.dtype, device=x.device, requires_grad=True) for _, s in plan]
+    cohort = m > 1 and cohort_layers and all(layer.kind in ("linear", "conv2d") for layer in layers)
+    probes = [] if cohort else [torch.zeros((m, b, *s), dtype=x.dtype, device=x.device, requires_grad=True)
+                                for _, s in plan]
     handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
     try:
         with torch.enable_grad():
-            if m == 1:  # no vmap needed for one client: plain autograd is cheaper
+            if cohort:  # probes: the tensors whose gradients are the output gradients
+                outputs, acts, probes = _cohort_forward(model, layers, params, batch, client_forward, m, b)
+            elif m == 1:  # no vmap needed for one client: plain autograd is cheaper
                 outputs, acts = client_forward({k: v[0] for k, v in params.items()}, [p[0] for p in probes],
                                                {k: v[0] for k, v in batch.items()})
                 outputs, acts = outputs.unsqueeze(0), tuple(a.unsqueeze(0) for a in acts)
@@ -240,11 +258,83 @@ def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params, ba
                 outputs, acts = vmap(client_forward)(params, probes, batch)
             losses = objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2))
             backprops = torch.autograd.grad((losses * keep.reshape(-1)).sum(), probes)
+            backprops = [g.reshape(m, b, *s) for g, (_, s) in zip(backprops, plan)]
     finally:
         for h in handles:
             h.remove()
     flat = lambda t: t.reshape(m * b, *t.shape[2:])  # noqa: E731
     return [flat(a.detach()) for a in acts], [flat(g) for g in backprops]
+
+
+def _cohort_forward(model: nn.Module, layers: list[ghost.GhostLayer], params: Params, batch: Batch,
+                    client_forward: Callable, m: int, b: int):
+    """The cohort's forward without ``vmap``: the ``m·B`` examples run as one batch through the model, and each
+    ghost layer computes with its client's parameters (convolutions without input gradient: ``W_i`` times the
+    unfolded patches, one matmul; others: one grouped convolution with the clients folded into the channels; linear
+    layers: one batched matmul). Returns ``(outputs (m, B, ...), acts, taps)``: ``taps[i]`` is a tensor holding layer
+    ``i``'s output (the output before its bias is added, no zero probe needed), or a zero probe added to it when
+    there is no such tensor; its gradient is the output gradient (any reshape of ``(m, B, *out_shape)``)."""
+    modules = dict(model.named_modules())
+    taps: list[torch.Tensor | None] = [None] * len(layers)
+
+    def tap(i: int, pre: torch.Tensor, bias: torch.Tensor | None, add: Callable[[torch.Tensor], torch.Tensor]
+            ) -> torch.Tensor:
+        """``pre`` plus the bias; ``pre`` (a fresh tensor the model never sees, so never changed in place) is
+        layer ``i``'s tap, or a zero probe is added when there is no bias."""
+        if bias is None:
+            taps[i] = torch.zeros_like(pre, requires_grad=True)
+            return pre + taps[i]
+        taps[i] = pre if pre.requires_grad else pre.requires_grad_()
+        return add(pre)
+
+    def weights(layer: ghost.GhostLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        mod = modules[layer.name]
+        w = params[layer.weight] if layer.weight is not None else mod.weight.detach().expand(m, *mod.weight.shape)
+        if layer.bias is not None:
+            return w, params[layer.bias]
+        return w, None if mod.bias is None else mod.bias.detach().expand(m, *mod.bias.shape)
+
+    def linear(i: int, layer: ghost.GhostLayer) -> Callable[[torch.Tensor], torch.Tensor]:
+        w, bias = weights(layer)
+
+        def fwd(x: torch.Tensor) -> torch.Tensor:
+            lead = x.shape[:-1]
+            out = torch.matmul(x.reshape(m, -1, x.shape[-1]), w.transpose(1, 2))
+            out = tap(i, out, bias, lambda t: t + bias.unsqueeze(1))  # type: ignore[union-attr]
+            return out.reshape(*lead, w.shape[1])
+        return fwd
+
+    def conv(i: int, layer: ghost.GhostLayer) -> Callable[[torch.Tensor], torch.Tensor]:
+        w, bias = weights(layer)
+        o = w.shape[1]
+
+        def fwd(x: torch.Tensor) -> torch.Tensor:
+            c, h, wd = x.shape[1:]
+            if layer.groups == 1 and not x.requires_grad:  # patches · W_i: no layout copies, no grad to x needed
+                cols = ghost._patches(layer, x)  # (m·B, D, T)
+                out = torch.matmul(w.reshape(m, 1, o, -1), cols.view(m, b, *cols.shape[1:]))
+                out = tap(i, out, bias, lambda t: t + bias.view(m, 1, o, 1))  # type: ignore[union-attr]
+                (kh, _), (sh, _), (ph, _), (dh, _) = layer.kernel_size, layer.stride, layer.padding, layer.dilation
+                return out.view(m * b, o, (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, -1)
+            folded = x.view(m, b, c, h, wd).transpose(0, 1).reshape(b, m * c, h, wd)
+            out = torch.nn.functional.conv2d(folded, w.reshape(m * o, *w.shape[2:]),
+                                             None if bias is None else bias.reshape(-1), layer.stride, layer.padding,
+                                             layer.dilation, m * layer.groups)
+            out = out.view(b, m, o, *out.shape[2:]).transpose(0, 1).reshape(m * b, o, *out.shape[2:])
+            taps[i] = torch.zeros_like(out, requires_grad=True)
+            return out + taps[i]
+        return fwd
+
+    overridden = []
+    try:
+        for i, layer in enumerate(layers):
+            modules[layer.name].forward = linear(i, layer) if layer.kind == "linear" else conv(i, layer)
+            overridden.append(modules[layer.name])
+        outputs, acts = client_forward({}, [None] * len(layers), flat_batch(batch, 2))
+    finally:
+        for mod in overridden:
+            del mod.forward
+    return outputs.view(m, b, *outputs.shape[1:]), tuple(a.view(m, b, *a.shape[1:]) for a in acts), taps
 
 
 def _vmap_clipped_sum(model: nn.Module, params: Params, batch: Batch, keep: torch.Tensor, max_norm: float,
