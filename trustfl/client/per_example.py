@@ -12,7 +12,8 @@ Algorithm 1, eq. 1; :func:`clipped_batch_mean`). All ``m`` clients run together:
 dimension ``m``) go through ``functional_call`` under ``vmap`` over clients, so there is no Python loop over clients.
 
 ``method="ghost"`` never materialises per-example gradients of fully connected layers: one forward pass records each
-``nn.Linear``/``nn.Conv2d`` input, one backward pass gives the output gradients (w.r.t. zero "probes" added to the
+``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` input (any stride, dilation, groups; zero or symmetric "same" padding),
+one backward pass gives the output gradients (w.r.t. zero "probes" added to the
 layer outputs, with no weight gradients computed), and :mod:`trustfl.client.ghost` turns them into per-example norms
 and the clipped sum. ``method="vmap"`` materialises per-example gradients, in chunks of examples.
 
@@ -109,7 +110,8 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
       max_norm: the clipping norm ``C > 0``.
       objective: the per-example loss (default: cross-entropy on ``batch["y"]``).
       method: ``"ghost"`` (norms from activations and output gradients; falls back to ``"vmap"`` automatically when
-        the model has trained parameters outside exactly ``nn.Linear``/``nn.Conv2d`` layers, tied parameters, or a
+        the model has trained parameters outside exactly ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers (or a
+        convolution with asymmetric or non-zero padding), tied parameters, or a
         layer called more than once per forward; see :func:`supports_ghost`) or ``"vmap"`` (materialised).
       chunk_size: ``"vmap"`` only: examples per client per chunk (``None``: sized so that about ``2**25``
         per-example gradient elements are held at once).
