@@ -79,6 +79,12 @@ def test_run_without_dp_imports_neither_dp_accounting_nor_dynamo(tmp_path):
         assert not loaded, loaded[:10]
         assert "torch._dynamo" not in sys.modules  # torch.func.grad's first call imports it (seconds)
     """, str(cfg), str(tmp_path / "run")))
+    _ok(_run("""
+        from trustfl.config.load import load_config
+        from trustfl.experiment import run_experiment
+        run_experiment(load_config(sys.argv[1]), sys.argv[2], progress=False, plots=False)
+        assert not [m for m in heavy(allow_torch=True) if m.startswith("matplotlib")]  # no plots: no matplotlib
+    """, str(cfg), str(tmp_path / "run_no_plots")))
 
 
 @pytest.mark.parametrize("package", ["trustfl", "trustfl.core", "trustfl.privacy", "trustfl.privacy.analysis"])

@@ -8,10 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+def _pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend, imported on the first plot (a run with
+    ``plots=False`` never imports matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 _AXES = {"round": "round", "sim_time": "simulated time", "bits": "bits sent (up + down)"}
@@ -26,6 +31,7 @@ def _x(row: dict[str, Any], axis: str) -> float | None:
 def _plot(rows: list[dict[str, Any]], key: str, label: str, title: str, path: Path, axis: str = "round") -> None:
     """``key`` against ``axis`` over the rows that carry a number under ``key`` (the evaluated rounds)."""
     pts = [(_x(r, axis), r[key]) for r in rows if isinstance(r.get(key), (int, float)) and _x(r, axis) is not None]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
@@ -63,6 +69,7 @@ def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "",
 def plot_comparison(series: dict[str, list[tuple[float, float]]], ylabel: str, title: str, path: str | Path,
                     xlabel: str = "round", log_x: bool = False) -> None:
     """One line per labelled series of (x, y) points (used by benchmark reproductions)."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=100)
     for i, (label, pts) in enumerate(series.items()):  # beyond the 10 default colours, dashed lines
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label,
