@@ -34,6 +34,7 @@ import torch
 
 from trustfl.aggregate.base import AbstractAggregator, rescaled, weighted_rows
 from trustfl.aggregate.noise_aware import require_report, weiavg_weights, weight_metrics
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext, StageOut
@@ -131,9 +132,7 @@ class PFA(AbstractAggregator):
     def __post_init__(self) -> None:
         if self.clustering not in ("gmm", "kmeans"):
             raise ConfigError(f"`clustering` must be 'gmm' or 'kmeans', found {self.clustering!r}.")
-        check_int = self.clustering_seed
-        if not isinstance(check_int, int) or isinstance(check_int, bool) or check_int < 0:
-            raise ConfigError(f"`clustering_seed` must be an integer >= 0, found {check_int!r}.")
+        check_number("clustering_seed", self.clustering_seed, integer=True, low=0)
         k = self.projection_dim
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ConfigError(f"`projection_dim` must be an integer >= 1, found {k!r}.")
