@@ -14,7 +14,8 @@ from trustfl.cli import main
 from trustfl.config.load import config_from_dict
 from trustfl.errors import ConfigError, DataError, UsageError
 from trustfl.report.compare import compare, compare_runs
-from trustfl.report.sweep import parse_grid, parse_seeds, point_name, run_finished, run_sweep
+from trustfl.report.sweep import run_finished, run_sweep
+from trustfl.report.sweep_points import parse_grid, parse_seeds, point_name
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

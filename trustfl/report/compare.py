@@ -27,7 +27,8 @@ from trustfl.config.load import read_toml
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
-from trustfl.report.sweep import MANIFEST, flatten_config, load_manifest
+from trustfl.report.sweep import MANIFEST, load_manifest
+from trustfl.report.sweep_points import flatten_config
 
 __all__ = ["AXES", "Comparison", "IGNORED_KEYS", "RunRecord", "compare", "compare_runs", "expand_runs",
            "format_markdown", "load_run"]
