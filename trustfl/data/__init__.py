@@ -2,7 +2,8 @@
 
 Registered names: ``dataset`` (digits, breast_cancer, diabetes, mnist, fashion_mnist, fedprox_synthetic, and your own
 files: npz, csv, parquet, image_folder — ``own.py``, ``own_tables.py``, ``own_images.py``, docs/data.md),
-``partitioner`` (iid, dirichlet, shards, quantity_skew, class_groups, natural) and ``batch_sampler`` (shuffle, fixed, poisson).
+``partitioner`` (iid, dirichlet, shards, quantity_skew, class_groups, natural) and ``batch_sampler`` (shuffle,
+fixed, poisson).
 """
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset, resolve_data_dir
 from trustfl.data.idx import array_sha256, read_idx, write_idx
