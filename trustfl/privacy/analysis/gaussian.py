@@ -9,6 +9,9 @@ the event, picks the accountant and inverts ε(z) for calibration.
   https://arxiv.org/abs/2004.00010, Prop. 12).
 - PLD (Koskela et al.; Doroshenko et al. 2022, https://arxiv.org/abs/2207.04380), value discretization 1e-4
   (1e-3 overstates small ε).
+- μ-GDP (Dong, Roth & Su 2022, https://arxiv.org/abs/1905.02383): ``"gdp"`` (DPZV's Thm C.2 first-order form of
+  the Poisson-subsampled Gaussian) and ``"gdp_clt"`` (Bu et al. 2020's CLT, Thm 4), both
+  :class:`~trustfl.privacy.analysis.gdp_accountant.GdpAccountant`; Poisson sampling only.
 
 Example:
   >>> eps = epsilon_subsampled_gaussian(1.1, 0.01, 1000, 1e-5)
@@ -29,7 +32,9 @@ if TYPE_CHECKING:  # dp_accounting (and scipy behind it) is imported by the func
     from dp_accounting import dp_event
     from dp_accounting.privacy_accountant import PrivacyAccountant
 
-ACCOUNTANTS = ("rdp", "pld")
+ACCOUNTANTS = ("rdp", "pld", "gdp", "gdp_clt")
+GDP_FORMS = {"gdp": "first_order", "gdp_clt": "clt"}
+"""trustfl's GDP accountant names → the :class:`~trustfl.privacy.analysis.gdp_accountant.GdpAccountant` form."""
 SAMPLINGS = ("poisson", "without_replacement")
 NEIGHBORINGS = {"add_remove": "ADD_OR_REMOVE_ONE", "replace_one": "REPLACE_ONE"}
 """trustfl's name of each neighbouring relation → the member of dp_accounting's ``NeighboringRelation``."""
@@ -39,7 +44,7 @@ DEFAULT_RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 192, 256, 512, 1024)
 """Integer RDP orders. dp_accounting's fractional orders are a looser bound than the exact integer-order formula
 (and fail to converge, slowly, at large sampling rates), so trustfl's ledgers and calibration use integer orders."""
 
-__all__ = ["ACCOUNTANTS", "PLD_DISCRETIZATION", "SAMPLINGS", "calibrate_noise_multiplier",
+__all__ = ["ACCOUNTANTS", "GDP_FORMS", "PLD_DISCRETIZATION", "SAMPLINGS", "calibrate_noise_multiplier",
            "epsilon_subsampled_gaussian", "make_accountant", "sampled_gaussian_event", "solve_decreasing"]
 
 
@@ -50,7 +55,8 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
     Args:
       accountant: ``"rdp"`` (a :class:`~trustfl.privacy.analysis.cached_rdp.CachedRdpAccountant`: dp_accounting's
         ``RdpAccountant`` to the bit, each distinct event's RDP computed once per process) or ``"pld"`` (PLD
-        discretization :data:`PLD_DISCRETIZATION`).
+        discretization :data:`PLD_DISCRETIZATION`), ``"gdp"`` / ``"gdp_clt"`` (a
+        :class:`~trustfl.privacy.analysis.gdp_accountant.GdpAccountant`, form ``"first_order"`` / ``"clt"``).
       neighboring: ``"add_remove"`` (Opacus' and DP-SGD's convention) or ``"replace_one"`` (required by
         sampling without replacement).
       orders: RDP orders (RDP only); ``None`` uses :data:`DEFAULT_RDP_ORDERS`.
@@ -70,6 +76,12 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
         from dp_accounting.pld import pld_privacy_accountant
 
         return pld_privacy_accountant.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
+    if accountant in GDP_FORMS:
+        if orders is not None:
+            raise PrivacyError(f"`orders` applies to the RDP accountant only, found accountant={accountant!r}.")
+        from trustfl.privacy.analysis.gdp_accountant import GdpAccountant
+
+        return GdpAccountant(GDP_FORMS[accountant], relation)
     raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
 
 
@@ -116,10 +128,10 @@ def sampled_gaussian_event(noise_multiplier: float, sample_rate: float, steps: i
 
 
 def _check_supported(accountant: str, sampling: str, sample_rate: float) -> None:
-    if accountant == "pld" and sampling == "without_replacement" and float(sample_rate) < 1.0:
-        raise UnsupportedEventError("dp_accounting's PLD accountant cannot analyse the sub-event "
-                                    "SampledWithoutReplacementDpEvent (sampling='without_replacement'); use "
-                                    "accountant='rdp' or sampling='poisson'.")
+    if accountant in ("pld",) + tuple(GDP_FORMS) and sampling == "without_replacement" and float(sample_rate) < 1.0:
+        who = "dp_accounting's PLD accountant" if accountant == "pld" else f"the {accountant} (μ-GDP) accountant"
+        raise UnsupportedEventError(f"{who} cannot analyse the sub-event SampledWithoutReplacementDpEvent "
+                                    f"(sampling='without_replacement'); use accountant='rdp' or sampling='poisson'.")
 
 
 def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
@@ -133,7 +145,7 @@ def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, ste
       sample_rate: q in [0, 1]; q = 1 means no subsampling, q = 0 gives ε = 0.
       steps: number of steps T >= 0.
       delta: target δ in (0, 1).
-      accountant: ``"rdp"`` or ``"pld"``.
+      accountant: one of :data:`ACCOUNTANTS` (see :func:`make_accountant`).
       sampling: ``"poisson"`` (add/remove adjacency) or ``"without_replacement"`` (replace-one adjacency, as
         dp_accounting requires; RDP only).
       dataset_size: n for sampling without replacement (see :func:`sampled_gaussian_event`).
@@ -144,7 +156,7 @@ def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, ste
 
     Raises:
       PrivacyError: an argument is out of range.
-      UnsupportedEventError: the accountant cannot analyse this sampling (PLD without replacement).
+      UnsupportedEventError: the accountant cannot analyse this sampling (PLD or GDP without replacement).
     """
     _check_common(sample_rate, steps, delta)
     event = sampled_gaussian_event(noise_multiplier, sample_rate, steps, sampling, dataset_size)
@@ -229,6 +241,22 @@ def solve_decreasing(fn: Callable[[float], float], target: float, *, tol: float,
     return math.exp(b)
 
 
+def _gdp_noise_guess(epsilon: float, delta: float, sample_rate: float, steps: int, form: str) -> Optional[float]:
+    """The z whose μ-GDP spend is (ε, δ): μ* = μ(ε, δ), then z = q√T/μ* (first order, or q = 1) or
+    z = 1/√(log(1 + μ*²/(q²T))) (CLT); ``None`` when μ* or z is out of range (the search then brackets itself)."""
+    from trustfl.privacy.analysis.gdp import mu_from_epsilon
+
+    try:
+        mu = mu_from_epsilon(epsilon, delta)
+    except PrivacyError:
+        return None
+    if form == "first_order" or sample_rate == 1.0:
+        z = sample_rate * math.sqrt(steps) / mu
+    else:
+        z = 1.0 / math.sqrt(math.log1p(mu * mu / (sample_rate * sample_rate * steps)))
+    return z if 1e-3 <= z <= 1e6 else None
+
+
 def calibrate_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int,
                                accountant: str = "rdp", sampling: str = "poisson", tol: float = 1e-4, *,
                                dataset_size: Optional[int] = None,
@@ -262,4 +290,9 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, sample_rate: float,
         z_rdp = calibrate_noise_multiplier(epsilon, delta, sample_rate, steps, "rdp", sampling,
                                            tol=max(float(tol), 1e-3 * float(epsilon)), dataset_size=dataset_size)
         lo, hi = 0.8 * z_rdp, z_rdp
+    elif accountant in GDP_FORMS:
+        _check_supported(accountant, sampling, sample_rate)
+        z_gdp = _gdp_noise_guess(float(epsilon), float(delta), float(sample_rate), int(steps), GDP_FORMS[accountant])
+        if z_gdp is not None:  # the closed-form root: the search only confirms it on the accountant
+            lo, hi = z_gdp * (1.0 - 1e-9), z_gdp * (1.0 + 1e-9)
     return solve_decreasing(eps_of, float(epsilon), tol=float(tol), lo=lo, hi=hi)
