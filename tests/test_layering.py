@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"errors", "types", "core", "__init__"})),
     ("parts", frozenset({"models", "data", "objectives", "evaluate", "aggregate", "attacks", "privacy", "compress",
                          "simtime", "client", "server"})),
-    ("engine", frozenset({"engine"})),
+    ("engine", frozenset({"engine", "vertical"})),
     ("recipes", frozenset({"recipes"})),
     ("top", frozenset({"config", "experiment", "report", "cli", "cli_privacy", "__main__"})),
 )

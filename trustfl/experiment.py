@@ -95,7 +95,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
         run_dir = Path(out) if out is not None else default_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
     fed = build_federation(cfg, data_dir=data_dir, quiet=not progress)
-    engine = resolve_engine(cfg)
+    engine = resolve_engine(cfg, fed.info["engine"])  # the kind after the recipe's configure
     cfg_hash = _config_hash(cfg)
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
@@ -175,7 +175,7 @@ def _best(values: list[float], metric: str) -> float:
 def _summary(cfg: ExperimentConfig, fed: Federation, state: EngineState, rows: list[dict[str, Any]]) -> dict:
     primary = primary_metric(cfg, fed)
     out: dict[str, Any] = {"name": cfg.name, "algorithm": cfg.algorithm, "dataset": fed.info.get("dataset"),
-                           "engine": cfg.engine.kind, "objective": fed.info.get("objective"),
+                           "engine": fed.info["engine"], "objective": fed.info.get("objective"),
                            "primary_metric": primary, "metrics": metric_names(fed)}
     for metric in metric_names(fed):  # the values of the evaluated rounds; final = the last evaluation
         values = [r[metric] for r in metric_rows(rows, metric)]

@@ -19,6 +19,7 @@ from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.privacy import setup_privacy
+from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import import_module_or_file, lookup
 from trustfl.core.rng import derive_seed, numpy_rng
@@ -82,10 +83,10 @@ def import_plugins(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"`plugins[{i}]` ({target!r}): {err}") from None
 
 
-def resolve_engine(cfg: ExperimentConfig) -> AbstractEngine:
-    """The engine ``engine.kind`` names, from the registry."""
+def resolve_engine(cfg: ExperimentConfig, kind: str | None = None) -> AbstractEngine:
+    """The engine ``kind`` (default ``engine.kind``) names, from the registry."""
     try:
-        return lookup("engine", cfg.engine.kind)()
+        return lookup("engine", kind or cfg.engine.kind)()
     except RegistryError as err:
         raise ConfigError(f"`engine.kind`: {err}") from None
 
@@ -164,9 +165,14 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if recipe is not None:
         cfg = recipe.configure(cfg)
     resolve_engine(cfg)
+    vertical = cfg.engine.kind == "vertical"
+    if vertical:
+        check_vertical_config(cfg)
+    else:
+        check_horizontal_config(cfg)
     check_unused_tables(cfg)
     seed = cfg.seed
-    info: dict[str, Any] = {"algorithm": cfg.algorithm}
+    info: dict[str, Any] = {"algorithm": cfg.algorithm, "engine": cfg.engine.kind}
     name, notice = resolve_dataset(cfg)
     if notice:
         info["notice"] = notice
@@ -208,7 +214,9 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     client_rows = ClientRows.from_arrays(partition.indices, n)
     info["partition"] = partition.summary
 
-    model = _build_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes))
+    blocks = feature_blocks(cfg, dataset, seed) if vertical else None
+    model = _build_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes),
+                         blocks=None if blocks is None else [b.tolist() for b in blocks])
     params = {k: v.detach() for k, v in model.named_parameters()}
     layout = ParamLayout.of(params)
     info["num_parameters"] = layout.numel
@@ -271,6 +279,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         reports={"num_samples": torch.tensor(sizes, dtype=torch.float64)},
         eval_every=cfg.engine.eval_every, eval_batch_size=cfg.engine.eval_batch_size, info=info,
         links=build_links(cfg, layout), **build_timing(cfg, n))
+    if vertical:
+        fed.vertical = vertical_setup(cfg, dataset, blocks, info)
     if recipe is not None:
         recipe.finalize(fed, cfg)
     engine = resolve_engine(cfg)
@@ -284,11 +294,13 @@ def check_unused_tables(cfg: ExperimentConfig) -> None:
     otherwise, and nobody is told)."""
     unused = [(f"compress.{d}", c) for d in ("uplink", "downlink") if (c := getattr(cfg.compress, d)).name == "none"]
     if cfg.engine.kind != "async":
-        unused += [("engine.speed", cfg.engine.speed), ("engine.schedule", cfg.engine.schedule)]
+        unused.append(("engine.schedule", cfg.engine.schedule))
+    if cfg.engine.kind not in ("async", "vertical"):
+        unused.append(("engine.speed", cfg.engine.speed))
     for path, comp in unused:
         if comp.params:
             key = sorted(comp.params)[0]
-            why = "the engine is not \"async\"" if path.startswith("engine.") else "its name is \"none\""
+            why = f"the engine is {cfg.engine.kind!r}" if path.startswith("engine.") else "its name is \"none\""
             raise ConfigError(f"`{path}.{key}` is set but `{path}` is not used ({why}).")
     if cfg.attack.name == "none" and cfg.attack.params:
         raise ConfigError(f"`attack.params.{sorted(cfg.attack.params)[0]}` is set but `attack.name` is \"none\".")
@@ -334,12 +346,16 @@ def _server_params(cfg: ExperimentConfig) -> dict[str, Any]:
     return {"lr": s.lr, "beta1": s.beta1, "beta2": s.beta2, "tau": s.tau}
 
 
-def _build_model(cfg: ExperimentConfig, dataset, seed: int, num_outputs: int):
+def _build_model(cfg: ExperimentConfig, dataset, seed: int, num_outputs: int, blocks: list | None = None):
     try:
         lookup("model", cfg.model.name)
     except RegistryError as err:
         raise ConfigError(f"`model.name`: {err}") from None
     params = {k: v for k, v in cfg.model.params.items() if k != "init_from"}
+    if "blocks" in params:
+        raise ConfigError("`model.blocks` is set by the feature split (`data.features`); remove it.")
+    if blocks is not None:
+        params["blocks"] = blocks
     try:
         model = build_model(cfg.model.name, dataset.input_shape, num_outputs, derive_seed(seed, "model"), **params)
     except TypeError as err:

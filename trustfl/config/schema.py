@@ -46,6 +46,10 @@ class DataConfig:
     """Your own file or folder for ``dataset`` = ``npz``, ``csv``, ``parquet`` or ``image_folder`` (docs/data.md);
     a relative path is read from the working directory, like ``plugins``. It reaches the loader as its ``path``
     argument."""
+    features: Component = field(default_factory=lambda: Component("contiguous"))
+    """``vertical`` engine: how the features are split among the ``num_clients`` parties: ``contiguous`` (blocks
+    of whole ``unit``s, e.g. image rows; ``unit = 0``: the image width, or 1 for tables), ``shuffled`` (random
+    units, seeded), or ``columns`` (``columns = [[...], ...]``: one list of column indices per party)."""
 
     def __post_init__(self) -> None:
         check(self.num_clients >= 1, "num_clients", self.num_clients, "an integer >= 1")
@@ -169,7 +173,8 @@ class AttackConfig:
 class EngineConfig:
     kind: str = "sync"
     """The engine registered under this name (``trustfl list``): ``sync`` (rounds that wait for every sampled
-    client) or ``async`` (server steps on a virtual clock)."""
+    client), ``async`` (server steps on a virtual clock) or ``vertical`` (feature-partitioned parties; set by
+    the vertical algorithms ``dpzv``, ``vafl``, ``zoo_vfl``, ``czofo``)."""
     schedule: Component = field(default_factory=lambda: Component("synchronous"))
     """``async`` engine: who reports at each server step (``polling`` = QuAFL, ``synchronous`` = FedAvg/FedNova in
     simulated time, ``buffered`` = FedBuff/FedAsync); recipes set it."""
@@ -183,6 +188,12 @@ class EngineConfig:
     time_limit: float = 0.0
     """Stop once the simulated time reaches this (0: run ``rounds`` server steps)."""
     executor: Literal["vectorized", "sequential"] = "vectorized"
+    activation: Literal["shuffled", "uniform", "clock"] = "shuffled"
+    """``vertical`` engine: which party each server iteration activates (``clock``: in the order the parties
+    finish on a virtual clock with the ``engine.speed`` model)."""
+    iterations_per_round: int = 0
+    """``vertical`` engine: server iterations per round (0: ``num_clients·⌈D/batch_size⌉``, one pass of every
+    party over the data)."""
     eval_every: int = 1
     checkpoint_every: int = 10
     eval_batch_size: int = 2048
@@ -195,6 +206,8 @@ class EngineConfig:
         check(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, "an integer >= 1")
         check(self.max_clients_per_batch >= 0, "max_clients_per_batch", self.max_clients_per_batch,
               "an integer >= 0")
+        check(self.iterations_per_round >= 0, "iterations_per_round", self.iterations_per_round,
+              "an integer >= 0 (0 = one pass of every party over the data)")
         for name in ("interaction_time", "wait_time", "time_limit"):
             value = getattr(self, name)
             check(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")

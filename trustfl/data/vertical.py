@@ -57,3 +57,32 @@ def split_features(num_features: int, num_parties: int, rng: np.random.Generator
     blocks = np.array_split(order, num_parties)
     columns = np.arange(num_features, dtype=np.int64).reshape(units, unit)
     return [np.sort(columns[b].reshape(-1)) for b in blocks]
+
+
+def check_columns(columns: object, num_features: int, num_parties: int) -> list[np.ndarray]:
+    """Validate explicit per-party column sets: ``num_parties`` non-empty lists of distinct integers in
+    ``[0, num_features)``, no column held by two parties (columns held by nobody are simply unused).
+
+    Raises:
+      ConfigError: naming the party and the offending column.
+    """
+    if not isinstance(columns, (list, tuple)) or len(columns) != num_parties:
+        found = len(columns) if isinstance(columns, (list, tuple)) else type(columns).__name__
+        raise ConfigError(f"`columns` must hold one list of column indices per party ({num_parties}), found "
+                          f"{found}.")
+    owner: dict[int, int] = {}
+    out = []
+    for m, cols in enumerate(columns):
+        if not isinstance(cols, (list, tuple)) or not cols:
+            raise ConfigError(f"`columns[{m}]`: party {m} must hold at least one column (a non-empty list), "
+                              f"found {cols!r}.")
+        for c in cols:
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < num_features:
+                raise ConfigError(f"`columns[{m}]`: column {c!r} is not an integer in [0, {num_features}).")
+            if int(c) in owner:
+                who = "twice" if owner[int(c)] == m else f"by parties {owner[int(c)]} and {m}"
+                raise ConfigError(f"`columns[{m}]`: column {c} is held {who}; the parties' columns must be "
+                                  f"disjoint.")
+            owner[int(c)] = m
+        out.append(np.sort(np.asarray(cols, dtype=np.int64)))
+    return out

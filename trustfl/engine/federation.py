@@ -127,6 +127,9 @@ class Federation:
     links: Any = None
     """The compressors on the uplink and downlink (:class:`trustfl.engine.links.Links`); ``None``: float32
     messages both ways."""
+    vertical: Any = None
+    """The vertical engine's setup (:class:`trustfl.vertical.engine.VerticalSetup`): feature blocks, each party's
+    columns, the labels, the activation order and the method."""
     info: dict[str, Any] = field(default_factory=dict)
     """JSON-serialisable facts saved with the run (partition summary, per-client budgets and noise, notices)."""
 

@@ -1,0 +1,122 @@
+"""Config → the vertical engine's setup: the feature split, what each party holds, the activation order.
+
+Used by :func:`trustfl.config.build.build_federation` when ``engine.kind = "vertical"`` (set by the vertical
+algorithms ``dpzv``, ``vafl``, ``zoo_vfl`` and ``czofo``); the recipe then adds the method and its privacy
+(:mod:`trustfl.recipes.vertical`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from trustfl.config.schema import ClientConfig, Component, ExperimentConfig
+from trustfl.core.rng import numpy_rng
+from trustfl.data.datasets import Dataset
+from trustfl.data.vertical import check_columns, split_features
+from trustfl.errors import ConfigError, TrustFLError
+from trustfl.vertical.activation import activation_order
+from trustfl.vertical.engine import VerticalSetup
+
+VERTICAL_ALGORITHMS = ("dpzv", "vafl", "zoo_vfl", "czofo")
+SPLITS = {"contiguous": ("unit",), "shuffled": ("unit",), "columns": ("columns",)}
+
+
+def check_vertical_config(cfg: ExperimentConfig) -> None:
+    """Refuse the horizontal parts a vertical run would silently ignore (the key path is named)."""
+    if cfg.algorithm not in VERTICAL_ALGORITHMS:
+        raise ConfigError(f"`engine.kind` = \"vertical\" runs the algorithms {', '.join(VERTICAL_ALGORITHMS)}; "
+                          f"found `algorithm` = {cfg.algorithm!r}.")
+    unused = {
+        "attack": cfg.attack.name != "none", "aggregator": cfg.aggregator != Component("mean"),
+        "pre_aggregators": bool(cfg.pre_aggregators), "client_stages": bool(cfg.client_stages),
+        "server_stages": bool(cfg.server_stages), "downlink": bool(cfg.downlink),
+        "compress.uplink": cfg.compress.uplink.name != "none", "compress.downlink": cfg.compress.downlink.name != "none",
+        "client.dp": cfg.client.dp.mode != "off", "client.transforms": bool(cfg.client.transforms),
+        "client.batch_sizes": bool(cfg.client.batch_sizes), "client.steps": cfg.client.steps != 0,
+        "client.epochs": cfg.client.epochs != 1, "client.weight_decay": cfg.client.weight_decay != 0,
+        "cohort": cfg.cohort.sampler != "all", "server.optimizer": cfg.server.optimizer != "sgd",
+        "data.partition": cfg.data.partition != Component("iid"), "engine.schedule": cfg.engine.schedule.params != {},
+    }
+    for key, used in unused.items():
+        if used:
+            raise ConfigError(f"`{key}` is set, but the vertical engine does not use it (parties hold columns of "
+                              f"every sample; the algorithm's privacy is set in `[recipe]`): remove it.")
+    if cfg.engine.activation != "clock" and cfg.engine.speed.params:
+        raise ConfigError(f"`engine.speed.{sorted(cfg.engine.speed.params)[0]}` is set but `engine.activation` is "
+                          f"{cfg.engine.activation!r}; the speed model is used with `engine.activation` = \"clock\".")
+    if cfg.model.name != "vertical":
+        raise ConfigError(f"`model.name` must be \"vertical\" with the vertical engine (party models and a head), "
+                          f"found {cfg.model.name!r}.")
+
+
+def check_horizontal_config(cfg: ExperimentConfig) -> None:
+    """Refuse the vertical-only settings in a horizontal run."""
+    defaults = {"data.features": cfg.data.features != Component("contiguous"),
+                "engine.activation": cfg.engine.activation != "shuffled",
+                "engine.iterations_per_round": cfg.engine.iterations_per_round != 0}
+    for key, used in defaults.items():
+        if used:
+            raise ConfigError(f"`{key}` is set but `engine.kind` is {cfg.engine.kind!r}; it is used by the vertical "
+                              f"engine only.")
+    if cfg.algorithm in VERTICAL_ALGORITHMS or cfg.model.name == "vertical":
+        raise ConfigError(f"algorithm {cfg.algorithm!r} with model {cfg.model.name!r} needs `engine.kind` = "
+                          f"\"vertical\".")
+
+
+def feature_blocks(cfg: ExperimentConfig, dataset: Dataset, seed: int) -> list[np.ndarray]:
+    """The parties' column sets of the flattened examples, from ``data.features``."""
+    comp, parties = cfg.data.features, cfg.data.num_clients
+    if comp.name not in SPLITS:
+        raise ConfigError(f"`data.features.name` must be one of {', '.join(map(repr, SPLITS))}, found "
+                          f"{comp.name!r}.")
+    unknown = sorted(set(comp.params) - set(SPLITS[comp.name]))
+    if unknown:
+        raise ConfigError(f"Unknown key `data.features.{unknown[0]}` for split {comp.name!r}; allowed: "
+                          f"{', '.join(SPLITS[comp.name])}.")
+    num_features = int(math.prod(dataset.input_shape))
+    try:
+        if comp.name == "columns":
+            if "columns" not in comp.params:
+                raise ConfigError("needs `columns` = [[...], ...], one list of column indices per party.")
+            return check_columns(comp.params["columns"], num_features, parties)
+        unit = comp.params.get("unit", 0)
+        if unit == 0:
+            unit = int(dataset.input_shape[-1]) if len(dataset.input_shape) >= 2 else 1
+        return split_features(num_features, parties, numpy_rng(seed, "features"),
+                              shuffle=comp.name == "shuffled", unit=unit)
+    except ConfigError as err:
+        raise ConfigError(f"`data.features` with `data.num_clients` = {parties} parties: {err}") from None
+
+
+def vertical_setup(cfg: ExperimentConfig, dataset: Dataset, blocks: list[np.ndarray],
+                   info: dict[str, Any]) -> VerticalSetup:
+    """Each party's columns of the training set, the labels, the batch size and the activation order."""
+    client: ClientConfig = cfg.client
+    train_x = dataset.train_x.flatten(1)
+    n, parties, b = train_x.shape[0], len(blocks), client.batch_size
+    if b > n:
+        raise ConfigError(f"`client.batch_size` = {b} exceeds the {n} training samples.")
+    per_round = cfg.engine.iterations_per_round or parties * math.ceil(n / b)
+    speed = None
+    if cfg.engine.activation == "clock":
+        from trustfl.config.build import build_component
+
+        speed = build_component("speed_model", cfg.engine.speed, "engine.speed")
+        try:
+            speed = speed.bind(parties, seed=cfg.seed)
+        except TrustFLError as err:
+            raise ConfigError(f"`engine.speed` ({cfg.engine.speed.name!r}): {err}") from None
+    order, times = activation_order(cfg.engine.activation, parties, cfg.rounds, per_round, cfg.seed, speed)
+    blocks_t = [torch.as_tensor(b_, dtype=torch.long) for b_ in blocks]
+    features = [train_x[:, cols].contiguous() for cols in blocks_t]
+    info["vertical"] = {"parties": parties, "features_per_party": [len(c) for c in blocks], "samples": n,
+                        "batch_size": b, "iterations_per_round": per_round,
+                        "iterations": cfg.rounds * per_round, "activation": cfg.engine.activation,
+                        "activations_per_party": torch.bincount(order, minlength=parties).tolist()}
+    return VerticalSetup(blocks=blocks_t, features=features, labels=dataset.train_y, batch_size=b,
+                         per_round=per_round, order=order, times=times, party_lr=client.lr,
+                         party_momentum=client.momentum, server_lr=cfg.server.lr,
+                         server_momentum=cfg.server.momentum)

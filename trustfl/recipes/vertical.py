@@ -1,0 +1,173 @@
+"""Recipes of the vertical engine: DPZV and the VFL baselines VAFL, ZOO-VFL and VFL-CZOFO.
+
+Each recipe sets ``engine.kind = "vertical"`` (and ``model.name = "vertical"`` when the model is left at its
+default), reads its ``[recipe]`` keys and, once the federation is built, adds its method and its privacy.
+
+Privacy (``recipe.epsilon``, left out = none; ``recipe.delta``, default 1e-3; ``recipe.accountant``:
+``gdp``, the DPZV paper's first-order CLT μ-GDP, Thm C.2–C.4, or ``gdp_clt``, ``rdp``, ``pld``). Every protected
+message is one Poisson-subsampled Gaussian release at rate ``q = B/D``; its noise multiplier is calibrated so the
+whole run spends exactly ε under the chosen accountant, and the ledgers enforce it:
+
+- ``dpzv`` protects the scalar the server returns (Thm 6.1): per-sample differences clipped to ``[−C, C]``
+  (sensitivity ``2C/B`` of the batch mean under replace-one), noise ``σ_dp = z·2C/B``. Every reply counts
+  against every party's ledger (a coalition of all parties sees all ``T`` replies, the paper's composition), so
+  with ``gdp`` the noise is the paper's ``σ_dp = 2C√T/(D·μ)``.
+- ``vafl``, ``zoo_vfl``, ``czofo`` protect each party's embeddings as VAFL does: every sample's embedding clipped
+  to ``embedding_clip`` (sensitivity ``2·C_e`` under replace-one), Gaussian noise ``σ_e = z·2·C_e`` on every
+  coordinate. Party ``m``'s ledger counts its own releases (ZOO-VFL sends two per activation); ``z`` is
+  calibrated for the party with the most releases in the run's activation order.
+
+``[recipe]`` keys: ``dpzv``: ``smoothing`` (λ, 1e-3), ``clip`` (C, 10), ``clipping`` (false: no clipping, the
+paper's Fig. 4 ablation; non-private only),
+``difference`` (``"lambda"``: eq. 7; ``"two_lambda"``: eq. 3), ``direction`` (``"sphere"`` of radius √d, or
+``"gaussian"``), ``server_update`` (``"sgd"``, option (ii), or ``"zo"``, option (i)); ``zoo_vfl``: ``smoothing``;
+``czofo``: ``embedding_smoothing`` (μ, 1e-3); the baselines: ``embedding_clip`` (C_e, 1.0).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError, PrivacyError
+from trustfl.privacy.accountant import Budget, LedgerBook
+from trustfl.privacy.events import gaussian_event, poisson_sampled
+from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
+from trustfl.vertical.methods import CZOFO, DPZV, VAFL, ZOOVFL
+from trustfl.vertical.parties import EmbeddingPrivacy
+
+PRIVACY_KEYS = ("epsilon", "delta", "accountant")
+ACCOUNTANTS = ("gdp", "gdp_clt", "rdp", "pld")
+KEYS = {"dpzv": ("smoothing", "clip", "clipping", "difference", "direction", "server_update"),
+        "vafl": ("embedding_clip",), "zoo_vfl": ("smoothing", "embedding_clip"),
+        "czofo": ("embedding_smoothing", "embedding_clip")}
+
+
+def _number(rec: dict[str, Any], key: str, default: float) -> float:
+    value = rec.get(key, default)
+    if value is default:
+        return default
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
+        raise ConfigError(f"`recipe.{key}` must be a finite number > 0, found {value!r}.")
+    return float(value)
+
+
+def _flag(rec: dict[str, Any], key: str, default: bool) -> bool:
+    value = rec.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"`recipe.{key}` must be true or false, found {value!r}.")
+    return value
+
+
+class VerticalRecipe(AbstractRecipe):
+    """The shared part: engine, model, privacy keys; subclasses build their method."""
+
+    algorithm = ""
+
+    def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        recipe_keys(cfg, self.algorithm, KEYS[self.algorithm] + PRIVACY_KEYS)
+        if cfg.engine.kind not in ("sync", "vertical"):
+            raise ConfigError(f"`engine.kind` {cfg.engine.kind!r} cannot run algorithm {self.algorithm!r}; use "
+                              f"\"vertical\" (or leave it out).")
+        model = Component("vertical") if cfg.model == Component("mlp") else cfg.model
+        return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kind="vertical"), model=model)
+
+    def method(self, rec: dict[str, Any], cfg: ExperimentConfig):
+        raise NotImplementedError
+
+    def finalize(self, fed, cfg: ExperimentConfig) -> None:
+        rec = dict(cfg.recipe)
+        setup = fed.vertical
+        method = self.method(rec, cfg)
+        if method.channel == "scalar" and setup.party_momentum:
+            raise ConfigError(f"`client.momentum` is {setup.party_momentum}, but a {self.algorithm} party steps "
+                              f"along its regenerated direction only (a momentum buffer would cost a model-sized "
+                              f"copy); set it to 0.")
+        if isinstance(method, ZOOVFL) and setup.party_momentum:
+            raise ConfigError("`client.momentum` is not supported by zoo_vfl (a zeroth-order party); set it to 0.")
+        epsilon = _number(rec, "epsilon", math.inf)
+        delta = rec.get("delta", 1e-3)
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise ConfigError(f"`recipe.delta` must be a number in (0, 1), found {delta!r}.")
+        accountant = recipe_choice(rec, "accountant", "gdp", ACCOUNTANTS)
+        info = fed.info["vertical"]
+        info.update(method=self.algorithm, epsilon=epsilon, delta=delta)
+        setup.method = method
+        setup.cache_init = "forward"
+        if math.isinf(epsilon):
+            return
+        bound = self._bound(method)
+        if math.isinf(bound):
+            raise ConfigError(f"`recipe.clipping` is false, but `recipe.epsilon` = {epsilon:g} needs the "
+                              f"clipping bound `recipe.clip`.")
+        counts = setup.order.bincount(minlength=setup.num_parties)
+        total = int(setup.order.numel()) if method.channel == "scalar" else int(counts.max()) * method.releases
+        q = setup.batch_size / setup.num_samples
+        from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier
+
+        try:
+            z = calibrate_noise_multiplier(epsilon, delta, q, total, accountant=accountant, tol=1e-6 * epsilon)
+        except PrivacyError as err:
+            raise ConfigError(f"`recipe.epsilon` = {epsilon:g} over {total} releases at rate {q:.4g}: "
+                              f"{err}") from None
+        if method.channel == "scalar":
+            method.noise_std = z * 2 * bound / setup.batch_size
+        else:
+            method.privacy = EmbeddingPrivacy(bound, z * 2 * bound)
+            setup.cache_init = "zeros"  # a warm-up pass would release every embedding once more
+        setup.release_event = poisson_sampled(gaussian_event(z), q)
+        fed.ledger = LedgerBook({m: Budget(epsilon, delta) for m in range(setup.num_parties)},
+                                accountant=accountant)
+        info.update(noise_multiplier=z, releases=total, sample_rate=q, accountant=accountant,
+                    noise_std=method.noise_std if method.channel == "scalar" else method.privacy.noise_std)
+
+    @staticmethod
+    def _bound(method) -> float:
+        return method.clip if method.channel == "scalar" else method.privacy.clip
+
+
+class DPZVRecipe(VerticalRecipe):
+    algorithm = "dpzv"
+
+    def method(self, rec, cfg):
+        return DPZV(party_lr=cfg.client.lr, smoothing=_number(rec, "smoothing", 1e-3),
+                    clip=_number(rec, "clip", 10.0) if _flag(rec, "clipping", True) else math.inf,
+                    difference=recipe_choice(rec, "difference", "lambda", ("lambda", "two_lambda")),
+                    direction_kind=recipe_choice(rec, "direction", "sphere", ("sphere", "gaussian")),
+                    server_update=recipe_choice(rec, "server_update", "sgd", ("sgd", "zo")))
+
+
+def _embedding_privacy(rec: dict[str, Any]) -> EmbeddingPrivacy:
+    clip = _number(rec, "embedding_clip", 1.0)
+    return EmbeddingPrivacy(clip if "epsilon" in rec else math.inf)
+
+
+class VAFLRecipe(VerticalRecipe):
+    algorithm = "vafl"
+
+    def method(self, rec, cfg):
+        return VAFL(party_lr=cfg.client.lr, privacy=_embedding_privacy(rec))
+
+
+class ZOOVFLRecipe(VerticalRecipe):
+    algorithm = "zoo_vfl"
+
+    def method(self, rec, cfg):
+        return ZOOVFL(party_lr=cfg.client.lr, smoothing=_number(rec, "smoothing", 1e-3),
+                      privacy=_embedding_privacy(rec))
+
+
+class CZOFORecipe(VerticalRecipe):
+    algorithm = "czofo"
+
+    def method(self, rec, cfg):
+        return CZOFO(party_lr=cfg.client.lr, embedding_smoothing=_number(rec, "embedding_smoothing", 1e-3),
+                     privacy=_embedding_privacy(rec))
+
+
+register("algorithm", "dpzv")(DPZVRecipe)
+register("algorithm", "vafl")(VAFLRecipe)
+register("algorithm", "zoo_vfl")(ZOOVFLRecipe)
+register("algorithm", "czofo")(CZOFORecipe)

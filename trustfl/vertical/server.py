@@ -1,0 +1,74 @@
+"""The server of vertical FL: the labels, the head model and the cache of every party's last embeddings.
+
+The server combines the fresh embeddings of the activated party ``m`` with its cached, possibly stale
+embeddings ``H̃[k][I]`` of the other parties (DPZV eq. 5: the model it evaluates is ``{w_0^t, w_k^{t_k − τ_k}}``),
+computes per-sample losses with its head and the labels, and updates the head by SGD with momentum (the DPZV
+paper's option (ii)) or by its own two-point zeroth-order step (option (i), eq. 3). It sees only messages: the
+activated party's embeddings and the sample IDs they belong to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from trustfl.objectives.base import AbstractObjective
+from trustfl.types import ParamLayout
+
+
+@dataclass
+class Server:
+    """The head (a view ``params`` into the run's flat vector), its momentum, the labels and the embedding cache
+    ``cache[k, i]`` (party ``k``, sample ``i``)."""
+
+    head: nn.Module
+    params: torch.Tensor
+    labels: torch.Tensor
+    cache: torch.Tensor
+    objective: AbstractObjective
+    lr: float
+    momentum: float = 0.0
+    layout: ParamLayout = field(init=False, repr=False)
+    velocity: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.layout = ParamLayout.of({k: v.detach() for k, v in self.head.named_parameters()})
+        self.velocity = torch.zeros_like(self.params)
+
+    @property
+    def num_parties(self) -> int:
+        return int(self.cache.shape[0])
+
+    def inputs(self, ids: torch.Tensor, party: int, fresh: torch.Tensor) -> torch.Tensor:
+        """Head inputs ``(K·B, M·d_h)``: the cached embeddings of samples ``ids`` with party ``party``'s slot
+        replaced by each of the ``K`` fresh alternatives ``fresh`` ``(K, B, d_h)`` (differentiable in ``fresh``)."""
+        k, b, dh = fresh.shape
+        x = self.cache[:, ids].unsqueeze(0).expand(k, -1, -1, -1).clone()  # (K, M, B, d_h)
+        x[:, party] = fresh
+        return x.permute(0, 2, 1, 3).reshape(k * b, self.num_parties * dh)
+
+    def losses(self, w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Per-sample losses ``(K·B,)`` of head parameters ``w`` on inputs ``x`` built for ``ids`` by
+        :meth:`inputs` (labels repeated ``K`` times)."""
+        outputs = functional_call(self.head, self.layout.unflatten(w), (x,))
+        y = self.labels[ids]
+        return self.objective.losses(outputs, {"y": y.repeat(x.shape[0] // ids.numel(), *([1] * (y.dim() - 1)))})
+
+    def leaf(self) -> torch.Tensor:
+        """A leaf copy of the head parameters that gradients are taken with respect to."""
+        return self.params.detach().clone().requires_grad_(True)
+
+    def step(self, grad: torch.Tensor, ok: torch.Tensor) -> None:
+        """SGD with heavy-ball momentum on the head; nothing changes where ``ok`` (a 0-dim bool) is false."""
+        with torch.no_grad():
+            velocity = self.velocity * self.momentum + grad if self.momentum else grad
+            if self.momentum:
+                self.velocity.copy_(torch.where(ok, velocity, self.velocity))
+            self.params.sub_(torch.where(ok, self.lr * velocity, torch.zeros_like(velocity)))
+
+    def remember(self, party: int, ids: torch.Tensor, embeddings: torch.Tensor, ok: torch.Tensor) -> None:
+        """``H̃[party][ids] ← embeddings`` unless the message was rejected."""
+        with torch.no_grad():
+            self.cache[party, ids] = torch.where(ok, embeddings, self.cache[party, ids])
