@@ -28,7 +28,7 @@ ROOT = REPO / "trustfl"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"errors", "types", "core", "__init__"})),
     ("parts", frozenset({"models", "data", "objectives", "evaluate", "aggregate", "attacks", "privacy", "compress",
-                         "simtime", "client", "server"})),
+                         "simtime", "client", "server", "selfsup"})),
     ("engine", frozenset({"engine", "vertical"})),
     ("recipes", frozenset({"recipes"})),
     ("top", frozenset({"config", "experiment", "report", "cli", "cli_privacy", "__main__"})),

@@ -23,7 +23,7 @@ _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {}
 # Packages whose modules register components; imported on first look-up so that registration
 # never depends on what the caller happened to import.
 _PLUGIN_PACKAGES = ("models", "data", "objectives", "evaluate", "aggregate", "attacks", "privacy", "compress",
-                    "simtime", "client", "server", "engine", "vertical", "recipes")
+                    "simtime", "client", "server", "selfsup", "engine", "vertical", "recipes")
 _loaded = False
 _ADAPTERS: dict[str, Callable[[Any, str], Callable[..., Any]]] = {}
 

@@ -1,0 +1,115 @@
+"""Batched augmentations (trustfl.selfsup.augment): determinism per (seed, round, client), shapes, value ranges,
+each operation against a hand-written per-image version, and the cohort variant."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trustfl.errors import ConfigError
+from trustfl.selfsup import Augmentation, make_views, make_views_cohort, view_generator
+
+OFF = dict(shift=0, brightness=(1.0, 1.0), contrast=(1.0, 1.0), dropout=0.0, noise_std=0.0, flip=False)
+
+
+def _images(n: int = 6, c: int = 3, h: int = 8, w: int = 7, dtype=torch.float32) -> torch.Tensor:
+    return torch.rand(n, c, h, w, generator=torch.Generator().manual_seed(0), dtype=dtype)
+
+
+def test_views_are_deterministic_for_a_seed_round_and_client():
+    x = _images()
+    a = make_views(x, 3, view_generator(5, 2, 1, x.device))
+    b = make_views(x, 3, view_generator(5, 2, 1, x.device))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("other", [(5, 2, 2), (5, 3, 1), (6, 2, 1)])
+def test_views_differ_across_clients_rounds_and_seeds(other):
+    x = _images()
+    a = make_views(x, 2, view_generator(5, 2, 1, x.device))
+    b = make_views(x, 2, view_generator(*other, x.device))
+    assert not torch.equal(a, b)
+
+
+def test_views_of_one_image_differ_and_shapes_dtypes_devices_are_kept():
+    for dtype in (torch.float32, torch.float64):
+        x = _images(dtype=dtype)
+        v = make_views(x, 4, view_generator(0, 0, 0, x.device), Augmentation(flip=True, contrast=(0.8, 1.2)))
+        assert v.shape == (6, 4, 3, 8, 7) and v.dtype == dtype and v.device == x.device
+        assert torch.isfinite(v).all()
+        assert not torch.equal(v[:, 0], v[:, 1])
+
+
+def test_values_are_sane():
+    x = _images(n=64)
+    v = make_views(x, 2, view_generator(0, 0, 0, x.device))
+    # brightness <= 1.3, noise std 0.1: |v| stays well inside 1.3 + 6 std
+    assert float(v.abs().max()) < 1.3 + 0.6
+    # E[view] = E[x]·(kept rows)·(kept cols)·(1 − dropout): a shift d ∈ {−2..2} keeps 8 − |d| of 8 rows
+    kept = (34 / 40) * (29 / 35) * 0.8
+    assert abs(float(v.mean()) - float(x.mean()) * kept) < 0.02
+    assert 0.05 < float(v.std()) < 1.0
+
+
+def test_all_operations_off_is_the_identity():
+    x = _images()
+    assert torch.equal(make_views(x, 2, torch.Generator(), Augmentation(**OFF)), x.unsqueeze(1).expand(-1, 2, -1,
+                                                                                                       -1, -1))
+
+
+def test_shift_matches_a_per_image_crop_of_the_padded_image():
+    x = _images()
+    aug = Augmentation(**{**OFF, "shift": 2})
+    params = aug.draw(6, x.shape[1:], torch.Generator().manual_seed(3), x.device, x.dtype)
+    out = aug.apply(x, params)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for n in range(6):
+        dy, dx = params["offset"][n].tolist()
+        assert torch.equal(out[n], padded[n, :, dy:dy + 8, dx:dx + 7])
+    assert int(params["offset"].min()) >= 0 and int(params["offset"].max()) <= 4
+
+
+def test_brightness_contrast_flip_dropout_noise_match_their_formulas():
+    x = _images()
+    g = torch.Generator().manual_seed(1)
+    aug = Augmentation(shift=0, brightness=(0.5, 1.5), contrast=(0.6, 1.4), dropout=0.3, noise_std=0.2, flip=True)
+    p = aug.draw(6, x.shape[1:], g, x.device, x.dtype)
+    out = aug.apply(x, p)
+    for n in range(6):
+        ref = x[n] * p["brightness"][n]
+        ref = (ref - ref.mean()) * p["contrast"][n] + ref.mean()
+        ref = ref.flip(-1) if bool(p["flip"][n]) else ref
+        ref = ref * p["keep"][n].to(ref.dtype) + p["noise"][n]
+        torch.testing.assert_close(out[n], ref)
+    assert 0.5 <= float(p["brightness"].min()) and float(p["brightness"].max()) <= 1.5
+    keep_rate = float(Augmentation(**{**OFF, "dropout": 0.3}).draw(
+        2000, (1, 8, 8), g, x.device, x.dtype)["keep"].float().mean())
+    assert abs(keep_rate - 0.7) < 0.01
+
+
+def test_cohort_variant_equals_per_client_calls():
+    xs = torch.rand(3, 5, 2, 6, 6, generator=torch.Generator().manual_seed(2))
+    gens = [view_generator(1, 4, j, xs.device) for j in range(3)]
+    out = make_views_cohort(xs, 2, gens, Augmentation(flip=True))
+    assert out.shape == (3, 5, 2, 2, 6, 6)
+    for j in range(3):
+        ref = make_views(xs[j], 2, view_generator(1, 4, j, xs.device), Augmentation(flip=True))
+        assert torch.equal(out[j], ref)
+
+
+@pytest.mark.parametrize("kwargs, key", [({"shift": -1}, "shift"), ({"dropout": 1.0}, "dropout"),
+                                         ({"brightness": (1.2, 0.8)}, "brightness"),
+                                         ({"noise_std": -0.1}, "noise_std"), ({"contrast": (1.0,)}, "contrast")])
+def test_bad_parameters_are_config_errors_naming_the_argument(kwargs, key):
+    with pytest.raises(ConfigError, match=key):
+        Augmentation(**kwargs)
+
+
+def test_bad_inputs_are_config_errors():
+    with pytest.raises(ConfigError, match="`x`"):
+        make_views(torch.zeros(2, 8, 8), 2, torch.Generator())
+    with pytest.raises(ConfigError, match="`x`"):
+        make_views(torch.zeros(2, 1, 8, 8, dtype=torch.long), 2, torch.Generator())
+    with pytest.raises(ConfigError, match="num_views"):
+        make_views(torch.zeros(2, 1, 8, 8), 0, torch.Generator())
+    with pytest.raises(ConfigError, match="generators"):
+        make_views_cohort(torch.zeros(2, 3, 1, 4, 4), 2, [torch.Generator()])

@@ -1,0 +1,219 @@
+"""Evaluators of learned representations: a linear probe and a weighted kNN classifier on frozen features.
+
+Both need labelled *training* features besides the test set, which the evaluator interface never sees
+(:mod:`trustfl.evaluate.base`). They are therefore split into pure functions and evaluators that hold the training
+features explicitly:
+
+- :func:`fit_linear_probe` / :func:`predict_linear_probe`: multinomial logistic regression on standardised
+  features, ``min_{W,b} (1/N) Σ_n CE(W f_n + b, y_n) + λ‖W‖_F²``, fitted by full-batch torch L-BFGS (strong-Wolfe
+  line search) on the features' device, from zero weights (deterministic).
+- :func:`knn_predict`: the weighted kNN monitor of self-supervised learning (Wu et al. 2018): on L2-normalised
+  features, the k most cosine-similar training points vote for their labels with weight exp(s/τ), s their
+  similarity; k = 20, τ = 0.1 by default.
+- :class:`LinearProbe` (``"linear_probe"``) and :class:`KNN` (``"knn"``): evaluators whose test features are the
+  model's outputs (:meth:`AbstractObjective.forward`, ``(N, d)``) and whose training features come from
+  :meth:`with_train` (e.g. the frozen backbone f(x) on the non-augmented training split, or the projector output for
+  kNN, as in the FedSC paper's evaluation). The probe is fitted once per evaluation, in :meth:`init`.
+
+References:
+  Wu, Xiong, Yu & Lin, *Unsupervised Feature Learning via Non-Parametric Instance Discrimination*, CVPR 2018.
+  https://arxiv.org/abs/1805.01978
+
+Example:
+  >>> f = torch.tensor([[0.0, 1.0], [0.1, 1.0], [1.0, 0.0], [1.0, 0.1]])
+  >>> y = torch.tensor([0, 0, 1, 1])
+  >>> knn_predict(f, y, torch.tensor([[0.2, 1.0]]), k=2).tolist()
+  [0]
+  >>> predict_linear_probe(fit_linear_probe(f, y), torch.tensor([[1.0, 0.2]])).tolist()
+  [1]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+
+from trustfl.core.checks import check_number
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+from trustfl.evaluate.base import AbstractEvaluator, declare
+
+__all__ = ["KNN", "LinearProbe", "LinearProbeFit", "fit_linear_probe", "knn_predict", "predict_linear_probe"]
+
+
+def _check_features(features: torch.Tensor, labels: Optional[torch.Tensor], name: str) -> None:
+    if not isinstance(features, torch.Tensor) or features.dim() != 2 or not features.is_floating_point():
+        found = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+        raise ConfigError(f"`{name}` must be a floating-point (N, d) matrix of features, found {found}.")
+    if labels is not None and (labels.dim() != 1 or labels.shape[0] != features.shape[0]
+                               or labels.is_floating_point() or labels.numel() == 0):
+        raise ConfigError(f"the labels of `{name}` must be {features.shape[0]} integer class ids (> 0 examples), "
+                          f"found shape {tuple(labels.shape)} and dtype {labels.dtype}.")
+
+
+@dataclass(frozen=True, eq=False)
+class LinearProbeFit:
+    """A fitted probe: ``logits = ((f − mean)/std) @ weight + bias``."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+
+def fit_linear_probe(features: torch.Tensor, labels: torch.Tensor, num_classes: Optional[int] = None, *,
+                     l2: float = 1e-4, max_iter: int = 100) -> LinearProbeFit:
+    """Fit multinomial logistic regression on frozen ``features`` ``(N, d)`` with integer ``labels`` ``(N,)``.
+
+    Args:
+      num_classes: K (default: ``max(labels) + 1``).
+      l2: λ >= 0, the weight penalty (on standardised features).
+      max_iter: L-BFGS iterations (one full-batch L-BFGS step of at most this many iterations).
+    """
+    _check_features(features, labels, "features")
+    check_number("l2", l2, low=0, finite=True)
+    check_number("max_iter", max_iter, integer=True, low=1)
+    k = int(labels.max()) + 1 if num_classes is None else check_number("num_classes", num_classes, integer=True,
+                                                                       low=int(labels.max()) + 1)
+    x = features.detach().to(torch.promote_types(features.dtype, torch.float32))
+    mean, std = x.mean(0), x.std(0, unbiased=False).clamp(min=1e-6)
+    x = (x - mean) / std
+    y = labels.to(x.device)
+    weight = torch.zeros(x.shape[1], k, dtype=x.dtype, device=x.device, requires_grad=True)
+    bias = torch.zeros(k, dtype=x.dtype, device=x.device, requires_grad=True)
+    opt = torch.optim.LBFGS([weight, bias], max_iter=max_iter, line_search_fn="strong_wolfe",
+                            tolerance_grad=1e-9, tolerance_change=1e-12, history_size=20)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ weight + bias, y) + l2 * weight.square().sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():  # evaluation runs under no_grad
+        opt.step(closure)
+    return LinearProbeFit(mean, std, weight.detach(), bias.detach())
+
+
+def predict_linear_probe(fit: LinearProbeFit, features: torch.Tensor) -> torch.Tensor:
+    """The probe's predicted classes ``(N,)`` for ``features`` ``(N, d)``."""
+    _check_features(features, None, "features")
+    x = features.to(device=fit.weight.device, dtype=fit.weight.dtype)
+    return (((x - fit.mean) / fit.std) @ fit.weight + fit.bias).argmax(1)
+
+
+def knn_predict(train_features: torch.Tensor, train_labels: torch.Tensor, features: torch.Tensor, k: int = 20,
+                temperature: float = 0.1, num_classes: Optional[int] = None) -> torch.Tensor:
+    """Weighted kNN classes ``(N,)``: argmax_c Σ_{i ∈ top-k(s_n)} exp(s_ni/τ)·1[y_i = c], s_ni = f̂_nᵀ f̂_i (cosine).
+
+    Args:
+      train_features, train_labels: the memory bank ``(M, d)`` and its integer labels ``(M,)``.
+      features: queries ``(N, d)``.
+      k: neighbours (at most M are used). temperature: τ > 0.
+    """
+    _check_features(train_features, train_labels, "train_features")
+    _check_features(features, None, "features")
+    check_number("k", k, integer=True, low=1)
+    check_number("temperature", temperature, low=0, low_open=True, finite=True)
+    if features.shape[1] != train_features.shape[1]:
+        raise ConfigError(f"`features` have {features.shape[1]} dimensions, the training features "
+                          f"{train_features.shape[1]}.")
+    classes = int(train_labels.max()) + 1 if num_classes is None else int(num_classes)
+    bank = F.normalize(train_features, dim=1)
+    query = F.normalize(features.to(device=bank.device, dtype=bank.dtype), dim=1)
+    sim, idx = (query @ bank.T).topk(min(int(k), bank.shape[0]), dim=1)
+    votes = torch.zeros(query.shape[0], classes, dtype=bank.dtype, device=bank.device)
+    votes.scatter_add_(1, train_labels.to(bank.device)[idx], (sim / temperature).exp())
+    return votes.argmax(1)
+
+
+def _correct(pred: torch.Tensor, batch: Mapping[str, torch.Tensor], acc: list) -> list:
+    y = batch["y"]
+    acc[-2] += int((pred.to(y.device) == y).sum())
+    acc[-1] += int(y.shape[0])
+    return acc
+
+
+def _need_train(name: str, features: Optional[torch.Tensor]) -> None:
+    if features is None:
+        raise ConfigError(f"evaluator {name!r} needs the training features: build it with .with_train(features, "
+                          f"labels) (features of the training split from the same model) before evaluating.")
+
+
+@register("evaluator", "linear_probe")
+@declare
+@dataclass(frozen=True, eq=False)
+class LinearProbe(AbstractEvaluator):
+    """Test accuracy of a logistic-regression probe fitted on the training features (:func:`fit_linear_probe`).
+
+    Args:
+      l2: λ, the weight penalty. max_iter: L-BFGS iterations.
+      train_features, train_labels: set by :meth:`with_train`.
+    """
+
+    metrics: ClassVar[Mapping[str, bool]] = {"linear_probe_accuracy": True}
+    l2: float = 1e-4
+    max_iter: int = 100
+    train_features: Optional[torch.Tensor] = None
+    train_labels: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        check_number("l2", self.l2, low=0, finite=True)
+        check_number("max_iter", self.max_iter, integer=True, low=1)
+        if self.train_features is not None:
+            _check_features(self.train_features, self.train_labels, "train_features")
+
+    def with_train(self, features: torch.Tensor, labels: torch.Tensor) -> "LinearProbe":
+        """This evaluator with the training split's features ``(M, d)`` and labels ``(M,)``."""
+        return replace(self, train_features=features.detach(), train_labels=labels)
+
+    def init(self) -> Any:
+        _need_train("linear_probe", self.train_features)
+        return [fit_linear_probe(self.train_features, self.train_labels, l2=self.l2, max_iter=self.max_iter), 0, 0]
+
+    def update(self, acc, outputs, batch, objective):
+        return _correct(predict_linear_probe(acc[0], outputs), batch, acc)
+
+    def result(self, acc) -> dict[str, float]:
+        return {"linear_probe_accuracy": acc[1] / max(acc[2], 1)}
+
+
+@register("evaluator", "knn")
+@declare
+@dataclass(frozen=True, eq=False)
+class KNN(AbstractEvaluator):
+    """Test accuracy of the weighted kNN classifier on the training features (:func:`knn_predict`).
+
+    Args:
+      k: neighbours (20). temperature: τ (0.1).
+      train_features, train_labels: the memory bank, set by :meth:`with_train`.
+    """
+
+    metrics: ClassVar[Mapping[str, bool]] = {"knn_accuracy": True}
+    k: int = 20
+    temperature: float = 0.1
+    train_features: Optional[torch.Tensor] = None
+    train_labels: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        check_number("k", self.k, integer=True, low=1)
+        check_number("temperature", self.temperature, low=0, low_open=True, finite=True)
+        if self.train_features is not None:
+            _check_features(self.train_features, self.train_labels, "train_features")
+
+    def with_train(self, features: torch.Tensor, labels: torch.Tensor) -> "KNN":
+        """This evaluator with the memory bank: training features ``(M, d)`` and labels ``(M,)``."""
+        return replace(self, train_features=features.detach(), train_labels=labels)
+
+    def init(self) -> Any:
+        _need_train("knn", self.train_features)
+        return [0, 0]
+
+    def update(self, acc, outputs, batch, objective):
+        pred = knn_predict(self.train_features, self.train_labels, outputs, self.k, self.temperature)
+        return _correct(pred, batch, acc)
+
+    def result(self, acc) -> dict[str, float]:
+        return {"knn_accuracy": acc[0] / max(acc[1], 1)}
