@@ -140,3 +140,20 @@ def test_dpzv_stays_accurate_where_dp_vafl_collapses(vertical_config, tmp_path):
         acc[algorithm] = run_experiment(cfg, tmp_path / algorithm, progress=False, plots=False).summary[
             "final_accuracy"]
     assert acc["dpzv"] > 0.65 and acc["vafl"] < acc["dpzv"] - 0.3, acc
+
+
+def test_a_fallback_that_does_not_divide_among_the_parties_says_so(vertical_config, tmp_path, capsys):
+    """MNIST configs fall back to digits without `make data`: 7 parties cannot split digits' 64 columns evenly,
+    so the run uses 4 (the largest divisor not above 7) and the notice says it."""
+    cfg = vertical_config("dpzv", data__dataset="mnist", data__fallback="digits", data__num_clients=7,
+                          data__data_dir=str(tmp_path), data__options={"max_train": 10000})
+    fed = build_federation(cfg)
+    notice = capsys.readouterr().err
+    assert "fallback 'digits'" in notice and "4 parties instead" in notice and "max_train" in notice
+    assert [b.numel() for b in fed.vertical.blocks] == [16, 16, 16, 16]
+    assert fed.info["notice"] in notice
+
+
+def test_an_unreachable_budget_is_refused_before_training(vertical_config):
+    with pytest.raises(ConfigError, match="recipe.epsilon"):
+        build_federation(vertical_config("vafl", recipe={"epsilon": 1e-9, "delta": 1e-9}), quiet=True)

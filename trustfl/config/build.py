@@ -176,9 +176,11 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     name, notice = resolve_dataset(cfg)
     if notice:
         info["notice"] = notice
-        if not quiet:
-            print(notice, file=sys.stderr)
     options = {k: v for k, v in cfg.data.options.items()}
+    if notice and {"max_train", "max_test"} & set(options):  # subset sizes are the configured data set's
+        dropped = sorted({"max_train", "max_test"} & set(options))
+        options = {k: v for k, v in options.items() if k not in dropped}
+        info["notice"] += f" Its {' and '.join(dropped)} option(s) are ignored for the fallback (all its data)."
     if cfg.data.path:
         options["path"] = cfg.data.path
     try:
@@ -214,7 +216,9 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     client_rows = ClientRows.from_arrays(partition.indices, n)
     info["partition"] = partition.summary
 
-    blocks = feature_blocks(cfg, dataset, seed) if vertical else None
+    blocks = feature_blocks(cfg, dataset, seed, info) if vertical else None
+    if "notice" in info and not quiet:
+        print(info["notice"], file=sys.stderr)
     model = _build_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes),
                          blocks=None if blocks is None else [b.tolist() for b in blocks])
     params = {k: v.detach() for k, v in model.named_parameters()}

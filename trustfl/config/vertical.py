@@ -66,8 +66,13 @@ def check_horizontal_config(cfg: ExperimentConfig) -> None:
                           f"\"vertical\".")
 
 
-def feature_blocks(cfg: ExperimentConfig, dataset: Dataset, seed: int) -> list[np.ndarray]:
-    """The parties' column sets of the flattened examples, from ``data.features``."""
+def feature_blocks(cfg: ExperimentConfig, dataset: Dataset, seed: int,
+                   info: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """The parties' column sets of the flattened examples, from ``data.features``.
+
+    When ``data.fallback`` replaced the configured data set (``info`` holds its notice) and the fallback's units
+    (image rows) do not divide evenly among the parties, the parties are the largest divisor of the units not above
+    ``data.num_clients`` (e.g. digits' 8 rows: 4 parties instead of 7), and the notice says so."""
     comp, parties = cfg.data.features, cfg.data.num_clients
     if comp.name not in SPLITS:
         raise ConfigError(f"`data.features.name` must be one of {', '.join(map(repr, SPLITS))}, found "
@@ -85,6 +90,11 @@ def feature_blocks(cfg: ExperimentConfig, dataset: Dataset, seed: int) -> list[n
         unit = comp.params.get("unit", 0)
         if unit == 0:
             unit = int(dataset.input_shape[-1]) if len(dataset.input_shape) >= 2 else 1
+        units = num_features // unit if isinstance(unit, int) and unit > 0 else 0
+        if info is not None and "notice" in info and units and units % parties:
+            parties = max(k for k in range(1, min(parties, units) + 1) if units % k == 0)
+            info["notice"] += (f" The {units} units of its features do not divide among {cfg.data.num_clients} "
+                               f"parties: {parties} parties instead.")
         return split_features(num_features, parties, numpy_rng(seed, "features"),
                               shuffle=comp.name == "shuffled", unit=unit)
     except ConfigError as err:
