@@ -15,7 +15,9 @@ whole run spends exactly ε under the chosen accountant, and the ledgers enforce
 - ``vafl``, ``zoo_vfl``, ``czofo`` protect each party's embeddings as VAFL does: every sample's embedding clipped
   to ``embedding_clip`` (sensitivity ``2·C_e`` under replace-one), Gaussian noise ``σ_e = z·2·C_e`` on every
   coordinate. Party ``m``'s ledger counts its own releases (ZOO-VFL sends two per activation); ``z`` is
-  calibrated for the party with the most releases in the run's activation order.
+  calibrated for the party with the most releases in the run's activation order. ``recipe.release_count =
+  "all"`` charges every iteration's releases to every party instead (the DPZV paper's count T for its baselines:
+  √M times more noise than a party's own releases need).
 
 ``[recipe]`` keys: ``dpzv``: ``smoothing`` (λ, 1e-3), ``clip`` (C, 10), ``clipping`` (false: no clipping, the
 paper's Fig. 4 ablation; non-private only),
@@ -39,10 +41,11 @@ from trustfl.vertical.methods import CZOFO, DPZV, VAFL, ZOOVFL
 from trustfl.vertical.parties import EmbeddingPrivacy
 
 PRIVACY_KEYS = ("epsilon", "delta", "accountant")
+BASELINE_KEYS = ("embedding_clip", "release_count")
 ACCOUNTANTS = ("gdp", "gdp_clt", "rdp", "pld")
 KEYS = {"dpzv": ("smoothing", "clip", "clipping", "difference", "direction", "server_update"),
-        "vafl": ("embedding_clip",), "zoo_vfl": ("smoothing", "embedding_clip"),
-        "czofo": ("embedding_smoothing", "embedding_clip")}
+        "vafl": BASELINE_KEYS, "zoo_vfl": ("smoothing", *BASELINE_KEYS),
+        "czofo": ("embedding_smoothing", *BASELINE_KEYS)}
 
 
 def _number(rec: dict[str, Any], key: str, default: float) -> float:
@@ -102,8 +105,11 @@ class VerticalRecipe(AbstractRecipe):
         if math.isinf(bound):
             raise ConfigError(f"`recipe.clipping` is false, but `recipe.epsilon` = {epsilon:g} needs the "
                               f"clipping bound `recipe.clip`.")
+        setup.charge_all = method.channel == "scalar" or recipe_choice(rec, "release_count", "own",
+                                                                       ("own", "all")) == "all"
         counts = setup.order.bincount(minlength=setup.num_parties)
-        total = int(setup.order.numel()) if method.channel == "scalar" else int(counts.max()) * method.releases
+        per_party = int(setup.order.numel()) if setup.charge_all else int(counts.max())
+        total = per_party * method.releases
         q = setup.batch_size / setup.num_samples
         from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier
 

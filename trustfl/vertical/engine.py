@@ -51,6 +51,9 @@ class VerticalSetup:
     release_event: Any = None
     """The DP event of one protected message (``None``: no DP accounting)."""
     cache_init: str = "forward"
+    charge_all: bool = False
+    """Charge every release to every party's ledger (DPZV's replies; the baselines with
+    ``recipe.release_count = "all"``) instead of to the releasing party's only."""
     info: dict[str, Any] = field(default_factory=dict)
     _order_list: list[int] | None = field(default=None, init=False, repr=False)
 
@@ -119,7 +122,7 @@ class VerticalEngine(AbstractEngine):
             return
         method = setup.method
         counts = torch.bincount(setup.order[first:last], minlength=setup.num_parties).tolist()
-        if method.channel == "scalar":  # every reply is seen by the coalition of all parties (Thm 6.1's T)
+        if setup.charge_all:  # e.g. every DPZV reply is seen by the coalition of all parties (Thm 6.1's T)
             counts = [last - first] * setup.num_parties
         events = [(m, self_composed(setup.release_event, c * method.releases)) for m, c in enumerate(counts) if c]
         fed.ledger.charge(events)
