@@ -102,8 +102,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = _with_imports(load_config(args.config, args.set), args.imports)
     fed = build_federation(cfg, data_dir=args.data_dir)
+    who = (f"{fed.vertical.num_parties} parties" if fed.vertical is not None else f"{fed.num_clients} clients")
     print(f"{args.config}: valid ({cfg.algorithm}, {fed.info['dataset']}, objective {fed.info['objective']}, "
-          f"engine {cfg.engine.kind}, {fed.num_clients} clients, {fed.layout.numel} parameters, {cfg.rounds} rounds)")
+          f"engine {fed.info['engine']}, {who}, {fed.layout.numel} parameters, {cfg.rounds} rounds)")
     return 0
 
 
