@@ -54,6 +54,8 @@ class Party:
     layout: ParamLayout
     momentum: float = 0.0
     velocity: torch.Tensor | None = field(default=None, repr=False)
+    direction_cache: dict = field(default_factory=dict, repr=False)
+    """The current direction's single chunk, for a model within one chunk (:mod:`trustfl.vertical.directions`)."""
 
     @classmethod
     def of(cls, index: int, module: nn.Module, params: torch.Tensor, features: torch.Tensor,
@@ -81,10 +83,10 @@ class Party:
     # -- zeroth-order (DPZV eq. 6 and 9; ZOO-VFL) -----------------------------------------------------------------
     def perturb(self, seed: int, coefficient: torch.Tensor) -> None:
         """``w_m += coefficient·g(seed)`` in place (``g`` regenerated, never stored)."""
-        add_direction(self.params, seed, coefficient)
+        add_direction(self.params, seed, coefficient, self.direction_cache)
 
     def scale(self, seed: int, kind: str) -> torch.Tensor:
-        return direction_scale(self.params, seed, kind)
+        return direction_scale(self.params, seed, kind, self.direction_cache)
 
     # -- first order (VAFL, VFL-CZOFO) --------------------------------------------------------------------------
     def backward_step(self, h: torch.Tensor, w: torch.Tensor, grad_h: torch.Tensor, lr: float) -> None:
