@@ -63,13 +63,13 @@ def test_noise_is_one_scalar_draw_of_the_calibrated_std(vertical_config):
     """Δ − Δ_noiseless over many iterations: one N(0, σ²) draw each (mean 0, std σ), whatever the batch size."""
     sigma, draws = 0.5, []
     fed, parties, server, master = _parts(vertical_config)
-    saved = (master.clone(), server.cache.clone(), server.velocity.clone())
+    saved = (master.clone(), server.params.clone(), server.cache.clone(), server.velocity.clone())
     for t in range(200):
         it, ids = Iteration(seed=2, t=t), torch.arange(16)
         got = []
         for noise in (0.0, sigma):
             got.append(_reply(DPZV(party_lr=1e-3, noise_std=noise), it, parties[0], server, ids)[0])
-            for live, kept in zip((master, server.cache, server.velocity), saved):
+            for live, kept in zip((master, server.params, server.cache, server.velocity), saved):
                 live.copy_(kept)
         draws.append(got[1] - got[0])
     draws = torch.tensor(draws)
@@ -83,17 +83,18 @@ def test_non_finite_messages_are_rejected_counted_and_never_applied(vertical_con
     fed, parties, server, master = _parts(vertical_config)
     bad = parties[2]
     bad.features[5, 0] = math.nan  # the party's own data hold a NaN: its embeddings of sample 5 are NaN
-    before, cache = master.clone(), server.cache.clone()
+    before, head, cache = master.clone(), server.params.clone(), server.cache.clone()
     ok, loss = DPZV(party_lr=1e-3).iterate(Iteration(1, 0), bad, server, torch.tensor([3, 5, 7]))
     assert not bool(ok)
     own = fed.model.slices()[2]
     others = torch.ones_like(master, dtype=torch.bool)
     others[own] = False
-    assert torch.equal(master[others], before[others]) and torch.equal(server.cache, cache)  # head, cache untouched
+    assert torch.equal(master[others], before[others])  # the other parties are untouched
+    assert torch.equal(server.params, head) and torch.equal(server.cache, cache)  # so are the head and the cache
     # the party's own ±λu perturbation is undone up to float rounding (§2.4), and no step is taken
     assert torch.allclose(master[own], before[own], atol=1e-6)
     ok, _ = DPZV(party_lr=1e-3).iterate(Iteration(1, 1), bad, server, torch.tensor([3, 4, 7]))
-    assert bool(ok) and not torch.equal(master, before)
+    assert bool(ok) and not torch.equal(master, before) and not torch.equal(server.params, head)
 
 
 @pytest.mark.parametrize("algorithm", ["dpzv", "vafl", "zoo_vfl", "czofo"])

@@ -16,7 +16,7 @@ import math
 import torch
 
 DIRECTIONS = ("sphere", "unit_sphere", "gaussian")
-CHUNK = 1 << 20
+CHUNK = 1 << 16
 """Elements generated at once: the memory a regeneration adds to the parameters."""
 
 

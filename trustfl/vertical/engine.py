@@ -90,7 +90,7 @@ class VerticalEngine(AbstractEngine):
                    for m in range(setup.num_parties)]
         for m, velocity in state.shared.get("party_velocity", {}).items():
             parties[m].velocity = velocity.clone()
-        server = Server(model.head, master[slices[-1]], setup.labels, state.shared["cache"].clone(),
+        server = Server(model.head, master[slices[-1]].clone(), setup.labels, state.shared["cache"],
                         fed.objective, setup.server_lr, setup.server_momentum)
         server.velocity.copy_(state.shared["head_velocity"])
         return parties, server
@@ -145,6 +145,7 @@ class VerticalEngine(AbstractEngine):
             ok, loss = method.iterate(it, parties[setup.party_at(t)], server, ids)
             loss_sum += loss
             rejected += ~ok
+        master[fed.model.slices()[-1]] = server.params
         up, down = method.bytes_per_iteration(b, fed.model.embedding_dim)
         count = last - first
         rejected_n = int(rejected)
@@ -153,7 +154,7 @@ class VerticalEngine(AbstractEngine):
                                    "bytes_up": up * count, "bytes_down": down * count}
         if setup.times is not None:
             metrics["sim_time"] = float(setup.times[last - 1])
-        shared = {"cache": server.cache, "head_velocity": server.velocity.clone(),
+        shared = {"cache": server.cache.contiguous(), "head_velocity": server.velocity.clone(),
                   "party_velocity": {p.index: p.velocity.clone() for p in parties if p.velocity is not None}}
         new = EngineState(
             round=state.round + 1, params=master.detach().clone(), server_optimizer=None, client_stages=None,

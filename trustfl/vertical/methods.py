@@ -99,13 +99,15 @@ class DPZV(VerticalMethod):
         m, lam = party.index, self.smoothing
         seed = it.seed_for(m, "direction")
         scale = party.scale(seed, self.direction_kind)
+        rows = party.rows(ids)
         party.perturb(seed, lam * scale)  # MeZO in place: +λu, −2λu, +λu (§2.4)
-        h_plus = party.embed(ids)
+        h_plus = party.embed(ids, rows)
         party.perturb(seed, -2 * lam * scale)
-        h_minus = party.embed(ids)
+        h_minus = party.embed(ids, rows)
         party.perturb(seed, lam * scale)
-        self._record(it, m, SERVER, "embeddings", (2, *h_plus.shape))
-        self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
+        if self.log is not None:
+            self._record(it, m, SERVER, "embeddings", (2, *h_plus.shape))
+            self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
         # -- server --
         fresh = torch.stack([h_plus, h_minus])
         ok = _finite(fresh)
@@ -193,9 +195,10 @@ class ZOOVFL(VerticalMethod):
         m, lam = party.index, self.smoothing
         seed = it.seed_for(m, "direction")
         scale = party.scale(seed, "unit_sphere")
-        h0 = party.embed(ids)
+        rows = party.rows(ids)
+        h0 = party.embed(ids, rows)
         party.perturb(seed, lam * scale)
-        h1 = party.embed(ids)
+        h1 = party.embed(ids, rows)
         party.perturb(seed, -lam * scale)
         sent = torch.stack([_send_embedding(self.privacy, h0, it.generator(h0.device, m, "embedding_noise")),
                             _send_embedding(self.privacy, h1, it.generator(h0.device, m, "embedding_noise_2"))])

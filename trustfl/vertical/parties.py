@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
-from trustfl.types import ParamLayout
 from trustfl.vertical.directions import add_direction, direction_scale
+from trustfl.vertical.functional import FlatForward
 
 
 @dataclass
@@ -51,7 +50,7 @@ class Party:
     module: nn.Module
     params: torch.Tensor
     features: torch.Tensor
-    layout: ParamLayout
+    forward: FlatForward
     momentum: float = 0.0
     velocity: torch.Tensor | None = field(default=None, repr=False)
     direction_cache: dict = field(default_factory=dict, repr=False)
@@ -60,24 +59,27 @@ class Party:
     @classmethod
     def of(cls, index: int, module: nn.Module, params: torch.Tensor, features: torch.Tensor,
            momentum: float = 0.0) -> "Party":
-        layout = ParamLayout.of({k: v.detach() for k, v in module.named_parameters()})
-        return cls(index, module, params, features, layout, momentum)
+        return cls(index, module, params, features, FlatForward(module), momentum)
 
     @property
     def num_params(self) -> int:
         return self.params.numel()
 
     # -- forward passes ---------------------------------------------------------------------------------------
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """``h(w_m; ξ_{m,I})`` without a graph (the module's parameters are views of ``params``)."""
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ξ_{m,I}``: the party's own features of the samples ``ids``."""
+        return self.features[ids]
+
+    def embed(self, ids: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``h(w_m; ξ_{m,I})`` without a graph (``rows``: ``self.rows(ids)`` when already gathered)."""
         with torch.no_grad():
-            return self.module(self.features[ids])
+            return self.forward(self.params, self.features[ids] if rows is None else rows)
 
     def embed_with_graph(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(h, w)``: the embedding as a function of a leaf copy ``w`` of the parameters, for a backward pass."""
         w = self.params.detach().clone().requires_grad_(True)  # own version counter: the server's in-place
         # update of its slice of the same vector must not invalidate this graph
-        h = functional_call(self.module, self.layout.unflatten(w), (self.features[ids],))
+        h = self.forward(w, self.features[ids])
         return h, w
 
     # -- zeroth-order (DPZV eq. 6 and 9; ZOO-VFL) -----------------------------------------------------------------

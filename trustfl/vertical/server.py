@@ -8,57 +8,64 @@ activated party's embeddings and the sample IDs they belong to.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 from torch import nn
-from torch.func import functional_call
-
 from trustfl.objectives.base import AbstractObjective
-from trustfl.types import ParamLayout
+from trustfl.vertical.functional import FlatForward
 
 
 @dataclass
 class Server:
-    """The head (a view ``params`` into the run's flat vector), its momentum, the labels and the embedding cache
-    ``cache[k, i]`` (party ``k``, sample ``i``)."""
+    """The head's parameters ``params`` (its own copy; the engine writes them back into the run's vector), its
+    momentum, the labels and the embedding cache, given party-major ``(M, D, d_h)`` and kept sample-major
+    (``rows[i, k]``: sample ``i``, party ``k``) so that a minibatch's head inputs are one gather."""
 
     head: nn.Module
     params: torch.Tensor
     labels: torch.Tensor
-    cache: torch.Tensor
+    initial_cache: InitVar[torch.Tensor]
     objective: AbstractObjective
     lr: float
     momentum: float = 0.0
-    layout: ParamLayout = field(init=False, repr=False)
+    forward: FlatForward = field(init=False, repr=False)
     velocity: torch.Tensor = field(init=False, repr=False)
+    rows: torch.Tensor = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.layout = ParamLayout.of({k: v.detach() for k, v in self.head.named_parameters()})
+    def __post_init__(self, initial_cache: torch.Tensor) -> None:
+        self.forward = FlatForward(self.head)
         self.velocity = torch.zeros_like(self.params)
+        self.rows = initial_cache.permute(1, 0, 2).contiguous()
+
+    @property
+    def cache(self) -> torch.Tensor:
+        """The cache party-major, ``(M, D, d_h)`` (a view)."""
+        return self.rows.permute(1, 0, 2)
 
     @property
     def num_parties(self) -> int:
-        return int(self.cache.shape[0])
+        return int(self.rows.shape[1])
 
     def inputs(self, ids: torch.Tensor, party: int, fresh: torch.Tensor) -> torch.Tensor:
         """Head inputs ``(K·B, M·d_h)``: the cached embeddings of samples ``ids`` with party ``party``'s slot
         replaced by each of the ``K`` fresh alternatives ``fresh`` ``(K, B, d_h)`` (differentiable in ``fresh``)."""
         k, b, dh = fresh.shape
-        x = self.cache[:, ids].unsqueeze(0).expand(k, -1, -1, -1).clone()  # (K, M, B, d_h)
-        x[:, party] = fresh
-        return x.permute(0, 2, 1, 3).reshape(k * b, self.num_parties * dh)
+        x = self.rows[ids].unsqueeze(0).expand(k, -1, -1, -1).clone()  # (K, B, M, d_h)
+        x[:, :, party] = fresh
+        return x.view(k * b, self.num_parties * dh)
 
     def losses(self, w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Per-sample losses ``(K·B,)`` of head parameters ``w`` on inputs ``x`` built for ``ids`` by
         :meth:`inputs` (labels repeated ``K`` times)."""
-        outputs = functional_call(self.head, self.layout.unflatten(w), (x,))
+        outputs = self.forward(w, x)
         y = self.labels[ids]
         return self.objective.losses(outputs, {"y": y.repeat(x.shape[0] // ids.numel(), *([1] * (y.dim() - 1)))})
 
     def leaf(self) -> torch.Tensor:
-        """A leaf copy of the head parameters that gradients are taken with respect to."""
-        return self.params.detach().clone().requires_grad_(True)
+        """The head parameters as a leaf that gradients are taken with respect to (the server's own storage, so
+        no party's in-place step can touch it)."""
+        return self.params.detach().requires_grad_(True)
 
     def step(self, grad: torch.Tensor, ok: torch.Tensor) -> None:
         """SGD with heavy-ball momentum on the head; nothing changes where ``ok`` (a 0-dim bool) is false."""
@@ -71,4 +78,4 @@ class Server:
     def remember(self, party: int, ids: torch.Tensor, embeddings: torch.Tensor, ok: torch.Tensor) -> None:
         """``H̃[party][ids] ← embeddings`` unless the message was rejected."""
         with torch.no_grad():
-            self.cache[party, ids] = torch.where(ok, embeddings, self.cache[party, ids])
+            self.rows[ids, party] = torch.where(ok, embeddings, self.rows[ids, party])
