@@ -39,6 +39,10 @@ from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import AbstractEvaluator, declare
+from trustfl.objectives.builtin import CrossEntropy
+
+_CROSS_ENTROPY = CrossEntropy()
+"""The probe's loss: the registered objective (the only place a loss function is named)."""
 
 __all__ = ["KNN", "LinearProbe", "LinearProbeFit", "fit_linear_probe", "knn_predict", "predict_linear_probe"]
 
@@ -88,7 +92,7 @@ def fit_linear_probe(features: torch.Tensor, labels: torch.Tensor, num_classes: 
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss = F.cross_entropy(x @ weight + bias, y) + l2 * weight.square().sum()
+        loss = _CROSS_ENTROPY.loss_sum(x @ weight + bias, {"y": y}) / y.numel() + l2 * weight.square().sum()
         loss.backward()
         return loss
 

@@ -82,6 +82,14 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(x).all()
 
 
+def keep(ok: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``x`` where the message was accepted, zeros where it was rejected. On a GPU a ``torch.where`` (nothing waits
+    for the device); on the CPU, where reading ``ok`` costs nothing, a plain branch (the same values)."""
+    if x.device.type == "cpu":
+        return x if bool(ok) else torch.zeros_like(x)
+    return torch.where(ok, x, torch.zeros_like(x))
+
+
 @dataclass
 class DPZV(VerticalMethod):
     """DPZV (Alg. 1). ``clip = inf`` disables clipping; ``noise_std`` is σ_dp of eq. 8 (0: no noise)."""
@@ -111,7 +119,7 @@ class DPZV(VerticalMethod):
         # -- server --
         fresh = torch.stack([h_plus, h_minus])
         ok = _finite(fresh)
-        fresh = torch.where(ok, fresh, torch.zeros_like(fresh))
+        fresh = keep(ok, fresh)
         sgd = self.server_update == "sgd"
         w = server.leaf() if sgd else server.params
         with torch.set_grad_enabled(sgd):
@@ -125,14 +133,14 @@ class DPZV(VerticalMethod):
         if self.noise_std > 0:
             gen = it.generator(reply.device, "dp_noise")
             reply = reply + self.noise_std * torch.randn((), generator=gen, device=reply.device, dtype=reply.dtype)
-        reply = torch.where(ok, reply, torch.zeros_like(reply))
+        reply = keep(ok, reply)
         self._record(it, SERVER, m, "scalar", ())
         middle = fresh.mean(dim=0)
         if sgd:
             (grad,) = torch.autograd.grad(losses.mean(), w)
         else:
             grad = self._zeroth_order_head(it, server, ids, m, middle)
-        server.step(torch.where(ok, grad, torch.zeros_like(grad)), ok)
+        server.step(keep(ok, grad), ok)
         server.remember(m, ids, middle, ok)
         # -- party (eq. 9) --
         party.perturb(seed, -self.party_lr * reply * scale)
@@ -168,14 +176,14 @@ class VAFL(VerticalMethod):
         self._record(it, m, SERVER, "embeddings", (1, *message.shape))
         self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
         ok = _finite(message)
-        received = torch.where(ok, message, torch.zeros_like(message)).requires_grad_(True)
+        received = keep(ok, message).requires_grad_(True)
         wh = server.leaf()
         losses = server.losses(wh, server.inputs(ids, m, received[None]), ids)
         grad_head, grad_h = torch.autograd.grad(losses.mean(), [wh, received])
         ok = ok & _finite(grad_h)
-        server.step(torch.where(ok, grad_head, torch.zeros_like(grad_head)), ok)
+        server.step(keep(ok, grad_head), ok)
         server.remember(m, ids, received.detach(), ok)
-        grad_h = torch.where(ok, grad_h, torch.zeros_like(grad_h))
+        grad_h = keep(ok, grad_h)
         self._record(it, SERVER, m, "embedding_gradient", tuple(grad_h.shape))
         party.backward_step(clipped, w, grad_h, self.party_lr)
         return ok, losses.detach().mean()
@@ -205,15 +213,15 @@ class ZOOVFL(VerticalMethod):
         self._record(it, m, SERVER, "embeddings", tuple(sent.shape))
         self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
         ok = _finite(sent)
-        sent = torch.where(ok, sent, torch.zeros_like(sent))
+        sent = keep(ok, sent)
         wh = server.leaf()
         losses = server.losses(wh, server.inputs(ids, m, sent), ids).view(2, -1)
         reply = (losses[1] - losses[0]).detach().mean()
         ok = ok & _finite(reply)
-        reply = torch.where(ok, reply, torch.zeros_like(reply))
+        reply = keep(ok, reply)
         self._record(it, SERVER, m, "scalar", ())
         (grad,) = torch.autograd.grad(losses[0].mean(), wh)
-        server.step(torch.where(ok, grad, torch.zeros_like(grad)), ok)
+        server.step(keep(ok, grad), ok)
         server.remember(m, ids, sent[0], ok)
         party.perturb(seed, -self.party_lr * (party.num_params / lam) * reply * scale)
         return ok, losses[0].detach().mean()
@@ -235,17 +243,17 @@ class CZOFO(VerticalMethod):
         self._record(it, m, SERVER, "embeddings", (1, *message.shape))
         self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
         ok = _finite(message)
-        message = torch.where(ok, message, torch.zeros_like(message))
+        message = keep(ok, message)
         rows, dh = message.shape
         v = row_directions(rows, dh, it.generator(h.device, m, "embedding_direction"), h.device, h.dtype)
         wh = server.leaf()
         losses = server.losses(wh, server.inputs(ids, m, torch.stack([message, message + mu * v])), ids).view(2, -1)
         reply = (losses[1] - losses[0]).detach().mean()
         ok = ok & _finite(reply)
-        reply = torch.where(ok, reply, torch.zeros_like(reply))
+        reply = keep(ok, reply)
         self._record(it, SERVER, m, "scalar", ())
         (grad,) = torch.autograd.grad(losses[0].mean(), wh)
-        server.step(torch.where(ok, grad, torch.zeros_like(grad)), ok)
+        server.step(keep(ok, grad), ok)
         server.remember(m, ids, message, ok)
         v_party = row_directions(rows, dh, it.generator(h.device, m, "embedding_direction"), h.device, h.dtype)
         party.backward_step(clipped, w, (dh / mu) * reply * v_party, self.party_lr)

@@ -70,12 +70,20 @@ class Server:
     def step(self, grad: torch.Tensor, ok: torch.Tensor) -> None:
         """SGD with heavy-ball momentum on the head; nothing changes where ``ok`` (a 0-dim bool) is false."""
         with torch.no_grad():
+            cpu = self.params.device.type == "cpu"  # reading ``ok`` is free there: a branch, the same values
+            if cpu and not bool(ok):
+                return
             velocity = self.velocity * self.momentum + grad if self.momentum else grad
             if self.momentum:
-                self.velocity.copy_(torch.where(ok, velocity, self.velocity))
-            self.params.sub_(torch.where(ok, self.lr * velocity, torch.zeros_like(velocity)))
+                self.velocity.copy_(velocity if cpu else torch.where(ok, velocity, self.velocity))
+            self.params.sub_(self.lr * velocity if cpu else torch.where(ok, self.lr * velocity,
+                                                                         torch.zeros_like(velocity)))
 
     def remember(self, party: int, ids: torch.Tensor, embeddings: torch.Tensor, ok: torch.Tensor) -> None:
         """``H̃[party][ids] ← embeddings`` unless the message was rejected."""
         with torch.no_grad():
+            if self.rows.device.type == "cpu":
+                if bool(ok):
+                    self.rows[ids, party] = embeddings
+                return
             self.rows[ids, party] = torch.where(ok, embeddings, self.rows[ids, party])
