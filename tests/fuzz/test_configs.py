@@ -39,6 +39,8 @@ SEED = 16
 NUM_CASES = 260
 """Generated config mutations (one fuzz_results entry each)."""
 SHIPPED = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.toml"))
+FAKE_TRAIN, FAKE_TEST = 1200, 200
+"""Sizes of the fake MNIST the MNIST configs read here."""
 SLOW_TO_BUILD = ("configs/robust_hdp/",)
 """Building these calibrates per-client noise by bisection (seconds each): loader-level mutations only."""
 BUILDABLE = [c for c in SHIPPED if not c.startswith(SLOW_TO_BUILD)]
@@ -139,7 +141,11 @@ class Generator:
             data = tomllib.loads((ROOT / name).read_text())
             if data.get("data", {}).get("dataset") == "mnist":  # the fake MNIST, never a real download
                 data["data"]["data_dir"] = str(mnist_dir)
-                data["data"]["options"] = {**data["data"].get("options", {}), "verify": False}
+                options = {**data["data"].get("options", {}), "verify": False}
+                for key, cap in (("max_train", FAKE_TRAIN), ("max_test", FAKE_TEST)):  # subsets within the fake
+                    if key in options:
+                        options[key] = min(options[key], cap)
+                data["data"]["options"] = options
             self.parsed[name] = data
         self.count = 0
 
@@ -315,7 +321,7 @@ def quiet_accounting():
 def fuzz_results(tmp_path_factory, quiet_accounting):
     tmp = tmp_path_factory.mktemp("fuzz")
     mnist = tmp / "data"
-    write_fake_mnist(mnist, train=1200, test=200)
+    write_fake_mnist(mnist, train=FAKE_TRAIN, test=FAKE_TEST)
     gen = Generator(SEED, mnist, tmp / "files")
     (tmp / "files").mkdir()
     gen.buildable = [name for name in BUILDABLE if _builds(gen.parsed[name])]
