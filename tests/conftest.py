@@ -3,6 +3,17 @@ import pytest
 from trustfl.config.load import config_from_dict
 
 
+def apply_overrides(data: dict, overrides: dict) -> dict:
+    """Set ``overrides`` (``"client__lr": 0.1`` sets ``data["client"]["lr"]``) in the config dict ``data``."""
+    for key, value in overrides.items():
+        node = data
+        parts = key.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return data
+
+
 @pytest.fixture
 def small_config():
     """A small, fast FedAvg experiment on digits (override keys per test)."""
@@ -16,13 +27,7 @@ def small_config():
             "client": {"epochs": 1, "batch_size": 16, "lr": 0.1, "momentum": 0.5, "weight_decay": 1e-4},
             "engine": {"checkpoint_every": 0},
         }
-        for key, value in overrides.items():
-            node = data
-            parts = key.split("__")
-            for p in parts[:-1]:
-                node = node.setdefault(p, {})
-            node[parts[-1]] = value
-        return config_from_dict(data)
+        return config_from_dict(apply_overrides(data, overrides))
 
     return make
 

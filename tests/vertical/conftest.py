@@ -1,5 +1,6 @@
 import pytest
 
+from tests.conftest import apply_overrides
 from trustfl.config.load import config_from_dict
 
 
@@ -17,12 +18,6 @@ def vertical_config():
             "engine": {"kind": "vertical", "iterations_per_round": 40, "checkpoint_every": 0},
             "recipe": {},
         }
-        for key, value in overrides.items():
-            node = data
-            parts = key.split("__")
-            for p in parts[:-1]:
-                node = node.setdefault(p, {})
-            node[parts[-1]] = value
-        return config_from_dict(data)
+        return config_from_dict(apply_overrides(data, overrides))
 
     return make

@@ -157,6 +157,19 @@ class DPZV(VerticalMethod):
         return (f_plus - f_minus) / (2 * lam) * u
 
 
+def _first_order_message(method: VerticalMethod, it: Iteration, party: Party, ids: torch.Tensor,
+                         privacy: EmbeddingPrivacy) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The party half of VAFL and VFL-CZOFO: ``(w, clipped, message, ok)``, its embedding as a function of the leaf
+    ``w``, clipped (differentiable), the message sent (clipped and noised), and whether it is finite."""
+    m = party.index
+    h, w = party.embed_with_graph(ids)
+    clipped = privacy.clip_rows(h)
+    message = privacy.noise(clipped.detach(), it.generator(h.device, m, "embedding_noise"))
+    method._record(it, m, SERVER, "embeddings", (1, *message.shape))
+    method._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
+    return w, clipped, message, _finite(message)
+
+
 def _send_embedding(privacy: EmbeddingPrivacy, h: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return privacy.noise(privacy.clip_rows(h).detach(), gen)
 
@@ -170,12 +183,7 @@ class VAFL(VerticalMethod):
 
     def iterate(self, it, party, server, ids):
         m = party.index
-        h, w = party.embed_with_graph(ids)
-        clipped = self.privacy.clip_rows(h)
-        message = self.privacy.noise(clipped.detach(), it.generator(h.device, m, "embedding_noise"))
-        self._record(it, m, SERVER, "embeddings", (1, *message.shape))
-        self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
-        ok = _finite(message)
+        w, clipped, message, ok = _first_order_message(self, it, party, ids, self.privacy)
         received = keep(ok, message).requires_grad_(True)
         wh = server.leaf()
         losses = server.losses(wh, server.inputs(ids, m, received[None]), ids)
@@ -237,15 +245,11 @@ class CZOFO(VerticalMethod):
 
     def iterate(self, it, party, server, ids):
         m, mu = party.index, self.embedding_smoothing
-        h, w = party.embed_with_graph(ids)
-        clipped = self.privacy.clip_rows(h)
-        message = self.privacy.noise(clipped.detach(), it.generator(h.device, m, "embedding_noise"))
-        self._record(it, m, SERVER, "embeddings", (1, *message.shape))
-        self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
-        ok = _finite(message)
+        w, clipped, message, ok = _first_order_message(self, it, party, ids, self.privacy)
         message = keep(ok, message)
         rows, dh = message.shape
-        v = row_directions(rows, dh, it.generator(h.device, m, "embedding_direction"), h.device, h.dtype)
+        device, dtype = message.device, message.dtype
+        v = row_directions(rows, dh, it.generator(device, m, "embedding_direction"), device, dtype)
         wh = server.leaf()
         losses = server.losses(wh, server.inputs(ids, m, torch.stack([message, message + mu * v])), ids).view(2, -1)
         reply = (losses[1] - losses[0]).detach().mean()
@@ -255,7 +259,7 @@ class CZOFO(VerticalMethod):
         (grad,) = torch.autograd.grad(losses[0].mean(), wh)
         server.step(keep(ok, grad), ok)
         server.remember(m, ids, message, ok)
-        v_party = row_directions(rows, dh, it.generator(h.device, m, "embedding_direction"), h.device, h.dtype)
+        v_party = row_directions(rows, dh, it.generator(device, m, "embedding_direction"), device, dtype)
         party.backward_step(clipped, w, (dh / mu) * reply * v_party, self.party_lr)
         return ok, losses[0].detach().mean()
 
