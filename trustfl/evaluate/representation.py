@@ -41,6 +41,9 @@ from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import AbstractEvaluator, declare
+from trustfl.objectives.builtin import CrossEntropy
+
+_CE = CrossEntropy()  # the probe's loss goes through the objective (the only place a loss is named)
 
 __all__ = ["KNN", "LinearProbe", "LinearProbeFit", "evaluate_representations", "fit_linear_probe", "knn_predict",
            "predict_linear_probe", "representations"]
@@ -91,7 +94,7 @@ def fit_linear_probe(features: torch.Tensor, labels: torch.Tensor, num_classes: 
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss = F.cross_entropy(x @ weight + bias, y) + l2 * weight.square().sum()
+        loss = _CE.loss_sum(x @ weight + bias, {"y": y}) / y.shape[0] + l2 * weight.square().sum()
         loss.backward()
         return loss
 
