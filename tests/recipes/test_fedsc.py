@@ -159,3 +159,19 @@ def test_baselines_share_nothing(one_torch_thread):
     assert fed.statistics == () and fed.weighting == "uniform"
     central = build_federation(_cfg(algorithm="centralized_sc", recipe={}), quiet=True)
     assert central.num_clients == 1 and len(central.client_rows[0]) == len(central.train_data.tensors["x"])
+
+
+@pytest.mark.slow
+def test_small_setting_end_to_end_records_the_floor_and_learns(tmp_path, one_torch_thread):
+    """The small setting (10 clients × 1 digit): every method records the random network's probe (the floor);
+    centralized SC beats it clearly within 30 rounds; FedSC runs to the end with finite weights and both metrics.
+    (Whether FedSC beats the floor on this setting: benchmarks/fedsc.md.)"""
+    from trustfl.config.load import load_config
+
+    path = "configs/fedsc/digits_canvas_1class.toml"
+    central = run_experiment(load_config(path, ['algorithm="centralized_sc"', "rounds=30"]), tmp_path / "c",
+                             progress=False, plots=False).summary
+    assert central["final_linear_probe_accuracy"] > central["initial_linear_probe_accuracy"] + 0.05
+    fed = run_experiment(load_config(path, ["rounds=10"]), tmp_path / "f", progress=False, plots=False)
+    assert 0.5 < fed.summary["initial_linear_probe_accuracy"] < 0.8
+    assert bool(torch.isfinite(fed.params).all()) and 0 < fed.summary["final_knn_accuracy"] <= 1
