@@ -444,9 +444,8 @@ def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_s
 
 def coupled_losses(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
                    batch: Batch, mask: torch.Tensor, personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``(m,)`` batch losses of a batch-coupled objective: ``objective.client_loss`` of each client's own padded
-    batch, its mask and its personal downlink, under ``vmap`` over clients (one client's rows never meet
-    another's: the loss is not a sum of per-example terms)."""
+    """``(m,)`` losses of a batch-coupled objective: ``client_loss`` of each client's own padded batch, mask and
+    personal downlink, under ``vmap`` over clients (one client's rows never meet another's)."""
     def one(p: Params, bi: Batch, wi: torch.Tensor, pi: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return objective.client_loss(objective.forward(model, p, bi), bi, wi, pi)
     return vmap(one)(dict(params_stacked), dict(batch), mask, dict(personal))
@@ -459,8 +458,7 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
 
     One autograd pass of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters (the forward under ``vmap``): client ``i``'s
     rows depend on ``θ_i`` only, so row ``i`` of the result is ``∇L_i(θ_i)``. ``full``: every row of ``mask`` is
-    real (known on the host). A batch-coupled objective's ``L_i`` is its ``client_loss`` (:func:`coupled_losses`,
-    with ``personal``, what the server sent each client, stacked).
+    real (known on the host). A batch-coupled objective's ``L_i``: :func:`coupled_losses` with ``personal``.
     """
     if objective.batch_coupled:
         with torch.enable_grad():
