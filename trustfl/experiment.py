@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig
 from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, load_checkpoint, metric_names, run_rounds,
+from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, evaluate, load_checkpoint, metric_names, run_rounds,
                                  save_checkpoint, save_model)
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
@@ -101,14 +102,20 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
     if resume is not None:
         state = load_checkpoint(run_dir, cfg_hash)
+        if fed.eval_initial and (run_dir / "run_info.json").is_file():
+            saved = json.loads((run_dir / "run_info.json").read_text())
+            if "initial_evaluation" in saved:
+                fed.info["initial_evaluation"] = saved["initial_evaluation"]
         if fed.ledger is not None and state.ledger is not None:
             fed.ledger.load_state_dict(state.ledger)
         truncate_metrics(metrics_path, state.round)
     else:
         (run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
+        state = engine.initial_state(fed)
+        if fed.eval_initial:  # the untrained model's metrics (e.g. a random network's linear probe: the floor)
+            fed.info["initial_evaluation"] = evaluate(fed, state.params)
         write_json(run_dir / "run_info.json", fed.info)
         metrics_path.write_text("")
-        state = engine.initial_state(fed)
     last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     primary = primary_metric(cfg, fed)
     bar = Progress(cfg.rounds, state.round, progress, cfg.name, primary)
@@ -187,6 +194,8 @@ def _summary(cfg: ExperimentConfig, fed: Federation, state: EngineState, rows: l
                 "num_parameters": fed.layout.numel})
     if "notice" in fed.info:
         out["notice"] = fed.info["notice"]
+    for metric, value in fed.info.get("initial_evaluation", {}).items():
+        out[f"initial_{metric}"] = value
     if fed.ledger is not None:
         out["epsilon"] = {str(k): v for k, v in fed.ledger.epsilons().items()}
         deltas = {fed.ledger[c].budget.delta for c in fed.ledger.client_ids}

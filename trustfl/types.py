@@ -126,6 +126,8 @@ class CohortContext:
         statistics of the gradient transforms (e.g. SCAFFOLD's ``"scaffold/c"``), flat.
       client_state: each client's own entries from the client state store, stacked ``(m, ...)``.
       layout: the parameters' flat layout.
+      personal: what the server sent each client alone, stacked ``(m, ...)`` (row ``i`` went to client ``i``
+        only; e.g. FedSC's R̃_{−j} from a client statistic's server half); empty for most algorithms.
     """
 
     client_ids: tuple[int, ...]
@@ -137,6 +139,7 @@ class CohortContext:
     received: Mapping[str, torch.Tensor]
     client_state: Mapping[str, torch.Tensor]
     layout: ParamLayout
+    personal: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -155,4 +158,5 @@ class CohortContext:
         """Rows ``start:stop`` (a group of a cohort split for memory)."""
         return CohortContext(self.client_ids[start:stop], self.round, self.seed, self.lr,
                              self.batch_sizes[start:stop], self.noise_multipliers[start:stop], self.received,
-                             {k: v[start:stop] for k, v in self.client_state.items()}, self.layout)
+                             {k: v[start:stop] for k, v in self.client_state.items()}, self.layout,
+                             {k: v[start:stop] for k, v in self.personal.items()})

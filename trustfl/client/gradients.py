@@ -57,7 +57,7 @@ class PlainGradient(AbstractGradientMethod):
     """``g_i = ∇_θ (1/|S_i|) Σ_{b ∈ S_i} ℓ(θ_i; batch_b)``: the plain mini-batch gradient."""
 
     def compute(self, model, objective, params, batch, mask, cohort, full=False):
-        return batched_mean_grad(model, objective, params, batch, mask, full)
+        return batched_mean_grad(model, objective, params, batch, mask, full, cohort.personal)
 
 
 @register("gradient_method", "per_example")

@@ -430,6 +430,8 @@ def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_s
     the flattened ``(m·B)`` outputs.
     """
     m, b = mask.shape
+    if objective.batch_coupled:
+        return coupled_losses(model, objective, params_stacked, batch, mask, {})
     if m == 1:  # one client (the sequential executor): no vmap machinery
         outputs = objective.forward(model, {k: v[0] for k, v in params_stacked.items()},
                                     {k: v[0] for k, v in batch.items()}).unsqueeze(0)
@@ -440,14 +442,31 @@ def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_s
     return (losses * w).sum(1) / w.sum(1).clamp(min=1)
 
 
+def coupled_losses(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
+                   batch: Batch, mask: torch.Tensor, personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``(m,)`` losses of a batch-coupled objective: ``client_loss`` of each client's own padded batch, mask and
+    personal downlink, under ``vmap`` over clients (one client's rows never meet another's)."""
+    def one(p: Params, bi: Batch, wi: torch.Tensor, pi: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return objective.client_loss(objective.forward(model, p, bi), bi, wi, pi)
+    return vmap(one)(dict(params_stacked), dict(batch), mask, dict(personal))
+
+
 def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
-                      batch: Batch, mask: torch.Tensor, full: bool = False) -> tuple[Params, torch.Tensor]:
+                      batch: Batch, mask: torch.Tensor, full: bool = False,
+                      personal: Mapping[str, torch.Tensor] | None = None) -> tuple[Params, torch.Tensor]:
     """Per-client gradients of the per-client mean losses, ``({name: (m, ...)}, losses (m,))``.
 
     One autograd pass of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters (the forward under ``vmap``): client ``i``'s
     rows depend on ``θ_i`` only, so row ``i`` of the result is ``∇L_i(θ_i)``. ``full``: every row of ``mask`` is
-    real (known on the host).
+    real (known on the host). A batch-coupled objective's ``L_i``: :func:`coupled_losses` with ``personal``.
     """
+    if objective.batch_coupled:
+        with torch.enable_grad():
+            leaves = {k: v.detach().requires_grad_(True) for k, v in params_stacked.items()}
+            per_client = coupled_losses(model, objective, leaves, batch, mask, personal or {})
+            grads = torch.autograd.grad(per_client.sum(), list(leaves.values()), allow_unused=True)
+        out = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
+        return out, per_client.detach()
     if full and mask.shape[0] == 1:  # one client, no padding: the plain mean, no mask arithmetic
         return _one_client_mean_grad(model, objective, params_stacked, batch, None)
     x = batch[objective.input_key]

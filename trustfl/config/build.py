@@ -232,7 +232,10 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     dp = cfg.client.dp
     training = LocalTraining(sampler=sampler, lr=cfg.client.lr, epochs=cfg.client.epochs, steps=cfg.client.steps,
                              momentum=cfg.client.momentum, weight_decay=cfg.client.weight_decay,
-                             dp_mode=dp.mode, clip=dp.clip, dp_method=dp.method)
+                             dp_mode=dp.mode, clip=dp.clip, dp_method=dp.method, lr_schedule=cfg.client.lr_schedule)
+    if cfg.client.lr_schedule != "constant" and cfg.engine.kind != "sync":
+        raise ConfigError(f"`client.lr_schedule` = {cfg.client.lr_schedule!r} runs in the synchronous engine only; "
+                          f"`engine.kind` is {cfg.engine.kind!r}.")
     client_stages = _stage_chain("client_stage", cfg.client_stages, "client_stages")
     server_stages = _stage_chain("server_stage", cfg.server_stages, "server_stages")
     try:
@@ -266,6 +269,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                           f"sample-level DP (`client.dp`) instead.")
     info["local_chain"] = [type(local_chain.method).__name__] + local_chain.names
     step_budget = build_component("step_budget", cfg.client.step_budget, "client.step_budget")
+    augment, statistics = build_selfsup_parts(cfg, objective, sizes)
     downlink = Downlink(tuple(_named("downlink_stage", cfg.downlink, "downlink")))
     fed = Federation(
         seed=seed, rounds=cfg.rounds, dataset=dataset, model=model, layout=layout,
@@ -282,7 +286,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         else None,
         reports={"num_samples": torch.tensor(sizes, dtype=torch.float64)},
         eval_every=cfg.engine.eval_every, eval_batch_size=cfg.engine.eval_batch_size, info=info,
-        links=build_links(cfg, layout), **build_timing(cfg, n))
+        links=build_links(cfg, layout), augment=augment, statistics=statistics,
+        eval_initial=cfg.engine.eval_initial, **build_timing(cfg, n))
     if vertical:
         fed.vertical = vertical_setup(cfg, dataset, blocks, info)
     if recipe is not None:
@@ -291,6 +296,34 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if hasattr(engine, "check"):
         engine.check(fed)
     return fed
+
+
+def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective,
+                        sizes: list[int]) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    """``client.augment`` and ``client.statistics``, checked against the objective and the engine."""
+    augment = None
+    if cfg.client.augment.name != "none":
+        augment = build_component("augmentation", cfg.client.augment, "client.augment")
+    elif cfg.client.augment.params:
+        raise ConfigError(f"`client.augment.{sorted(cfg.client.augment.params)[0]}` is set but `client.augment` "
+                          f"is not used (its name is \"none\").")
+    if objective.input_key == "views" and augment is None:
+        raise ConfigError(f"`client.augment`: the objective reads {objective.input_key!r}, which the data set does "
+                          f"not hold; name an augmentation that makes them (e.g. {{ name = \"views\" }}).")
+    if objective.batch_coupled and cfg.client.dp.mode != "off":
+        raise ConfigError(f"`client.dp.mode` = {cfg.client.dp.mode!r}: objective {cfg.objective.name!r} is not a "
+                          f"mean of per-example losses (its batch terms are coupled), so per-example or batch "
+                          f"clipping DP-SGD does not apply; set `client.dp.mode` = \"off\".")
+    statistics = []
+    for i, comp in enumerate(cfg.client.statistics):
+        statistics.append((comp.name, build_component("client_statistic", comp, f"client.statistics[{i}]",
+                                                      sizes=tuple(sizes), rounds=cfg.rounds)))
+    if len({n for n, _ in statistics}) != len(statistics):
+        raise ConfigError(f"`client.statistics` names a statistic twice: {[n for n, _ in statistics]}.")
+    if statistics and cfg.engine.kind != "sync":
+        raise ConfigError(f"`client.statistics` run in the synchronous engine only; `engine.kind` is "
+                          f"{cfg.engine.kind!r}.")
+    return augment, tuple(statistics)
 
 
 def check_unused_tables(cfg: ExperimentConfig) -> None:

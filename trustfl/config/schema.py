@@ -113,6 +113,9 @@ class ClientConfig:
     batch_sizes: list[int] = field(default_factory=list)
     """Per-client batch sizes (cycled over clients); overrides ``batch_size``."""
     lr: float = 0.05
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """The local learning rate over rounds: ``constant``, or ``cosine`` annealing from ``lr`` towards 0 over the
+    run's rounds (synchronous engine)."""
     momentum: float = 0.0
     weight_decay: float = 0.0
     batch_sampler: str = "shuffle"
@@ -122,6 +125,12 @@ class ClientConfig:
     noise, before weight decay, momentum and the SGD step."""
     step_budget: Component = field(default_factory=lambda: Component("full"))
     """How many planned local steps each client completes (``full``; ``stragglers`` with ``fraction``)."""
+    augment: Component = field(default_factory=lambda: Component("none"))
+    """How every local batch is augmented before the objective sees it (``views``: 2V augmented views of every
+    image under ``views``, for self-supervised objectives); ``none``: batches as stored."""
+    statistics: list[Component] = field(default_factory=list)
+    """Client statistics exchanged before local training (``fedsc_correlation``: FedSC's DP-CalR matrices and
+    R̃_{−j}); the synchronous engine only. Recipes set them."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1")
@@ -199,6 +208,9 @@ class EngineConfig:
     eval_batch_size: int = 2048
     max_clients_per_batch: int = 0
     """Vectorized executor: run at most this many clients in one batched computation (0 = the whole cohort)."""
+    eval_initial: bool = False
+    """Also evaluate the initial (untrained) model: ``initial_<metric>`` in ``summary.json`` and ``run_info.json``
+    (the floor of a representation metric)."""
 
     def __post_init__(self) -> None:
         check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")

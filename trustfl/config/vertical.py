@@ -40,8 +40,13 @@ def check_vertical_config(cfg: ExperimentConfig) -> None:
         "cohort": cfg.cohort.sampler != "all", "server.optimizer": cfg.server.optimizer != "sgd",
         "data.partition": cfg.data.partition != Component("iid"), "engine.schedule": cfg.engine.schedule.params != {},
     }
+    components = {"aggregator": cfg.aggregator, "data.partition": cfg.data.partition,
+                  "engine.schedule": cfg.engine.schedule}
     for key, used in unused.items():
         if used:
+            comp = components.get(key)
+            if comp is not None and comp.params:  # name the key itself (e.g. a misplaced or mistyped parameter)
+                key = f"{key}.{sorted(comp.params)[0]}"
             raise ConfigError(f"`{key}` is set, but the vertical engine does not use it (parties hold columns of "
                               f"every sample; the algorithm's privacy is set in `[recipe]`): remove it.")
     if cfg.engine.activation != "clock" and cfg.engine.speed.params:

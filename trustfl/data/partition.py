@@ -352,3 +352,50 @@ class Natural(AbstractPartitioner):
         labels = _check_call(labels, num_clients)
         order = np.argsort(groups, kind="stable")
         return self._finish(labels, np.split(order, np.cumsum(np.bincount(groups, minlength=count))[:-1]))
+
+
+@register("partitioner", "classes_per_client")
+@dataclass(frozen=True)
+class ClassesPerClient(AbstractPartitioner):
+    """Label skew with exactly k classes per client: client i holds classes {(i·k + c) mod C : c < k}.
+
+    Contiguous classes, as the FedSC authors' code deals them (e.g. 5 clients × 2 classes: {0,1}, {2,3}, …;
+    10 × 1: one digit each). With ``shuffle_classes`` the class order is a seeded permutation first. Every class must
+    be held by some client (``num_clients·k >= C``); each class's examples are split near-equally and at random among
+    the clients that hold it, so nothing is dropped.
+
+    Args:
+      classes_per_client: k, between 1 and the number of classes.
+      shuffle_classes: deal a random permutation of the classes instead of 0..C−1.
+    """
+
+    classes_per_client: int = 1
+    shuffle_classes: bool = False
+    name: ClassVar[str] = "classes_per_client"
+
+    def __post_init__(self) -> None:
+        k = self.classes_per_client
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"`classes_per_client` must be an int >= 1, found {k!r}.")
+        if not isinstance(self.shuffle_classes, bool):
+            raise ConfigError(f"`shuffle_classes` must be a bool, found {self.shuffle_classes!r}.")
+
+    def _split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        classes = np.unique(labels)
+        c, k = classes.size, self.classes_per_client
+        if k > c:
+            raise ConfigError(f"`classes_per_client` = {k} exceeds the {c} classes of the data set.")
+        if num_clients * k < c:
+            raise ConfigError(f"classes_per_client: {num_clients} clients × {k} classes cannot hold all {c} classes "
+                              f"(need num_clients·classes_per_client >= {c}).")
+        order = rng.permutation(classes) if self.shuffle_classes else classes
+        holders: dict[int, list[int]] = {int(cl): [] for cl in classes}
+        for i in range(num_clients):
+            for j in range(k):
+                holders[int(order[(i * k + j) % c])].append(i)
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for cl in classes:
+            owners = holders[int(cl)]
+            for owner, chunk in zip(owners, np.array_split(rng.permutation(np.flatnonzero(labels == cl)), len(owners))):
+                parts[owner].append(chunk)
+        return [np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -48,6 +48,9 @@ class LocalJob:
     chain: LocalChain
     training: LocalTraining
     data: TrainData
+    augment: Any = None
+    """Maps every gathered batch to an augmented one with the clients' own generators (``init(cohort) -> state``,
+    ``apply(batch, state) -> batch``; :class:`trustfl.selfsup.views.CohortViews`); ``None``: batches as gathered."""
 
 
 class AbstractExecutor(abc.ABC):
@@ -131,8 +134,11 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     loss_sum = torch.zeros(m, dtype=torch.float64, device=device)
     masks = pos >= 0  # (steps, m, widest), and every step's rows into the data, computed once
     all_rows = torch.gather(own_rows.expand(total_steps, m, longest), 2, pos.clamp(min=0))
+    augment_state = None if job.augment is None else job.augment.init(cohort)
     for s in range(total_steps):
         batch = job.data.gather(all_rows[s], flip)
+        if job.augment is not None:
+            batch = job.augment.apply(batch, augment_state)
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], cohort, full[s])
         if everyone[s]:
             loss_sum += losses.detach().double()

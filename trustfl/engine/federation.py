@@ -132,6 +132,14 @@ class Federation:
     columns, the labels, the activation order and the method."""
     info: dict[str, Any] = field(default_factory=dict)
     """JSON-serialisable facts saved with the run (partition summary, per-client budgets and noise, notices)."""
+    augment: Any = None
+    """The local batches' augmentation (``client.augment``, e.g. self-supervised views); ``None``: none."""
+    statistics: tuple[tuple[str, Any], ...] = ()
+    """Named client statistics (``client.statistics``): values the cohort computes at the received model before
+    local training and uploads, whose server halves send each participant its own downlink
+    (:mod:`trustfl.engine.exchange`)."""
+    eval_initial: bool = False
+    """Also evaluate the initial model (``engine.eval_initial``; the floor of representation metrics)."""
 
     @property
     def num_clients(self) -> int:
@@ -139,7 +147,7 @@ class Federation:
 
     def local_job(self) -> LocalJob:
         """What the executors need besides the cohort's plans and context."""
-        return LocalJob(self.model, self.objective, self.local_chain, self.training, self.train_data)
+        return LocalJob(self.model, self.objective, self.local_chain, self.training, self.train_data, self.augment)
 
 
 @dataclass
@@ -165,3 +173,5 @@ class EngineState:
     """State of the gradient transforms' server halves (e.g. SCAFFOLD's server control variate)."""
     clock: dict[str, Any] = field(default_factory=dict)
     """An asynchronous engine's virtual clock and schedule state (server time, each client's last contact)."""
+    statistics: dict[str, Any] = field(default_factory=dict)
+    """State of the client statistics' server halves (e.g. FedSC's stored correlation matrices), by name."""

@@ -36,10 +36,19 @@ class LocalTraining:
     dp_mode: str = "off"  # off | per_example | batch_clip: what a step's DP event is
     clip: float = 1.0
     dp_method: str = "ghost"
+    lr_schedule: str = "constant"  # constant | cosine: the local learning rate of each round (round_lr)
 
     @property
     def private(self) -> bool:
         return self.dp_mode != "off"
+
+
+def round_lr(training: LocalTraining, round_: int, rounds: int) -> float:
+    """The local learning rate of round ``round_`` (0-based) of ``rounds``: η_l (``constant``), or cosine annealing
+    η_r = η_l·½(1 + cos(π r/T)) (``cosine``, the FedSC authors' per-round schedule)."""
+    if training.lr_schedule == "constant":
+        return training.lr
+    return training.lr * 0.5 * (1.0 + math.cos(math.pi * round_ / max(rounds, 1)))
 
 
 @dataclass(frozen=True)

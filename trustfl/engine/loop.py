@@ -67,7 +67,7 @@ def save_model(run_dir: Path, fed: Federation, params: torch.Tensor) -> Path:
 def evaluate(fed: Federation, params: torch.Tensor) -> dict[str, float]:
     """The federation's evaluators on the held-out test set, for the flat global model ``params``."""
     return evaluate_model(fed.model, fed.objective, fed.evaluators, fed.layout.unflatten(params), fed.test_data,
-                          fed.eval_batch_size)
+                          fed.eval_batch_size, fed.train_data.tensors)
 
 
 def metric_names(fed: Federation) -> list[str]:

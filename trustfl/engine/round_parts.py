@@ -130,7 +130,8 @@ def admit(fed: Federation, r: int, cohort: list[int], metrics: dict[str, Any],
 
 
 def cohort_context(fed: Federation, r: int, plans: list[ClientPlan], received: dict[str, torch.Tensor],
-                   store: ClientStateStore, lr: float | None = None) -> CohortContext:
+                   store: ClientStateStore, lr: float | None = None,
+                   personal: dict[str, torch.Tensor] | None = None) -> CohortContext:
     params = received["model"]
     device = params.device
     ids = [p.client_id for p in plans]
@@ -139,7 +140,7 @@ def cohort_context(fed: Federation, r: int, plans: list[ClientPlan], received: d
         batch_sizes=torch.tensor([float(p.batch_size) for p in plans], dtype=torch.float64, device=device),
         noise_multipliers=torch.tensor([p.noise_multiplier for p in plans], dtype=torch.float64, device=device),
         received=received, client_state=store.gather(ids, fed.local_chain.client_state_defaults(params)),
-        layout=fed.layout)
+        layout=fed.layout, personal=personal or {})
 
 
 def weights(fed: Federation) -> torch.Tensor | None:
@@ -158,8 +159,10 @@ def context(fed: Federation, r: int, ids: list[int], weights_all: torch.Tensor |
 
 def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafted: list[int], cohort: list[int],
             results: ClientResults, store: ClientStateStore, bytes_down: int, metrics: dict[str, Any],
-            uplink: Uplink = Uplink()) -> tuple[EngineState, dict[str, Any]]:
-    """Everything after local training: client stages → uplink → attack → screening → aggregation → server."""
+            uplink: Uplink = Uplink(), extra_bytes_up: int = 0) -> tuple[EngineState, dict[str, Any]]:
+    """Everything after local training: client stages → uplink → attack → screening → aggregation → server.
+
+    ``extra_bytes_up``: bytes the clients sent earlier in the round (client statistics' uploads)."""
     r = state.round
     d = fed.layout.numel
     chain = fed.local_chain
@@ -221,6 +224,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         bytes_up += sum(int(ex[i].numel()) * ex.element_size() for i, ok in enumerate(ex_shaped) if ok)
         extras[key] = ex
     rejected = int((~accepted).sum())
+    bytes_up += extra_bytes_up
     metrics.update({"cohort_size": len(cohort), "rejected": rejected})
     if uplink.to_server is not None:
         metrics["decode_failures"] = int(failures)

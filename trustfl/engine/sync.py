@@ -1,6 +1,7 @@
 """The synchronous round engine (docs/architecture.md, "One round, end to end"):
 
-sample → downlink (encode, decode) → client state store → local chain (objective → gradient method → gradient
+sample → downlink (encode, decode) → [client statistics: uploads at the received model, personal downlink] →
+client state store → local chain (objective → gradient method → gradient
 transforms → local SGD) → client stages (clip, noise, correlated noise, momentum) → uplink (compressor) →
 [attacks.inject, simulation only] → server screening (drop NaN/Inf/wrong-shape messages and extras) → aggregate
 (pre-aggregators + rule) → server stages (central noise) → server optimizer → shared statistics →
@@ -11,13 +12,17 @@ The engine decides *when* stages run; the stages decide *what* happens. Everythi
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from trustfl.client.state import ClientStateStore
+from trustfl.client.transforms import SGD
 from trustfl.core.registry import register
 from trustfl.engine.base import AbstractEngine
+from trustfl.engine.exchange import exchange
 from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.local import round_lr
 from trustfl.engine.round_parts import admit, broadcast, cohort_context, compressed_deltas, deliver, sample_cohort
 
 
@@ -39,11 +44,18 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
     plans, crafted, cohort = admit(fed, r, sample_cohort(fed, r), metrics)
 
     received, bytes_down = broadcast(fed, state, r, len(cohort))
+    personal, statistics, stat_up, stat_down, stat_metrics = exchange(fed, state, r, plans, received)
+    if fed.statistics:  # the statistics' server halves folded this round's uploads in before training
+        state = dataclasses.replace(state, statistics=statistics)
+        metrics.update(stat_metrics)
     store = ClientStateStore.from_state_dict(state.clients)
-    results = fed.executor.run(fed.local_job(), plans, cohort_context(fed, r, plans, received, store))
+    job, lr = fed.local_job(), round_lr(fed.training, r, fed.rounds)
+    if lr != fed.training.lr:  # a learning-rate schedule: this round's local SGD
+        job = dataclasses.replace(job, chain=dataclasses.replace(job.chain, optimizer=SGD(lr)))
+    results = fed.executor.run(job, plans, cohort_context(fed, r, plans, received, store, lr=lr, personal=personal))
     store = store.scatter([p.client_id for p in plans], results.client_state)
-    new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, bytes_down, metrics,
-                           compressed_deltas(fed, r))
+    new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, bytes_down + stat_down, metrics,
+                           compressed_deltas(fed, r), extra_bytes_up=stat_up)
     new.wall_time_s = state.wall_time_s + time.perf_counter() - start
     return new, metrics
 

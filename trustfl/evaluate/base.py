@@ -20,9 +20,18 @@ class AbstractEvaluator(abc.ABC):
 
     Attributes:
       metrics: the names :meth:`result` returns, with ``True`` where a larger value is better.
+      needs_train_features: ``True`` for evaluators of learned representations (linear probe, kNN): they are fed
+        the model's features of the training split through :meth:`with_train` before every evaluation, and see
+        the test features of the model output named by their ``output`` field
+        (:func:`trustfl.evaluate.representation.evaluate_representations`).
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {}
+    needs_train_features: ClassVar[bool] = False
+
+    def with_train(self, features: torch.Tensor, labels: torch.Tensor) -> "AbstractEvaluator":
+        """This evaluator with the training split's features (only for ``needs_train_features``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no training features.")
 
     @abc.abstractmethod
     def init(self) -> Any:
@@ -66,8 +75,21 @@ def default_evaluators(task: str) -> tuple[str, ...]:
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, objective: AbstractObjective, evaluators: Sequence[AbstractEvaluator],
-                   params: Mapping[str, torch.Tensor], data: Batch, batch_size: int) -> dict[str, float]:
-    """Every evaluator's metrics of ``params`` on ``data`` (named tensors, examples first), in chunks."""
+                   params: Mapping[str, torch.Tensor], data: Batch, batch_size: int,
+                   train: Batch | None = None) -> dict[str, float]:
+    """Every evaluator's metrics of ``params`` on ``data`` (named tensors, examples first), in chunks.
+
+    ``train``: the (non-augmented) training split: evaluators with ``needs_train_features`` are then fed the
+    model's features of it (``None``: they must already hold theirs, and score the objective's outputs).
+    """
+    if train is not None and any(e.needs_train_features for e in evaluators):
+        from trustfl.evaluate.representation import evaluate_representations
+
+        out = evaluate_model(model, objective, [e for e in evaluators if not e.needs_train_features], params, data,
+                             batch_size)
+        out.update(evaluate_representations(model, [e for e in evaluators if e.needs_train_features], params,
+                                            data, train, batch_size))
+        return out
     accs = [e.init() for e in evaluators]
     n = next(iter(data.values())).shape[0] if data else 0
     for i in range(0, n, batch_size):

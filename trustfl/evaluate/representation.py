@@ -30,10 +30,12 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
 
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
@@ -41,10 +43,10 @@ from trustfl.errors import ConfigError
 from trustfl.evaluate.base import AbstractEvaluator, declare
 from trustfl.objectives.builtin import CrossEntropy
 
-_CROSS_ENTROPY = CrossEntropy()
-"""The probe's loss: the registered objective (the only place a loss function is named)."""
+_CE = CrossEntropy()  # the probe's loss goes through the objective (the only place a loss is named)
 
-__all__ = ["KNN", "LinearProbe", "LinearProbeFit", "fit_linear_probe", "knn_predict", "predict_linear_probe"]
+__all__ = ["KNN", "LinearProbe", "LinearProbeFit", "evaluate_representations", "fit_linear_probe", "knn_predict",
+           "predict_linear_probe", "representations"]
 
 
 def _check_features(features: torch.Tensor, labels: Optional[torch.Tensor], name: str) -> None:
@@ -92,7 +94,7 @@ def fit_linear_probe(features: torch.Tensor, labels: torch.Tensor, num_classes: 
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss = _CROSS_ENTROPY.loss_sum(x @ weight + bias, {"y": y}) / y.numel() + l2 * weight.square().sum()
+        loss = _CE.loss_sum(x @ weight + bias, {"y": y}) / y.shape[0] + l2 * weight.square().sum()
         loss.backward()
         return loss
 
@@ -140,6 +142,11 @@ def _correct(pred: torch.Tensor, batch: Mapping[str, torch.Tensor], acc: list) -
     return acc
 
 
+def _check_output(output: str) -> None:
+    if output not in ("backbone", "projector", "model"):
+        raise ConfigError(f"`output` must be one of ('backbone', 'projector', 'model'), found {output!r}.")
+
+
 def _need_train(name: str, features: Optional[torch.Tensor]) -> None:
     if features is None:
         raise ConfigError(f"evaluator {name!r} needs the training features: build it with .with_train(features, "
@@ -154,18 +161,23 @@ class LinearProbe(AbstractEvaluator):
 
     Args:
       l2: λ, the weight penalty. max_iter: L-BFGS iterations.
+      output: the model output probed: ``"backbone"`` (default, f(x), as in the FedSC paper), ``"projector"``, or
+        ``"model"`` (the plain forward, for models without named outputs).
       train_features, train_labels: set by :meth:`with_train`.
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {"linear_probe_accuracy": True}
+    needs_train_features: ClassVar[bool] = True
     l2: float = 1e-4
     max_iter: int = 100
+    output: str = "backbone"
     train_features: Optional[torch.Tensor] = None
     train_labels: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         check_number("l2", self.l2, low=0, finite=True)
         check_number("max_iter", self.max_iter, integer=True, low=1)
+        _check_output(self.output)
         if self.train_features is not None:
             _check_features(self.train_features, self.train_labels, "train_features")
 
@@ -192,18 +204,22 @@ class KNN(AbstractEvaluator):
 
     Args:
       k: neighbours (20). temperature: τ (0.1).
+      output: the model output used (default ``"projector"``, as the FedSC paper's kNN monitor).
       train_features, train_labels: the memory bank, set by :meth:`with_train`.
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {"knn_accuracy": True}
+    needs_train_features: ClassVar[bool] = True
     k: int = 20
     temperature: float = 0.1
+    output: str = "projector"
     train_features: Optional[torch.Tensor] = None
     train_labels: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         check_number("k", self.k, integer=True, low=1)
         check_number("temperature", self.temperature, low=0, low_open=True, finite=True)
+        _check_output(self.output)
         if self.train_features is not None:
             _check_features(self.train_features, self.train_labels, "train_features")
 
@@ -221,3 +237,39 @@ class KNN(AbstractEvaluator):
 
     def result(self, acc) -> dict[str, float]:
         return {"knn_accuracy": acc[0] / max(acc[1], 1)}
+
+
+OUTPUT_NAMES = ("backbone", "projector", "model")
+
+
+def representations(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, output: str,
+                    batch_size: int) -> torch.Tensor:
+    """The model's ``output`` features ``(N, d)`` of inputs ``x``, in chunks (``"model"``: the plain forward,
+    otherwise ``model(x, output=output)``, e.g. :mod:`trustfl.models.ssl`'s encoder + projector)."""
+    if output not in OUTPUT_NAMES:
+        raise ConfigError(f"evaluator `output` must be one of {OUTPUT_NAMES}, found {output!r}.")
+    kwargs = {} if output == "model" else {"output": output}
+    parts = [functional_call(model, dict(params), (x[i:i + batch_size],), kwargs)
+             for i in range(0, x.shape[0], batch_size)]
+    return torch.cat(parts).flatten(1) if parts else x.new_zeros((0, 0))
+
+
+@torch.no_grad()
+def evaluate_representations(model: nn.Module, evaluators: Sequence[Any], params: Mapping[str, torch.Tensor],
+                             test: Mapping[str, torch.Tensor], train: Optional[Mapping[str, torch.Tensor]],
+                             batch_size: int) -> dict[str, float]:
+    """Metrics of representation evaluators: each gets the frozen model's features of the training split
+    (``with_train``) and scores the test features of the same ``output`` (features computed once per output)."""
+    if train is None or "x" not in train or "y" not in train:
+        names = [m for e in evaluators for m in e.metrics]
+        raise ConfigError(f"evaluators {names} need the labelled training split (`x`, `y`) to fit on.")
+    cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    out: dict[str, float] = {}
+    for e in evaluators:
+        if e.output not in cache:
+            cache[e.output] = (representations(model, params, train["x"], e.output, batch_size),
+                               representations(model, params, test["x"], e.output, batch_size))
+        f_train, f_test = cache[e.output]
+        bound = e.with_train(f_train, train["y"])
+        out.update(bound.result(bound.update(bound.init(), f_test, test, None)))
+    return out

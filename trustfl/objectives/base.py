@@ -31,10 +31,14 @@ class AbstractObjective(abc.ABC):
       task: what the targets are (``"classification"``, ``"regression"``, ``"multilabel"`` or ``"custom"``); it
         chooses the default evaluators and is checked against the data set by :meth:`check_data`.
       input_key: the batch entry fed to the model.
+      batch_coupled: ``True`` when a client's batch loss is not a mean of per-example terms (e.g. the spectral
+        contrastive loss, whose ‖R̂‖² couples the batch): executors then compute :meth:`client_loss` once per
+        client (never on several clients' rows together), and per-example DP-SGD does not apply.
     """
 
     task: ClassVar[str] = "custom"
     input_key: ClassVar[str] = "x"
+    batch_coupled: ClassVar[bool] = False
 
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         """The model's outputs for ``batch`` (a functional call, so it runs under ``vmap`` and ``grad``)."""
@@ -53,6 +57,16 @@ class AbstractObjective(abc.ABC):
         """``(losses (N,), outputs)`` of one client's batch."""
         outputs = self.forward(model, params, batch)
         return self.losses(outputs, batch), outputs
+
+    def client_loss(self, outputs: torch.Tensor, batch: Batch, mask: torch.Tensor,
+                    personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """One client's batch loss (a scalar) from its outputs ``(B, ...)``, its batch and ``mask`` ``(B,)``
+        (nonzero: a real row; padding rows must not count). ``personal`` holds what the server sent this client
+        alone (e.g. FedSC's R̃_{−j}), unstacked. Default: the masked mean of :meth:`losses`; runs under ``vmap``
+        over clients, so no data-dependent control flow."""
+        losses = self.losses(outputs, batch)
+        w = mask.to(losses.dtype)
+        return (losses * w).sum() / w.sum().clamp(min=1)
 
     def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
         """Raise ConfigError when the training targets cannot be what this objective expects."""

@@ -49,7 +49,7 @@ from trustfl.errors import ConfigError
 from trustfl.objectives.base import AbstractObjective, Batch
 
 __all__ = ["SpectralContrastive", "alpha_schedule", "correlation_estimates", "fedsc_example_losses", "fedsc_loss",
-           "norm_clip", "spectral_contrastive_loss"]
+           "masked_fedsc_loss", "norm_clip", "spectral_contrastive_loss"]
 
 
 def norm_clip(z: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -107,6 +107,27 @@ def fedsc_loss(z1: torch.Tensor, z2: torch.Tensor, reference: Optional[torch.Ten
     if reference is None:
         return scale * (-r_plus_trace + 0.5 * r.square().sum())
     rbar = reference.detach().to(device=r.device, dtype=r.dtype)
+    return scale * (-r_plus_trace + 0.5 * alpha * r.square().sum() + (1.0 - alpha) * (r * rbar.T).sum())
+
+
+def masked_fedsc_loss(z1: torch.Tensor, z2: torch.Tensor, mask: torch.Tensor, reference: Optional[torch.Tensor],
+                      alpha: torch.Tensor | float, scale: float = 1.0) -> torch.Tensor:
+    """:func:`fedsc_loss` of the real rows of one client's padded batch (``mask`` ``(B,)``, nonzero = real).
+
+    The same estimators with B the number of real rows; padding rows enter neither R̂⁺ nor R̂. ``alpha`` may be a
+    0-dim tensor (a value the server sent). No argument checks and no data-dependent branches: this runs under
+    ``vmap`` over clients. A client without real rows gets 0.
+    """
+    a, b = _pairs(z1, z2)
+    keep = (mask != 0).view(-1, 1, 1)
+    a = torch.where(keep, a, torch.zeros((), dtype=a.dtype, device=a.device))
+    b = torch.where(keep, b, torch.zeros((), dtype=b.dtype, device=b.device))
+    count = (keep.to(a.dtype).sum() * a.shape[1]).clamp(min=1)
+    r_plus_trace = (a * b).sum() / count
+    r = (torch.einsum("bvh,bvk->hk", a, a) + torch.einsum("bvh,bvk->hk", b, b)) / (2 * count)
+    if reference is None:
+        return scale * (-r_plus_trace + 0.5 * r.square().sum())
+    rbar = reference.detach().to(dtype=r.dtype)
     return scale * (-r_plus_trace + 0.5 * alpha * r.square().sum() + (1.0 - alpha) * (r * rbar.T).sum())
 
 
@@ -177,6 +198,7 @@ class SpectralContrastive(AbstractObjective):
 
     task: ClassVar[str] = "custom"
     input_key: ClassVar[str] = "views"
+    batch_coupled: ClassVar[bool] = True
     alpha: float = 1.0
     mu: Optional[float] = None
     scale: float = 1.0
@@ -218,3 +240,13 @@ class SpectralContrastive(AbstractObjective):
     def loss_sum(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         z1, z2 = self._groups(outputs)
         return outputs.shape[0] * fedsc_loss(z1, z2, self.reference, self.alpha, self.scale)
+
+    def client_loss(self, outputs: torch.Tensor, batch: Batch, mask: torch.Tensor,
+                    personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """L̂_j of one client's padded batch (:func:`masked_fedsc_loss`). R̄_{−j} and α come from ``personal``
+        (``"reference"`` ``(H, H)`` and ``"alpha"`` ``()``, sent by the server to this client, e.g. by the
+        ``fedsc_correlation`` statistic) when present, else from this objective's own fields."""
+        z1, z2 = self._groups(outputs)
+        if "reference" in personal:
+            return masked_fedsc_loss(z1, z2, mask, personal["reference"], personal["alpha"], self.scale)
+        return masked_fedsc_loss(z1, z2, mask, self.reference, self.alpha, self.scale)

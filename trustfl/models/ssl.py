@@ -1,0 +1,114 @@
+"""Encoder + projector networks for self-supervised learning (the FedSC paper's f and g).
+
+``forward(x)`` returns the projector output z = g(f(x)) ∈ ℝ^H, on which the spectral contrastive loss and the shared
+correlation matrices are computed; ``forward(x, output="backbone")`` returns the backbone features f(x), which the
+linear probe reads (the FedSC paper's evaluation). Both models ignore ``num_classes`` (there is no classifier head).
+
+- ``sc_mlp``: flatten → MLP backbone (ReLU after every layer) → projector Linear–ReLU–Linear.
+- ``sc_cnn``: a small CNN for grey-scale images of any side >= 4 (10×10 canvases, 28×28 MNIST): three 3×3
+  convolutions (the last two with stride 2), global average pooling, one linear layer to the feature size; then the
+  projector.
+
+Example:
+  >>> net = SCMLP((1, 10, 10), 10, hidden=(32,), projector=(16,), dim=8)
+  >>> tuple(net(torch.zeros(2, 1, 10, 10)).shape), tuple(net(torch.zeros(2, 1, 10, 10), output="backbone").shape)
+  ((2, 8), (2, 32))
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+
+OUTPUTS = ("projector", "backbone")
+
+
+def _sizes(name: str, value: Sequence[int], allow_empty: bool = False) -> list[int]:
+    sizes = list(value)
+    if (not sizes and not allow_empty) or any(isinstance(h, bool) or not isinstance(h, int) or h <= 0 for h in sizes):
+        raise ConfigError(f"`model.{name}` must be a {'' if allow_empty else 'non-empty '}list of positive integers, "
+                          f"found {sizes!r}.")
+    return sizes
+
+
+def _projector(width: int, hidden: Sequence[int], dim: int) -> nn.Sequential:
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+        raise ConfigError(f"`model.dim` (H, the representation size) must be a positive integer, found {dim!r}.")
+    layers: list[nn.Module] = []
+    for a, b in zip([width, *hidden], hidden):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(([width, *hidden])[-1], dim))
+    return nn.Sequential(*layers)
+
+
+class _EncoderProjector(nn.Module):
+    backbone: nn.Module
+    projector: nn.Module
+
+    def forward(self, x: torch.Tensor, output: str = "projector") -> torch.Tensor:
+        h = self.backbone(x)
+        if output == "backbone":
+            return h
+        if output != "projector":
+            raise ConfigError(f"`output` must be one of {OUTPUTS}, found {output!r}.")
+        return self.projector(h)
+
+
+@register("model", "sc_mlp")
+class SCMLP(_EncoderProjector):
+    """MLP encoder + projector: flatten → [Linear–ReLU] × len(hidden) → projector (Linear–ReLU)* → Linear(H).
+
+    Args:
+      hidden: the backbone's layer widths (the last is the feature size; default 256, 128).
+      projector: the projector's hidden widths (default 128). dim: H (default 64).
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int = 0, hidden: Sequence[int] = (256, 128),
+                 projector: Sequence[int] = (128,), dim: int = 64) -> None:
+        super().__init__()
+        sizes = [int(math.prod(input_shape)), *_sizes("hidden", hidden)]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        self.backbone = nn.Sequential(*layers)
+        self.projector = _projector(sizes[-1], _sizes("projector", projector, True), dim)
+
+
+class _MeanPool(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+
+@register("model", "sc_cnn")
+class SCCNN(_EncoderProjector):
+    """Small CNN encoder + projector for grey-scale (or C-channel) images ``(C, S, S)``, S >= 4.
+
+    Conv(C→c₁, 3, pad 1)–ReLU–Conv(c₁→c₂, 3, stride 2, pad 1)–ReLU–Conv(c₂→c₂, 3, stride 2, pad 1)–ReLU–mean pool
+    –Linear(c₂→features)–ReLU, then the projector.
+
+    Args:
+      channels: (c₁, c₂) (default 32, 64). features: the backbone's output size (default 128).
+      projector: the projector's hidden widths (default 128). dim: H (default 64).
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int = 0, channels: Sequence[int] = (32, 64),
+                 features: int = 128, projector: Sequence[int] = (128,), dim: int = 64) -> None:
+        super().__init__()
+        shape = tuple(input_shape)
+        if len(shape) != 3 or shape[1] < 4 or shape[2] < 4:
+            raise ConfigError(f"model 'sc_cnn' needs images (C, H, W) with H, W >= 4, found input shape {shape}.")
+        c1, c2 = _sizes("channels", channels)[:2] if len(channels) >= 2 else (None, None)
+        if c1 is None:
+            raise ConfigError(f"`model.channels` must hold two positive integers, found {list(channels)!r}.")
+        (feat,) = _sizes("features", [features])
+        self.backbone = nn.Sequential(
+            nn.Conv2d(shape[0], c1, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(c2, c2, 3, stride=2, padding=1), nn.ReLU(),
+            _MeanPool(), nn.Linear(c2, feat), nn.ReLU())
+        self.projector = _projector(feat, _sizes("projector", projector, True), dim)

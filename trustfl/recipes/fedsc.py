@@ -1,0 +1,183 @@
+"""FedSC (Jing, Yu, Zhang & Zhang, ICML 2024) and its baselines FedAvg+SC and centralized SC.
+
+``algorithm = "fedsc"`` (Algorithm 1 of the FedSC paper) composes existing parts:
+
+- objective ``spectral_contrastive`` (Eq. 5 / Eq. 80 on the mini-batch estimators of Sec. 5.2, representations
+  clipped to √μ as in the authors' code), computed per client inside the vectorized step;
+- augmentation ``views`` (2V views of every example, from each client's own stream of the round);
+- client statistic ``fedsc_correlation``: DP-CalR (Algorithm 2) at θ^{t−1} before local training, the server's
+  store of every client's last matrix with incremental replacement, all clients at the first share, and each
+  participant's R̃_{−j} and α_t (App. C's linear decay) on its personal downlink;
+- uniform averaging of the participants' models (Algorithm 1, line 23): ``server.weighting = "uniform"``;
+- evaluators ``linear_probe`` (backbone) and ``knn`` (projector) unless the config names others, and the initial
+  model's evaluation (``engine.eval_initial``): a random network's probe, the floor.
+
+``algorithm = "fedavg_sc"``: the same without matrices (α ≡ 1: the plain SC loss, FedAvg+SC).
+``algorithm = "centralized_sc"``: FedAvg+SC with one client holding all the training data (the upper bound);
+``data.num_clients`` becomes 1 and ``data.partition`` ``iid``.
+
+``[recipe]`` keys (all optional): ``mu`` (4.0), ``scale`` (1: the paper's loss; 2: the code's), ``views`` (training
+V, 1), ``augment`` (the ``views`` augmentation's kernel: ``shift``, ``brightness``, ``contrast``, ``dropout``,
+``noise_std``, ``flip``); FedSC only: ``share_views`` (V of DP-CalR, 5), ``alpha_start`` (1.0), ``alpha_end``
+(0.2), ``alpha_endpoint`` (false), ``share_from`` (t0, 1), ``share_every`` (k, 1), ``weighting`` (q_j:
+``"num_samples"`` or ``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j is calibrated
+to spend it over the T_j sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4),
+``sigma`` (σ per matrix entry; 0 = no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or
+``"zero_out"``). Every release is charged to the client's ledger (RDP accountant); ε is reported per round and in
+``summary.json``; a schedule that would overspend is refused before training.
+
+References:
+  Jing et al., *FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive Objective over
+  Non-i.i.d. Data*, ICML 2024. https://proceedings.mlr.press/v235/jing24b.html
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.core.checks import check_number
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError, TrustFLError
+from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
+from trustfl.privacy.analysis.fedsc import calibrate_fedsc_sigma, fedsc_epsilon, release_event
+from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
+
+if TYPE_CHECKING:
+    from trustfl.engine.federation import Federation
+
+COMMON = ("mu", "scale", "views", "augment")
+FEDSC = COMMON + ("share_views", "alpha_start", "alpha_end", "alpha_endpoint", "share_from", "share_every",
+                  "weighting", "epsilon", "delta", "sigma", "neighboring")
+AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip")
+
+
+def _number(rec: dict[str, Any], key: str, default: Any, **bounds: Any) -> Any:
+    return check_number(f"recipe.{key}", rec.get(key, default), **bounds)
+
+
+class SpectralRecipe(AbstractRecipe):
+    """FedSC (``share = True``) or FedAvg+SC; ``centralized``: one client holding all the data."""
+
+    def __init__(self, algorithm: str, share: bool, centralized: bool = False) -> None:
+        self.algorithm, self.share, self.centralized = algorithm, share, centralized
+
+    def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        rec = recipe_keys(cfg, self.algorithm, FEDSC if self.share else COMMON)
+        mu = _number(rec, "mu", 4.0, low=0, low_open=True, finite=True)
+        scale = _number(rec, "scale", 1.0, low=0, low_open=True, finite=True)
+        views = _number(rec, "views", 1, integer=True, low=1)
+        augment = rec.get("augment", {})
+        if not isinstance(augment, dict) or set(augment) - set(AUGMENT_KEYS):
+            bad = sorted(set(augment) - set(AUGMENT_KEYS)) if isinstance(augment, dict) else [augment]
+            raise ConfigError(f"`recipe.augment` must be a table of {', '.join(AUGMENT_KEYS)}; found {bad[0]!r}.")
+        if cfg.objective.name not in ("auto", "spectral_contrastive"):
+            raise ConfigError(f"`objective.name` is {cfg.objective.name!r}; algorithm {self.algorithm!r} trains "
+                              f"the spectral contrastive objective (set `recipe.mu` / `recipe.scale` instead).")
+        if cfg.client.dp.mode != "off":
+            raise ConfigError(f"`client.dp.mode` must be \"off\" with algorithm {self.algorithm!r}: the SC loss is "
+                              f"not a mean of per-example losses; FedSC's privacy is DP-CalR (`recipe.epsilon`).")
+        if cfg.client.statistics:
+            raise ConfigError(f"`client.statistics` is set by algorithm {self.algorithm!r}; remove it.")
+        client = dataclasses.replace(cfg.client, statistics=[])
+        if cfg.client.augment.name == "none":
+            client = dataclasses.replace(client, augment=Component("views", {"num_views": views, **augment}))
+        data, cohort = cfg.data, cfg.cohort
+        if self.centralized:
+            data = dataclasses.replace(cfg.data, num_clients=1, partition=Component("iid"))
+            cohort = dataclasses.replace(cfg.cohort, sampler="all")
+        elif self.share:
+            if cfg.data.num_clients < 2:
+                raise ConfigError(f"`data.num_clients` must be >= 2 for FedSC (R̃_(-j) averages the other "
+                                  f"clients), found {cfg.data.num_clients}; use algorithm = \"centralized_sc\".")
+            client = dataclasses.replace(client, statistics=[Component("fedsc_correlation", self._share(rec, mu))])
+        evaluators = cfg.evaluators or [Component("linear_probe"), Component("knn")]
+        return dataclasses.replace(
+            cfg, objective=Component("spectral_contrastive", {"mu": mu, "scale": scale}), client=client, data=data,
+            cohort=cohort, evaluators=evaluators, server=dataclasses.replace(cfg.server, weighting="uniform"),
+            engine=dataclasses.replace(cfg.engine, eval_initial=True))
+
+    def _share(self, rec: dict[str, Any], mu: float) -> dict[str, Any]:
+        out = {"mu": mu, "views": _number(rec, "share_views", 5, integer=True, low=1),
+               "alpha_start": _number(rec, "alpha_start", 1.0, low=0, high=1),
+               "alpha_end": _number(rec, "alpha_end", 0.2, low=0, high=1),
+               "share_from": _number(rec, "share_from", 1, integer=True, low=1),
+               "share_every": _number(rec, "share_every", 1, integer=True, low=1),
+               "weighting": recipe_choice(rec, "weighting", "num_samples", ("num_samples", "uniform")),
+               "neighboring": recipe_choice(rec, "neighboring", "replace_one", ("replace_one", "zero_out")),
+               "sigma": _number(rec, "sigma", 0.0, low=0, finite=True)}
+        endpoint = rec.get("alpha_endpoint", False)
+        if not isinstance(endpoint, bool):
+            raise ConfigError(f"`recipe.alpha_endpoint` must be true or false, found {endpoint!r}.")
+        out["alpha_endpoint"] = endpoint
+        if "epsilon" in rec:
+            _number(rec, "epsilon", None, low=0, low_open=True, finite=True)
+        _number(rec, "delta", 1e-4, low=0, high=1, low_open=True, high_open=True)
+        return out
+
+    def finalize(self, fed: "Federation", cfg: ExperimentConfig) -> None:
+        sizes = fed.client_rows.sizes()
+        empty = [i for i, s in enumerate(sizes) if s == 0]
+        if empty:
+            raise ConfigError(f"`data.partition`: client {empty[0]} holds no training examples (sizes {sizes}); "
+                              f"{self.algorithm} needs |D_j| >= 1 for every client (FedSC's q_j and DP-CalR's "
+                              f"sensitivity μ/|D_j|). Lower `data.num_clients` or change the partition.")
+        small = [i for i, s in enumerate(sizes) if s < fed.batch_sizes[i]]
+        if small:
+            fed.info["notice_small_clients"] = (f"clients {small} hold fewer examples than a batch: each of their "
+                                                f"steps uses all their examples (B = |D_j|).")
+        fed.info["fedsc"] = {"algorithm": self.algorithm, "sizes": sizes}
+        if not self.share:
+            return
+        rec = dict(cfg.recipe)
+        (name, stat), = fed.statistics
+        releases = stat.releases()
+        eps, delta = rec.get("epsilon"), float(rec.get("delta", 1e-4))
+        sigma = float(rec.get("sigma", 0.0))
+        info: dict[str, Any] = {"releases_per_client": releases, "delta": delta, "mu": stat.mu,
+                                "neighboring": stat.neighboring}
+        fed.info["fedsc"].update(info)
+        if eps is None and sigma == 0:
+            return
+        if fed.ledger is not None:
+            raise ConfigError("`recipe.epsilon` / `recipe.sigma`: FedSC's DP-CalR ledgers cannot be combined with "
+                              "other privacy stages (`client_stages`, `server_stages`) in one run.")
+        if releases == 0:
+            raise ConfigError(f"`recipe.share_from` = {stat.share_from} is after the last of {cfg.rounds} rounds: "
+                              f"no matrix is ever shared, so `recipe.epsilon` / `recipe.sigma` protect nothing.")
+        try:
+            if eps is not None and sigma == 0:
+                sigmas = [calibrate_fedsc_sigma(float(eps), delta, stat.mu, s, releases, stat.neighboring, "rdp")
+                          for s in sizes]
+            else:
+                sigmas = [sigma] * len(sizes)
+            budgets = {i: Budget(math.inf if eps is None else float(eps), delta) for i in range(len(sizes))}
+            for i, s in enumerate(sizes):
+                if eps is not None:
+                    check_schedule(i, budgets[i], release_event(sigmas[i], stat.mu, s, stat.neighboring), releases)
+        except TrustFLError as err:
+            raise ConfigError(f"`recipe.epsilon` / `recipe.sigma` (δ = {delta:g}, μ = {stat.mu:g}, {releases} "
+                              f"sharing rounds): {err}") from None
+        stat = dataclasses.replace(stat, sigma=tuple(sigmas))
+        fed.statistics = ((name, stat),)
+        fed.ledger = LedgerBook(budgets, "rdp")
+        fed.info["fedsc"].update({"sigma": sigmas, "epsilon_budget": eps,
+                                  "epsilon_closed_form": [fedsc_epsilon(sg, stat.mu, s, releases, delta,
+                                                                        stat.neighboring) for sg, s in
+                                                          zip(sigmas, sizes)]})
+
+
+@register("algorithm", "fedsc")
+def fedsc() -> AbstractRecipe:
+    return SpectralRecipe("fedsc", share=True)
+
+
+@register("algorithm", "fedavg_sc")
+def fedavg_sc() -> AbstractRecipe:
+    return SpectralRecipe("fedavg_sc", share=False)
+
+
+@register("algorithm", "centralized_sc")
+def centralized_sc() -> AbstractRecipe:
+    return SpectralRecipe("centralized_sc", share=False, centralized=True)

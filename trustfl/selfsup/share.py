@@ -1,0 +1,172 @@
+"""FedSC's shared correlation matrices as one client statistic (Algorithms 1 and 2 of the FedSC paper).
+
+Client half (DP-CalR, Algorithm 2), at the received model θ^{t−1}, before local training:
+
+    R̃_j = (1/(|D_j|·V)) Σ_{x̄∈D_j} Σ_{v≤V} ž_v ž_vᵀ + N(0, σ_j² I_{H²}),   ž_v = NormClip(z(x_v; θ), √μ)
+
+with V views x_v ∼ 𝒜(·|x̄) from the client's ``"<name>/views"`` stream and the noise from its ``"<name>/noise"``
+stream. One upload is the Gaussian mechanism with sensitivity Δ = √2·μ/|D_j| (replace-one; μ/|D_j| for
+``neighboring = "zero_out"``), charged as :func:`trustfl.privacy.analysis.fedsc.release_event`.
+
+Server half (Algorithm 1): the :class:`~trustfl.selfsup.correlation.CorrelationStore` of every client's last upload
+and R̃ = Σ_j q_j R̃_j. The first sharing round every client uploads (Algorithm 1's t = 1, whatever the cohort); later
+sharing rounds only the round's participants, whose matrices replace their old ones incrementally (line 13); absent
+clients' matrices stay (stale). Each participant j then receives ``reference`` = R̃_{−j} = (R̃ − q_j R̃_j)/(1 − q_j)
+and ``alpha`` = α_t (:func:`trustfl.objectives.spectral.alpha_schedule`, App. C), which the ``spectral_contrastive``
+objective reads (Eq. 5 / Eq. 80). Before the first share nothing is sent and clients train on the plain SC loss (α = 1).
+
+Sharing schedule (rounds t = 1..T): t >= ``share_from`` and (t − ``share_from``) mod ``share_every`` = 0; in other
+rounds clients train with the last stored matrices (the FedSC paper's Table 6 shares only in some rounds).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from trustfl.client.statistics import AbstractClientStatistic
+from trustfl.core.checks import check_number
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+from trustfl.objectives.spectral import alpha_schedule, norm_clip
+from trustfl.privacy.analysis.fedsc import NEIGHBORINGS, release_event
+from trustfl.selfsup.augment import DEFAULT, make_views_cohort
+from trustfl.selfsup.correlation import CorrelationStore, add_matrix_noise, client_weights
+
+__all__ = ["FedSCCorrelation"]
+
+WEIGHTINGS = ("num_samples", "uniform")
+
+
+@register("client_statistic", "fedsc_correlation")
+@dataclass(frozen=True)
+class FedSCCorrelation(AbstractClientStatistic):
+    """DP-CalR uploads and R̃_{−j} downloads (see the module notes).
+
+    Args:
+      mu: μ > 0 (representations clipped to √μ).
+      views: V >= 1, views per sample in DP-CalR (the FedSC paper uses 5).
+      sigma: σ >= 0 per matrix entry, one number or one per client (0: no noise, no DP event).
+      rounds: T, the run's rounds (the α schedule's length).
+      share_from: t0 >= 1, the first sharing round. share_every: k >= 1.
+      alpha_start, alpha_end: α's linear schedule (1 → 0.2 in the paper); ``alpha_endpoint``: reach the end.
+      weighting: q_j ∝ |D_j| (``"num_samples"``) or q_j = 1/J (``"uniform"``, the authors' code).
+      neighboring: ``"replace_one"`` or ``"zero_out"`` (the sensitivity of the charged event).
+      chunk: samples per client per forward pass (bounds memory).
+    """
+
+    mu: float = 4.0
+    views: int = 5
+    sigma: float | Sequence[float] = 0.0
+    rounds: int = 1
+    share_from: int = 1
+    share_every: int = 1
+    alpha_start: float = 1.0
+    alpha_end: float = 0.2
+    alpha_endpoint: bool = False
+    weighting: str = "num_samples"
+    neighboring: str = "replace_one"
+    chunk: int = 256
+    sizes: tuple[int, ...] = ()
+    """|D_j| of every client (set by the recipe from the partition; public, as in any weighted mean)."""
+
+    def __post_init__(self) -> None:
+        check_number("mu", self.mu, low=0, low_open=True, finite=True)
+        check_number("views", self.views, integer=True, low=1)
+        sig = self.sigma if isinstance(self.sigma, (list, tuple)) else [self.sigma]
+        for s in sig:
+            check_number("sigma", s, low=0, finite=True)
+        object.__setattr__(self, "sigma", tuple(float(s) for s in self.sigma)
+                           if isinstance(self.sigma, (list, tuple)) else float(self.sigma))
+        check_number("rounds", self.rounds, integer=True, low=1)
+        check_number("share_from", self.share_from, integer=True, low=1)
+        check_number("share_every", self.share_every, integer=True, low=1)
+        check_number("alpha_start", self.alpha_start, low=0, high=1)
+        check_number("alpha_end", self.alpha_end, low=0, high=1)
+        check_number("chunk", self.chunk, integer=True, low=1)
+        if self.weighting not in WEIGHTINGS:
+            raise ConfigError(f"`weighting` must be one of {WEIGHTINGS}, found {self.weighting!r}.")
+        if self.neighboring not in NEIGHBORINGS:
+            raise ConfigError(f"`neighboring` must be one of {NEIGHBORINGS}, found {self.neighboring!r}.")
+        object.__setattr__(self, "sizes", tuple(int(s) for s in self.sizes))
+        if isinstance(self.sigma, tuple) and self.sizes and len(self.sigma) != len(self.sizes):
+            raise ConfigError(f"`sigma` must hold one value per client ({len(self.sizes)}), found {len(self.sigma)}.")
+
+    # -- schedule --------------------------------------------------------------------------------------------
+    def shares(self, round: int) -> bool:
+        """Whether round ``round`` (0-based; Algorithm 1's t = round + 1) is a sharing round."""
+        t = round + 1
+        return t >= self.share_from and (t - self.share_from) % self.share_every == 0
+
+    def releases(self, participations: int | None = None) -> int:
+        """Most uploads of one client over the run: the sharing rounds (T_j of the privacy analysis)."""
+        return sum(1 for r in range(self.rounds) if self.shares(r))
+
+    def sigma_of(self, client_id: int) -> float:
+        return self.sigma[client_id] if isinstance(self.sigma, tuple) else self.sigma
+
+    # -- server half -----------------------------------------------------------------------------------------
+    def server_init(self, sizes: Sequence[int]) -> dict[str, Any]:
+        empty = [i for i, s in enumerate(sizes) if s <= 0]
+        if empty:
+            raise ConfigError(f"FedSC: client {empty[0]} holds no training examples; q_j and DP-CalR's sensitivity "
+                              f"μ/|D_j| need |D_j| >= 1 for every client (change `data.partition` or "
+                              f"`data.num_clients`).")
+        q = client_weights(sizes) if self.weighting == "num_samples" else torch.full(
+            (len(sizes),), 1.0 / len(sizes), dtype=torch.float64)
+        return {"weights": q, "matrices": None, "total": None}
+
+    def uploaders(self, round, cohort, state, num_clients):
+        if not self.shares(round):
+            return []
+        return list(range(num_clients)) if state["matrices"] is None else list(cohort)
+
+    def release(self, client_id):
+        sigma = self.sigma_of(client_id)
+        if sigma <= 0:
+            return None
+        return release_event(sigma, self.mu, self.sizes[client_id], self.neighboring)
+
+    def server_update(self, state, client_ids, values):
+        if state["matrices"] is None:
+            if len(client_ids) != state["weights"].numel():  # a first upload that was not everyone's
+                return dict(state)
+            store = CorrelationStore.init(values, state["weights"].to(values.dtype).to(values.device))
+        else:
+            store = CorrelationStore(state["matrices"], state["weights"].to(state["matrices"].dtype).to(
+                state["matrices"].device), state["total"]).update(torch.tensor(client_ids), values)
+        return {"weights": state["weights"], "matrices": store.matrices, "total": store.total}
+
+    def personal(self, state, round, client_ids):
+        if state["matrices"] is None or not client_ids:
+            return {}
+        store = CorrelationStore(state["matrices"], state["weights"].to(state["matrices"].dtype).to(
+            state["matrices"].device), state["total"])
+        reference = store.others(torch.tensor(client_ids))
+        alpha = alpha_schedule(round, self.rounds, self.alpha_start, self.alpha_end, self.alpha_endpoint)
+        return {"reference": reference, "alpha": reference.new_full((len(client_ids),), alpha)}
+
+    # -- client half -----------------------------------------------------------------------------------------
+    def compute(self, represent, x, mask, client_ids, generator, augment=None):
+        m, n = mask.shape
+        views_gen = [generator(c, "views") for c in client_ids]
+        total = None
+        for start in range(0, n, self.chunk):
+            xs = x[:, start:start + self.chunk]
+            k = xs.shape[1]
+            views = augment.views(xs, self.views, views_gen) if augment is not None \
+                else make_views_cohort(xs, self.views, views_gen, DEFAULT)
+            z = represent(views.reshape(m * k * self.views, *views.shape[3:]))
+            z = norm_clip(z, math.sqrt(self.mu)).view(m, k, self.views, -1)
+            w = mask[:, start:start + k].to(z.dtype)
+            part = torch.einsum("jn,jnvh,jnvk->jhk", w, z, z)
+            total = part if total is None else total + part
+        count = (mask.to(total.dtype).sum(1) * self.views).clamp(min=1)
+        r = total / count.view(-1, 1, 1)
+        sigmas = [self.sigma_of(c) for c in client_ids]
+        if any(s > 0 for s in sigmas):
+            noise_gen = [generator(c, "noise") for c in client_ids]
+            r = torch.stack([add_matrix_noise(r[i], s, noise_gen[i]) for i, s in enumerate(sigmas)])
+        return r
