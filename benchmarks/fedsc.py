@@ -2,8 +2,8 @@
 
 Usage (from the repository root)::
 
-    OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/fedsc.py            # 3 seeds, both splits, timing
-    OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/fedsc.py --seeds 0 --splits 1class
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py            # 3 seeds, both splits, timing
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py --seeds 0 --splits 1class
 
 Accuracy: configs/fedsc/digits_canvas_{1class,2class}.toml run with ``algorithm`` = fedsc, fedavg_sc and
 centralized_sc for each seed; the table reports the final linear probe (backbone) and kNN (projector) test accuracy,
@@ -125,7 +125,7 @@ def main() -> None:
     acc = accuracy(args.splits.split(","), seeds)
     tim = timing()
     lines = ["# FedSC on digits in 10×10 canvases", "",
-             f"Command: `OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/fedsc.py --seeds {args.seeds} "
+             f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py --seeds {args.seeds} "
              f"--splits {args.splits}`", "",
              "Configs: configs/fedsc/digits_canvas_{1class,2class}.toml (60 rounds, 5 local epochs, B = 64, "
              "lr 0.05 cosine, momentum 0.9, wd 5e-4, μ = 4, V_share = 5, α 1 → 0.2, σ = 0, full participation). "
