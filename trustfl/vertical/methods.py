@@ -170,6 +170,23 @@ def _first_order_message(method: VerticalMethod, it: Iteration, party: Party, id
     return w, clipped, message, _finite(message)
 
 
+def _difference_reply(method: VerticalMethod, it: Iteration, server: Server, ids: torch.Tensor, m: int,
+                      pair: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The server half of ZOO-VFL and VFL-CZOFO: the batch losses at the two embeddings ``pair[0]`` (the party's
+    own) and ``pair[1]`` (perturbed), the reply ``L(pair[1]) − L(pair[0])``, the head's SGD step at ``pair[0]``,
+    which the cache keeps. Returns ``(reply, ok, loss at pair[0])``."""
+    wh = server.leaf()
+    losses = server.losses(wh, server.inputs(ids, m, pair), ids).view(2, -1)
+    reply = (losses[1] - losses[0]).detach().mean()
+    ok = ok & _finite(reply)
+    reply = keep(ok, reply)
+    method._record(it, SERVER, m, "scalar", ())
+    (grad,) = torch.autograd.grad(losses[0].mean(), wh)
+    server.step(keep(ok, grad), ok)
+    server.remember(m, ids, pair[0], ok)
+    return reply, ok, losses[0].detach().mean()
+
+
 def _send_embedding(privacy: EmbeddingPrivacy, h: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return privacy.noise(privacy.clip_rows(h).detach(), gen)
 
@@ -222,17 +239,9 @@ class ZOOVFL(VerticalMethod):
         self._record(it, m, SERVER, "sample_ids", tuple(ids.shape))
         ok = _finite(sent)
         sent = keep(ok, sent)
-        wh = server.leaf()
-        losses = server.losses(wh, server.inputs(ids, m, sent), ids).view(2, -1)
-        reply = (losses[1] - losses[0]).detach().mean()
-        ok = ok & _finite(reply)
-        reply = keep(ok, reply)
-        self._record(it, SERVER, m, "scalar", ())
-        (grad,) = torch.autograd.grad(losses[0].mean(), wh)
-        server.step(keep(ok, grad), ok)
-        server.remember(m, ids, sent[0], ok)
+        reply, ok, loss = _difference_reply(self, it, server, ids, m, sent, ok)
         party.perturb(seed, -self.party_lr * (party.num_params / lam) * reply * scale)
-        return ok, losses[0].detach().mean()
+        return ok, loss
 
 
 @dataclass
@@ -250,18 +259,10 @@ class CZOFO(VerticalMethod):
         rows, dh = message.shape
         device, dtype = message.device, message.dtype
         v = row_directions(rows, dh, it.generator(device, m, "embedding_direction"), device, dtype)
-        wh = server.leaf()
-        losses = server.losses(wh, server.inputs(ids, m, torch.stack([message, message + mu * v])), ids).view(2, -1)
-        reply = (losses[1] - losses[0]).detach().mean()
-        ok = ok & _finite(reply)
-        reply = keep(ok, reply)
-        self._record(it, SERVER, m, "scalar", ())
-        (grad,) = torch.autograd.grad(losses[0].mean(), wh)
-        server.step(keep(ok, grad), ok)
-        server.remember(m, ids, message, ok)
+        reply, ok, loss = _difference_reply(self, it, server, ids, m, torch.stack([message, message + mu * v]), ok)
         v_party = row_directions(rows, dh, it.generator(device, m, "embedding_direction"), device, dtype)
         party.backward_step(clipped, w, (dh / mu) * reply * v_party, self.party_lr)
-        return ok, losses[0].detach().mean()
+        return ok, loss
 
 
 METHODS = {"dpzv": DPZV, "vafl": VAFL, "zoo_vfl": ZOOVFL, "czofo": CZOFO}
