@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trustfl.config.build import build_federation
+from trustfl.vertical.directions import direction
 from trustfl.vertical.engine import VerticalEngine
 from trustfl.vertical.methods import DPZV, Iteration
 
@@ -15,7 +16,7 @@ def _parts(vertical_config, algorithm="dpzv", **overrides):
     engine = VerticalEngine()
     state = engine.initial_state(fed)
     master = state.params.clone()
-    parties, server = engine._parts(fed, master, state)
+    parties, server = engine._parts(fed, master, state, fed.model.slices())
     return fed, parties, server, master
 
 
@@ -24,11 +25,9 @@ def _reply(method, it, party, server, ids):
     before = party.params.clone()
     method.iterate(it, party, server, ids)
     seed = it.seed_for(party.index, "direction")
-    u = party.scale(seed, method.direction_kind)
-    from trustfl.vertical.directions import direction
-    direction_u = direction(party.num_params, seed, method.direction_kind)
+    u = direction(party.num_params, seed, method.direction_kind)
     step = party.params - before  # = −η·Δ·u
-    return -(step @ direction_u).item() / (method.party_lr * direction_u.square().sum().item()), u
+    return -(step @ u).item() / (method.party_lr * u.square().sum().item())
 
 
 def _deltas(method, it, party, server, ids):
@@ -36,9 +35,9 @@ def _deltas(method, it, party, server, ids):
     seed = it.seed_for(party.index, "direction")
     scale = party.scale(seed, method.direction_kind)
     party.perturb(seed, method.smoothing * scale)
-    h_plus = party.embed(ids)
+    h_plus = party.embed(party.rows(ids))
     party.perturb(seed, -2 * method.smoothing * scale)
-    h_minus = party.embed(ids)
+    h_minus = party.embed(party.rows(ids))
     party.perturb(seed, method.smoothing * scale)
     with torch.no_grad():
         losses = server.losses(server.params, server.inputs(ids, party.index, torch.stack([h_plus, h_minus])), ids)
@@ -54,7 +53,7 @@ def test_reply_is_the_clipped_mean_of_the_loss_differences(vertical_config):
     clip = deltas.abs().median().item()  # clips about half of them
     assert (deltas.abs() > clip).any()
     method = DPZV(party_lr=1e-3, clip=clip)
-    reply, _ = _reply(method, it, parties[0], server, ids)
+    reply = _reply(method, it, parties[0], server, ids)
     assert reply == pytest.approx(deltas.clamp(-clip, clip).mean().item(), rel=1e-3)
     assert abs(reply) <= clip
 
@@ -68,7 +67,7 @@ def test_noise_is_one_scalar_draw_of_the_calibrated_std(vertical_config):
         it, ids = Iteration(seed=2, t=t), torch.arange(16)
         got = []
         for noise in (0.0, sigma):
-            got.append(_reply(DPZV(party_lr=1e-3, noise_std=noise), it, parties[0], server, ids)[0])
+            got.append(_reply(DPZV(party_lr=1e-3, noise_std=noise), it, parties[0], server, ids))
             for live, kept in zip((master, server.params, server.cache, server.velocity), saved):
                 live.copy_(kept)
         draws.append(got[1] - got[0])

@@ -71,23 +71,19 @@ class VerticalSetup:
         return self._order_list[t]
 
 
-def _bind_views(model: torch.nn.Module, master: torch.Tensor) -> None:
-    """Make every parameter of ``model`` a view into ``master`` (named_parameters order)."""
-    start = 0
-    for p in model.parameters():
-        p.data = master[start:start + p.numel()].view_as(p)
-        start += p.numel()
-
-
 class VerticalEngine(AbstractEngine):
     """Runs ``iterations_per_round`` server iterations per round (see the module docstring)."""
 
-    def _parts(self, fed: Federation, master: torch.Tensor, state: EngineState) -> tuple[list[Party], Server]:
+    @staticmethod
+    def _parties(fed: Federation, master: torch.Tensor, slices: list[slice]) -> list[Party]:
         setup, model = fed.vertical, fed.model
-        slices = model.slices()
-        _bind_views(model, master)
-        parties = [Party.of(m, model.parties[m], master[slices[m]], setup.features[m], setup.party_momentum)
-                   for m in range(setup.num_parties)]
+        return [Party.of(m, model.parties[m], master[slices[m]], setup.features[m], setup.party_momentum)
+                for m in range(setup.num_parties)]
+
+    def _parts(self, fed: Federation, master: torch.Tensor, state: EngineState,
+               slices: list[slice]) -> tuple[list[Party], Server]:
+        setup, model = fed.vertical, fed.model
+        parties = self._parties(fed, master, slices)
         for m, velocity in state.shared.get("party_velocity", {}).items():
             parties[m].velocity = velocity.clone()
         server = Server(model.head, master[slices[-1]].clone(), setup.labels, state.shared["cache"],
@@ -98,17 +94,15 @@ class VerticalEngine(AbstractEngine):
     def initial_state(self, fed: Federation) -> EngineState:
         setup = fed.vertical
         params = fed.initial_params.clone()
-        master = params.clone()
-        _bind_views(fed.model, master)
+        slices = fed.model.slices()
         d_h = fed.model.embedding_dim
         cache = torch.zeros(setup.num_parties, setup.num_samples, d_h, device=params.device, dtype=params.dtype)
         bytes_up = 0
         if setup.cache_init == "forward":  # one warm-up pass of every party over all samples (DPZV §1)
-            with torch.no_grad():
-                for m in range(setup.num_parties):
-                    cache[m] = fed.model.parties[m](setup.features[m])
+            for party in self._parties(fed, params, slices):
+                cache[party.index] = party.embed(party.features)
             bytes_up = 4 * cache.numel()
-        head = fed.model.slices()[-1]
+        head = slices[-1]
         return EngineState(round=0, params=params, server_optimizer=None, client_stages=None, aggregator=None,
                            server_stages=None, ledger=None if fed.ledger is None else fed.ledger.state_dict(),
                            bytes_up_total=bytes_up,
@@ -134,7 +128,8 @@ class VerticalEngine(AbstractEngine):
         last = first + setup.per_round
         self._charge(fed, first, last)
         master = state.params.clone()
-        parties, server = self._parts(fed, master, state)
+        slices = fed.model.slices()
+        parties, server = self._parts(fed, master, state, slices)
         device = master.device
         loss_sum = torch.zeros((), device=device, dtype=master.dtype)
         rejected = torch.zeros((), device=device, dtype=torch.long)
@@ -145,7 +140,7 @@ class VerticalEngine(AbstractEngine):
             ok, loss = method.iterate(it, parties[setup.party_at(t)], server, ids)
             loss_sum += loss
             rejected += ~ok
-        master[fed.model.slices()[-1]] = server.params
+        master[slices[-1]] = server.params
         up, down = method.bytes_per_iteration(b, fed.model.embedding_dim)
         count = last - first
         rejected_n = int(rejected)

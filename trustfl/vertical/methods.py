@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from trustfl.core.rng import derive_seed
-from trustfl.vertical.directions import direction, direction_scale, row_directions
+from trustfl.vertical.directions import direction, row_directions
 from trustfl.vertical.parties import EmbeddingPrivacy, Party
 from trustfl.vertical.server import Server
 
@@ -109,9 +109,9 @@ class DPZV(VerticalMethod):
         scale = party.scale(seed, self.direction_kind)
         rows = party.rows(ids)
         party.perturb(seed, lam * scale)  # MeZO in place: +λu, −2λu, +λu (§2.4)
-        h_plus = party.embed(ids, rows)
+        h_plus = party.embed(rows)
         party.perturb(seed, -2 * lam * scale)
-        h_minus = party.embed(ids, rows)
+        h_minus = party.embed(rows)
         party.perturb(seed, lam * scale)
         if self.log is not None:
             self._record(it, m, SERVER, "embeddings", (2, *h_plus.shape))
@@ -229,9 +229,9 @@ class ZOOVFL(VerticalMethod):
         seed = it.seed_for(m, "direction")
         scale = party.scale(seed, "unit_sphere")
         rows = party.rows(ids)
-        h0 = party.embed(ids, rows)
+        h0 = party.embed(rows)
         party.perturb(seed, lam * scale)
-        h1 = party.embed(ids, rows)
+        h1 = party.embed(rows)
         party.perturb(seed, -lam * scale)
         sent = torch.stack([_send_embedding(self.privacy, h0, it.generator(h0.device, m, "embedding_noise")),
                             _send_embedding(self.privacy, h1, it.generator(h0.device, m, "embedding_noise_2"))])
@@ -265,5 +265,4 @@ class CZOFO(VerticalMethod):
         return ok, loss
 
 
-METHODS = {"dpzv": DPZV, "vafl": VAFL, "zoo_vfl": ZOOVFL, "czofo": CZOFO}
-__all__ = ["CZOFO", "DPZV", "METHODS", "Iteration", "VAFL", "VerticalMethod", "ZOOVFL", "direction_scale"]
+__all__ = ["CZOFO", "DPZV", "Iteration", "VAFL", "VerticalMethod", "ZOOVFL"]

@@ -44,10 +44,10 @@ class EmbeddingPrivacy:
 
 @dataclass
 class Party:
-    """Party ``index``: its model, its flat parameters (a view into the run's vector), its features."""
+    """Party ``index``: its flat parameters (a view into the run's vector), its features, and the forward pass of
+    its model on them."""
 
     index: int
-    module: nn.Module
     params: torch.Tensor
     features: torch.Tensor
     forward: FlatForward
@@ -59,7 +59,7 @@ class Party:
     @classmethod
     def of(cls, index: int, module: nn.Module, params: torch.Tensor, features: torch.Tensor,
            momentum: float = 0.0) -> "Party":
-        return cls(index, module, params, features, FlatForward(module), momentum)
+        return cls(index, params, features, FlatForward(module), momentum)
 
     @property
     def num_params(self) -> int:
@@ -70,10 +70,10 @@ class Party:
         """``ξ_{m,I}``: the party's own features of the samples ``ids``."""
         return self.features[ids]
 
-    def embed(self, ids: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """``h(w_m; ξ_{m,I})`` without a graph (``rows``: ``self.rows(ids)`` when already gathered)."""
+    def embed(self, rows: torch.Tensor) -> torch.Tensor:
+        """``h(w_m; ξ)`` without a graph, for features ``rows`` (``self.rows(ids)``)."""
         with torch.no_grad():
-            return self.forward(self.params, self.features[ids] if rows is None else rows)
+            return self.forward(self.params, rows)
 
     def embed_with_graph(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(h, w)``: the embedding as a function of a leaf copy ``w`` of the parameters, for a backward pass."""
