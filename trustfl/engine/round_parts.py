@@ -157,6 +157,27 @@ def context(fed: Federation, r: int, ids: list[int], weights_all: torch.Tensor |
                         reports={k: v[index] for k, v in fed.reports.items()})
 
 
+@dataclass
+class Arrivals:
+    """What reaches the server in a round, before screening: one message per cohort client and its extras.
+
+    ``rows[c]`` is client ``c``'s message (any object: a malformed one is screened out); ``extras[key][c]`` the
+    values it sent beside it; ``events`` the clients' DP events of the round (charged to their ledgers);
+    ``stage_metrics`` the client stages' metrics; ``bits_row`` the compressed size of one message (``None``:
+    float32 rows); ``train_loss`` the trainers' mean local loss (``None``: nobody trained).
+    """
+
+    cohort: list[int]
+    rows: dict[int, Any]
+    extras: dict[str, dict[int, Any]]
+    events: list[tuple[int, Any]]
+    stage_metrics: dict[str, Any]
+    train_loss: float | None = None
+    bits_row: int | None = None
+    failures: int = 0
+    compressed: bool = False
+
+
 def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafted: list[int], cohort: list[int],
             results: ClientResults, store: ClientStateStore, bytes_down: int, metrics: dict[str, Any],
             uplink: Uplink = Uplink(), extra_bytes_up: int = 0) -> tuple[EngineState, dict[str, Any]]:
@@ -165,7 +186,6 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
     ``extra_bytes_up``: bytes the clients sent earlier in the round (client statistics' uploads)."""
     r = state.round
     d = fed.layout.numel
-    chain = fed.local_chain
     trainers = [p.client_id for p in plans]
     events = []
     for p, steps in zip(plans, results.num_steps):
@@ -174,12 +194,10 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         if ev is not None and p.client_id not in fed.byzantine:
             events.append((p.client_id, ev))
 
-    weights_all = weights(fed)
-    ctx_train = context(fed, r, trainers, weights_all)
+    ctx_train = context(fed, r, trainers, weights(fed))
     out = fed.client_stages.apply(results.updates, state.client_stages, ctx_train)
     client_state, messages = out.state, out.x
     events.extend(out.events)
-    stage_metrics = dict(out.metrics)
     bits_row, failures = None, 0
     if uplink.to_server is not None and trainers:
         messages, bits_row, failures = uplink.to_server(messages, trainers)
@@ -207,17 +225,34 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
             byz = state.params.new_full((len(crafted), d), float("nan"))
         for i, c in enumerate(crafted):
             rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
-    # What reaches the server: one message (and its extras) per cohort client, in client order. Crafted
-    # messages carry zero extras: the attacks act on the model message only.
-    stacked, shaped = stack_rows([rows[c] for c in cohort], d, state.params)
+    # Crafted messages carry zero extras: the attacks act on the model message only.
+    extras = {key: dict(zip(trainers, results.extras[key])) for key in fed.local_chain.extras_widths(fed.layout)}
+    arrivals = Arrivals(cohort, rows, extras, events, dict(out.metrics),
+                        float(results.train_loss.mean()) if len(results.train_loss) else None, bits_row, failures,
+                        uplink.to_server is not None)
+    state = dataclasses.replace(state, client_stages=client_state, attack_view=view_state,
+                                clients=store.state_dict())
+    return conclude(fed, state, arrivals, bytes_down, metrics, uplink.scale, extra_bytes_up)
+
+
+def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down: int, metrics: dict[str, Any],
+             scale: float | torch.Tensor = 1.0, extra_bytes_up: int = 0) -> tuple[EngineState, dict[str, Any]]:
+    """The server's half of a round: screening → aggregation → server stages → server optimizer → shared
+    statistics → ledgers, from what arrived (a simulated cohort's messages or a deployment's replies)."""
+    r = state.round
+    d = fed.layout.numel
+    cohort, events, stage_metrics = arrivals.cohort, list(arrivals.events), dict(arrivals.stage_metrics)
+    weights_all = weights(fed)
+    # What reaches the server: one message (and its extras) per cohort client, in client order.
+    stacked, shaped = stack_rows([arrivals.rows.get(c) for c in cohort], d, state.params)
     accepted = screen(stacked, d)
-    if bits_row is None:
+    if arrivals.bits_row is None:
         bytes_up = sum(int(stacked[i].numel()) * stacked.element_size() for i, ok in enumerate(shaped) if ok)
     else:
-        bytes_up = sum(shaped) * bits_row // 8
+        bytes_up = sum(shaped) * arrivals.bits_row // 8
     extras: dict[str, torch.Tensor] = {}
-    for key, width in chain.extras_widths(fed.layout).items():
-        by_client = dict(zip(trainers, results.extras[key]))
+    for key, width in fed.local_chain.extras_widths(fed.layout).items():
+        by_client = arrivals.extras.get(key, {})
         ex, ex_shaped = stack_rows([by_client.get(c, state.params.new_zeros(width)) for c in cohort], width,
                                    state.params)
         accepted &= screen(ex, width)
@@ -226,13 +261,12 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
     rejected = int((~accepted).sum())
     bytes_up += extra_bytes_up
     metrics.update({"cohort_size": len(cohort), "rejected": rejected})
-    if uplink.to_server is not None:
-        metrics["decode_failures"] = int(failures)
+    if arrivals.compressed:
+        metrics["decode_failures"] = int(arrivals.failures)
 
     new = dataclasses.replace(
-        state, round=r + 1, client_stages=client_state, bytes_up_total=state.bytes_up_total + bytes_up,
-        bytes_down_total=state.bytes_down_total + bytes_down, rejected_total=state.rejected_total + rejected,
-        attack_view=view_state, clients=store.state_dict())
+        state, round=r + 1, bytes_up_total=state.bytes_up_total + bytes_up,
+        bytes_down_total=state.bytes_down_total + bytes_down, rejected_total=state.rejected_total + rejected)
     if bool(accepted.any()):
         keep = torch.nonzero(accepted).flatten()
         ctx = context(fed, r, cohort, weights_all).select(keep)
@@ -241,7 +275,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         srv = fed.server_stages.apply(agg.x, state.server_stages, ctx)
         events.extend(srv.events)
         stage_metrics.update(srv.metrics)
-        step = srv.x if isinstance(uplink.scale, float) and uplink.scale == 1.0 else srv.x * uplink.scale
+        step = srv.x if isinstance(scale, float) and scale == 1.0 else srv.x * scale
         new.params, new.server_optimizer = fed.server_optimizer.step(state.params, step, state.server_optimizer)
         new.aggregator, new.server_stages = agg.state, srv.state
         new.shared = fed.local_chain.server_update(state.shared, {k: v[keep] for k, v in extras.items()}, ctx)
@@ -251,8 +285,8 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         new.ledger = fed.ledger.state_dict()
     metrics.update({"bytes_up": bytes_up, "bytes_down": bytes_down, "bytes_up_total": new.bytes_up_total,
                     "bytes_down_total": new.bytes_down_total})
-    if len(results.train_loss):
-        metrics["train_loss"] = float(results.train_loss.mean())
+    if arrivals.train_loss is not None:
+        metrics["train_loss"] = arrivals.train_loss
     metrics.update({k: float(v) if isinstance(v, (int, float, torch.Tensor)) else v
                     for k, v in stage_metrics.items()})
     return new, metrics
