@@ -26,6 +26,7 @@ from trustfl.config.build import build_federation, resolve_engine
 from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig
 from trustfl.engine.allocator import tune_allocator
+from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, evaluate, load_checkpoint, metric_names, run_rounds,
                                  save_checkpoint, save_model)
@@ -78,13 +79,15 @@ def default_run_dir(cfg: ExperimentConfig, root: str | Path = "runs") -> Path:
 def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resume: str | Path | None = None,
                    data_dir: str | None = None, progress: bool = True, checkpoint_every: int | None = None,
                    stop_after: int | None = None,
-                   on_eval: Callable[[dict[str, Any]], None] | None = None, plots: bool = True) -> RunResult:
+                   on_eval: Callable[[dict[str, Any]], None] | None = None, plots: bool = True,
+                   engine: Callable[[Federation], AbstractEngine] | None = None) -> RunResult:
     """Run ``cfg`` (or resume the run in ``resume``) and return the run directory, summary, rows and model.
 
     Args:
       stop_after: stop after this many rounds in total (simulates an interruption; tests use it).
       on_eval: called with the row of every evaluated round.
       plots: write the ``<metric>.png`` plots (False: skip them, e.g. in sweeps).
+      engine: builds the engine from the federation instead of ``engine.kind`` (a deployment's remote engine).
     """
     tune_allocator()
     if resume is not None:
@@ -96,7 +99,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
         run_dir = Path(out) if out is not None else default_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
     fed = build_federation(cfg, data_dir=data_dir, quiet=not progress)
-    engine = resolve_engine(cfg, fed.info["engine"])  # the kind after the recipe's configure
+    engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
     cfg_hash = _config_hash(cfg)
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every

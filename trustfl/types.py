@@ -67,6 +67,9 @@ class RoundContext:
     reports: Mapping[str, torch.Tensor] = field(default_factory=dict)
     """Per-row values the clients sent beside their messages (e.g. ``num_samples``, ``reported_epsilon``), and,
     in simulation only, oracle values under names starting with ``oracle_`` (e.g. ``oracle_noise_variance``)."""
+    pair_keys: Any = None
+    """A deployed client's own key pairs and the relayed public-key directory, ``({id: ClientKeys}, directory)``,
+    for pairwise-seeded noise; ``None``: the simulator derives every client's keys from ``seed``."""
 
     def generator(self, stage: str, client: int = SERVER) -> torch.Generator:
         """The generator of ``stage`` for ``client`` (default: the server) in this round."""

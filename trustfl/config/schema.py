@@ -235,6 +235,27 @@ class CompressConfig:
 
 
 @dataclass(frozen=True)
+class DeployConfig:
+    """A real deployment through Flower (``trustfl deploy``, docs/deployment.md); the simulator ignores it."""
+
+    round_timeout_s: float = 120.0
+    """How long the server waits for a round's replies; a node that has not answered by then is dropped from the
+    round (counted in ``dropped``)."""
+    startup_timeout_s: float = 120.0
+    """How long the server waits for all ``data.num_clients`` nodes to connect before it refuses to start."""
+    secrets: Literal["node", "run_seed"] = "node"
+    """Where a node's private randomness comes from (its X25519 key, its DP noise, its batches): ``node`` (the
+    node's operating system; nothing the server holds reproduces it) or ``run_seed`` (derived from ``seed`` as
+    in the simulator, so a deployment equals the simulation; the server knows the seed and could remove the
+    noise: for testing the deployment only)."""
+
+    def __post_init__(self) -> None:
+        for name in ("round_timeout_s", "startup_timeout_s"):
+            value = getattr(self, name)
+            check(math.isfinite(value) and value > 0, name, value, "a finite number of seconds > 0")
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     primary_metric: str = ""
     """The metric the progress bar, the CLI and the summary lead with (default: the first evaluator's first
@@ -274,6 +295,8 @@ class ExperimentConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     compress: CompressConfig = field(default_factory=CompressConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    """Settings of a real deployment through Flower; the simulator ignores them."""
     plugins: list[str] = field(default_factory=list)
     """Python modules imported before the experiment is built: they register a user's own data sets, models,
     objectives or evaluators (``@trustfl.register``)."""

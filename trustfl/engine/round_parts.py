@@ -131,12 +131,14 @@ def admit(fed: Federation, r: int, cohort: list[int], metrics: dict[str, Any],
 
 def cohort_context(fed: Federation, r: int, plans: list[ClientPlan], received: dict[str, torch.Tensor],
                    store: ClientStateStore, lr: float | None = None,
-                   personal: dict[str, torch.Tensor] | None = None) -> CohortContext:
+                   personal: dict[str, torch.Tensor] | None = None, seed: int | None = None) -> CohortContext:
+    """The cohort's local-training context; ``seed`` keys the clients' own streams (default the run seed; a
+    deployed node's private seed)."""
     params = received["model"]
     device = params.device
     ids = [p.client_id for p in plans]
     return CohortContext(
-        client_ids=tuple(ids), round=r, seed=fed.seed, lr=fed.training.lr if lr is None else lr,
+        client_ids=tuple(ids), round=r, seed=fed.seed if seed is None else seed, lr=fed.training.lr if lr is None else lr,
         batch_sizes=torch.tensor([float(p.batch_size) for p in plans], dtype=torch.float64, device=device),
         noise_multipliers=torch.tensor([p.noise_multiplier for p in plans], dtype=torch.float64, device=device),
         received=received, client_state=store.gather(ids, fed.local_chain.client_state_defaults(params)),

@@ -21,6 +21,7 @@ from trustfl.client.transforms import SGD
 from trustfl.core.registry import register
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.exchange import exchange
+from trustfl.engine.executors import LocalJob
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import round_lr
 from trustfl.engine.round_parts import admit, broadcast, cohort_context, compressed_deltas, deliver, sample_cohort
@@ -36,6 +37,14 @@ def initial_state(fed: Federation) -> EngineState:
                        shared=fed.local_chain.server_init(params))
 
 
+def round_job(fed: Federation, r: int) -> tuple[LocalJob, float]:
+    """The clients' local job in round ``r`` and its learning rate (a schedule sets this round's local SGD)."""
+    job, lr = fed.local_job(), round_lr(fed.training, r, fed.rounds)
+    if lr != fed.training.lr:
+        job = dataclasses.replace(job, chain=dataclasses.replace(job.chain, optimizer=SGD(lr)))
+    return job, lr
+
+
 def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
     """Run round ``state.round`` and return the new state and the round's metrics."""
     start = time.perf_counter()
@@ -49,9 +58,7 @@ def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[st
         state = dataclasses.replace(state, statistics=statistics)
         metrics.update(stat_metrics)
     store = ClientStateStore.from_state_dict(state.clients)
-    job, lr = fed.local_job(), round_lr(fed.training, r, fed.rounds)
-    if lr != fed.training.lr:  # a learning-rate schedule: this round's local SGD
-        job = dataclasses.replace(job, chain=dataclasses.replace(job.chain, optimizer=SGD(lr)))
+    job, lr = round_job(fed, r)
     results = fed.executor.run(job, plans, cohort_context(fed, r, plans, received, store, lr=lr, personal=personal))
     store = store.scatter([p.client_id for p in plans], results.client_state)
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, bytes_down + stat_down, metrics,

@@ -153,12 +153,19 @@ def centered_pair_noise(n: int, d: int, sigma_cor: float, generator: torch.Gener
     return g.sub_(mean).mul_(sigma_cor * math.sqrt(n))
 
 
+def simulation_key_seed(seed: int) -> bytes:
+    """The 32-byte seed the simulation derives every client's key pair from: ``SHA-256("trustfl/simulation-keys"
+    ‖ seed)``. Anyone who knows the run seed can compute these keys: a deployment uses them only to reproduce
+    a simulation (``deploy.secrets = "run_seed"``)."""
+    return hashlib.sha256(b"trustfl/simulation-keys" + int(seed).to_bytes(16, "big", signed=True)).digest()
+
+
 def simulation_keys(seed: int, n: int) -> tuple[dict[int, ClientKeys], PublicKeyDirectory]:
     """Key pairs of clients ``0..n−1`` derived from the run seed, and the public directory (simulation setup).
 
     The 32-byte key seed is ``SHA-256("trustfl/simulation-keys" ‖ seed)``; see :meth:`ClientKeys.generate`.
     """
-    key_seed = hashlib.sha256(b"trustfl/simulation-keys" + int(seed).to_bytes(16, "big", signed=True)).digest()
+    key_seed = simulation_key_seed(seed)
     keys = {i: ClientKeys.generate(i, key_seed) for i in range(n)}
     return keys, PublicKeyDirectory.of(keys.values())
 
@@ -172,7 +179,8 @@ class CorrelatedNoise(AbstractStage):
     and following the protocol) and independent noise from ``ctx.generator("noise_ind", client_id)``.
 
     * ``path="exact"``: each client derives its pair seeds from its own X25519 key (keys from the run seed,
-      :func:`simulation_keys`) and the public directory; row ``r`` depends on its own client's key only.
+      :func:`simulation_keys`, or a deployed node's own keys in ``ctx.pair_keys``) and the public directory; row
+      ``r`` depends on its own client's key only.
     * ``path="fast"``: draws the full ``n``-row matrix by :func:`centered_pair_noise` from the server generator
       ``ctx.generator("correlated_noise_fast")`` and keeps the participants' rows: the same joint law, but a
       simulation shortcut, not a protocol (no client could compute its own row).
@@ -197,12 +205,17 @@ class CorrelatedNoise(AbstractStage):
         if not isinstance(self.purpose, str) or not self.purpose:
             raise ConfigError(f"`purpose` must be a non-empty string, found {self.purpose!r}.")
 
+    def sum_noise_std(self, m: int, n: int) -> float:
+        """The noise std left per coordinate in the sum of ``m`` of the ``n`` participants' rows (the pair terms
+        with the ``n − m`` absent peers do not cancel): ``√(m(n−m)σ_cor² + mσ_ind²)``."""
+        return math.sqrt(m * (n - m) * self.sigma_cor ** 2 + m * self.sigma_ind ** 2)
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         m, d = _check_rows(x, ctx)
         n = ctx.num_clients
         dtype = _draw_dtype(x.dtype)
         if self.path == "exact":
-            keys, directory = simulation_keys(ctx.seed, n)
+            keys, directory = ctx.pair_keys if ctx.pair_keys is not None else simulation_keys(ctx.seed, n)
             mech = PairwiseCorrelatedNoise(self.sigma_cor, self.purpose)
             noise = mech.cohort_noise(keys, directory, ctx.round, d, ctx.client_ids, dtype)
         else:
@@ -215,7 +228,7 @@ class CorrelatedNoise(AbstractStage):
                 noise[r].add_(buf, alpha=self.sigma_ind)
         metrics = {
             "message_noise_std": math.sqrt((n - 1) * self.sigma_cor ** 2 + self.sigma_ind ** 2),
-            "sum_noise_std": math.sqrt(m * (n - m) * self.sigma_cor ** 2 + m * self.sigma_ind ** 2),
+            "sum_noise_std": self.sum_noise_std(m, n),
         }
         out = noise.add_(x) if noise.dtype == x.dtype else x + noise.to(x.dtype)  # noise is a fresh tensor
         return StageOut(out, state, metrics)

@@ -1,0 +1,55 @@
+"""An in-process transport: the nodes are :class:`NodeRuntime` objects in this process, reached through the same
+wire messages as over a network. It runs the deployment protocol without Flower (tests, debugging); the node
+state is kept serialised between rounds, as a Flower node keeps it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from trustfl.deploy.node import NodeRuntime
+from trustfl.deploy.server import AbstractTransport
+from trustfl.deploy.wire import TrainRequest, Wire
+from trustfl.errors import ConfigError
+
+
+class InProcessTransport(AbstractTransport):
+    """Nodes in this process.
+
+    Args:
+      nodes: the node runtimes, one per client.
+      fails: ``fails(round, client_id)`` is True when that node should fail in that round (a dropout).
+    """
+
+    def __init__(self, nodes: list[NodeRuntime], fails: Callable[[int, int], bool] | None = None) -> None:
+        self.nodes = {node.client_id: node for node in nodes}
+        if len(self.nodes) != len(nodes):
+            raise ConfigError(f"two nodes announce the same partition-id: {[n.client_id for n in nodes]}.")
+        self.fails = fails
+        self.states = {cid: NodeRuntime.save_state(node.new_state()) for cid, node in self.nodes.items()}
+        self._down = self._up = 0
+
+    def hello(self, num_nodes: int, timeout: float) -> dict[int, Wire]:
+        return {cid: node.hello(NodeRuntime.load_state(self.states[cid])).to_wire()
+                for cid, node in self.nodes.items()}
+
+    def train(self, requests: dict[int, Wire], timeout: float) -> dict[int, Wire | str]:
+        replies: dict[int, Wire | str] = {}
+        for cid, wire in requests.items():
+            self._down += sum(a.nbytes for a in wire[0].values())
+            if cid not in self.nodes:
+                replies[cid] = "unknown node"
+                continue
+            request = TrainRequest.from_wire(wire)
+            if self.fails is not None and self.fails(request.round, cid):
+                replies[cid] = "node failed"
+                continue
+            node = self.nodes[cid]
+            reply, state = node.train(request, NodeRuntime.load_state(self.states[cid]))
+            self.states[cid] = NodeRuntime.save_state(state)
+            replies[cid] = reply.to_wire()
+            self._up += sum(a.nbytes for a in replies[cid][0].values())
+        return replies
+
+    @property
+    def bytes_sent(self) -> tuple[int, int]:
+        return self._down, self._up

@@ -1,0 +1,115 @@
+"""A deployed node: trustfl's client half for one client, the same local training and client stages as the simulator.
+
+A node is built from the same TOML file as the server and knows which client it is (Flower's ``partition-id``).
+It reads only its own rows of the data, keeps its own state between rounds (the client stages' state, e.g.
+CafCor's worker momentum, and its client-state-store entry, e.g. SCAFFOLD's control variate) and its own
+secrets: a private seed for its randomness (batches, DP noise) and an X25519 key pair whose public half is all
+the server relays. A round at the node::
+
+    decode the downlink → its plan (rows, batch size, noise multiplier, step budget, as the simulator's)
+    → local training (objective → gradient method → gradient transforms → local SGD)
+    → client stages (clip, noise, correlated noise with pair seeds from its own key, momentum) → reply
+
+With ``deploy.secrets = "run_seed"`` the node derives its seed and key from the run seed exactly as the simulator
+does, so a deployment reproduces the simulation (to float rounding); the server could then reproduce the noise,
+so that setting is for testing a deployment only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import secrets as _os_secrets
+from typing import Any
+
+import torch
+
+from trustfl.client.state import ClientStateStore
+from trustfl.config.build import build_federation
+from trustfl.config.schema import ExperimentConfig
+from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, unpack_directory
+from trustfl.engine.federation import Federation
+from trustfl.engine.round_parts import cohort_context, context, make_plan, weights
+from trustfl.engine.sync import round_job
+from trustfl.errors import ConfigError
+from trustfl.privacy.correlated import simulation_key_seed
+from trustfl.privacy.keys import ClientKeys
+
+NodeState = dict[str, Any]
+
+
+class NodeRuntime:
+    """Client ``client_id``'s half of every round, for a node that holds that client's data.
+
+    Args:
+      cfg: the experiment, the same file the server runs.
+      client_id: which of the ``data.num_clients`` clients this node is.
+      data_dir: where the data sets live (as for ``trustfl run``).
+      fed: an already built federation of ``cfg`` (tests share one); ``None``: built here.
+
+    Raises:
+      ConfigError: if ``client_id`` is not one of the configured clients.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, client_id: int, data_dir: str | None = None,
+                 fed: Federation | None = None) -> None:
+        n = cfg.data.num_clients
+        if not isinstance(client_id, int) or not 0 <= client_id < n:
+            raise ConfigError(f"node `partition-id` must be an integer in [0, {n}) for `data.num_clients` = {n}, "
+                              f"found {client_id!r}.")
+        self.cfg, self.client_id = cfg, client_id
+        self.fed = fed if fed is not None else build_federation(cfg, data_dir=data_dir, quiet=True)
+
+    # -- state kept between messages (a Flower node runs each message in a fresh process) ---------------------
+    def new_state(self) -> NodeState:
+        """The node's state before its first round: its secrets, its stages' initial state, no client entry."""
+        fed, cid = self.fed, self.client_id
+        if self.cfg.deploy.secrets == "run_seed":
+            seed, key = fed.seed, ClientKeys.generate(cid, simulation_key_seed(fed.seed))
+        else:
+            seed, key = _os_secrets.randbits(63), ClientKeys.generate(cid)
+        return {"seed": seed, "private_key": key.private_key.private_bytes_raw(),
+                "stages": fed.client_stages.init(fed.layout), "clients": {}}
+
+    @staticmethod
+    def save_state(state: NodeState) -> bytes:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    @staticmethod
+    def load_state(blob: bytes) -> NodeState:
+        """The state :meth:`save_state` wrote (tensors, numbers, bytes and dicts only: ``weights_only``)."""
+        return torch.load(io.BytesIO(blob), weights_only=True)
+
+    def keys(self, state: NodeState) -> ClientKeys:
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+        return ClientKeys(self.client_id, X25519PrivateKey.from_private_bytes(state["private_key"]))
+
+    # -- the two messages ---------------------------------------------------------------------------------------
+    def hello(self, state: NodeState) -> Hello:
+        """Who this node is: its id, its public key and how many examples it holds."""
+        rows = self.fed.client_rows[self.client_id]
+        return Hello(self.client_id, self.keys(state).public_bytes, int(rows.numel()))
+
+    def train(self, request: TrainRequest, state: NodeState) -> tuple[TrainReply, NodeState]:
+        """Run this client's half of round ``request.round``; return the reply and the node's new state."""
+        fed, cid, r = self.fed, self.client_id, request.round
+        device = fed.initial_params.device
+        encoded = {k: v.to(device) for k, v in request.payload.items()}
+        received = fed.downlink.decode(encoded, request.torch_dtypes())
+        plan = make_plan(fed, cid, r)
+        store = ClientStateStore.from_state_dict(state["clients"])
+        job, lr = round_job(fed, r)
+        seed = int(state["seed"])
+        results = fed.executor.run(job, [plan], cohort_context(fed, r, [plan], received, store, lr=lr, seed=seed))
+        store = store.scatter([cid], results.client_state)
+        pair_keys = None
+        if request.directory:
+            pair_keys = ({cid: self.keys(state)}, unpack_directory(request.directory))
+        ctx = dataclasses.replace(context(fed, r, [cid], weights(fed)), seed=seed, pair_keys=pair_keys)
+        out = fed.client_stages.apply(results.updates, state["stages"], ctx)
+        extras = {k: v[0] for k, v in results.extras.items()}
+        metrics = {k: float(v) for k, v in out.metrics.items() if isinstance(v, (int, float, torch.Tensor))}
+        reply = TrainReply(cid, out.x[0], extras, int(results.num_steps[0]), float(results.train_loss[0]), metrics)
+        return reply, {**state, "stages": out.state, "clients": store.state_dict()}

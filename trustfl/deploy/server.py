@@ -1,0 +1,176 @@
+"""A deployed server: trustfl's server half over a transport (Flower, or in-process for tests).
+
+:class:`RemoteEngine` is an engine like the simulator's synchronous one, so the shared run loop gives a deployment
+the same run directory (``config.toml``, ``metrics.jsonl``, ``summary.json``, ``model.pt``, plots, checkpoints),
+evaluation and progress. Its round::
+
+    sample the cohort → admit (budgets) → encode the downlink → send each cohort node its request
+    → wait up to ``deploy.round_timeout_s`` → screening → aggregation → server stages → server optimizer
+    → ledgers → metrics (``dropped``, ``bytes_up``/``bytes_down`` from what was sent)
+
+The server never sees a node's data, state, seed or private key; it relays only public keys. DP events are
+computed by the server from the configuration and each node's reported number of local steps (a node cannot
+lower another's charge). A node that fails or times out is *dropped* from the round: the round aggregates
+whoever answered if the rule's minimum is met, and is skipped with a notice otherwise. A dropped node is
+charged its planned round (it may have released its message before the failure): ledgers err on the side of
+more ε, never less. Pairwise-cancelling noise does not cancel across an absent peer; the round's
+``<stage>/sum_noise_std`` is computed for the rows that actually arrived.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trustfl.deploy.checks import check_deployable
+from trustfl.deploy.wire import Hello, TrainRequest, Wire, pack_directory, read_reply
+from trustfl.engine.base import AbstractEngine
+from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.local import num_local_steps
+from trustfl.engine.round_parts import Arrivals, admit, conclude, round_events, sample_cohort
+from trustfl.engine.sync import initial_state
+from trustfl.errors import ConfigError, TrustFLError
+from trustfl.privacy.correlated import CorrelatedNoise
+from trustfl.privacy.keys import PublicKeyDirectory
+
+
+class AbstractTransport(abc.ABC):
+    """How the server reaches its nodes. ``client id → wire message``; a failure is a string naming it."""
+
+    @abc.abstractmethod
+    def hello(self, num_nodes: int, timeout: float) -> dict[int, Wire]:
+        """Wait until ``num_nodes`` nodes are connected (at most ``timeout`` seconds) and return each one's hello,
+        keyed by the client id it announces.
+
+        Raises:
+          ConfigError: if the nodes do not match ``num_nodes`` (too few in time, too many, a duplicate id).
+        """
+
+    @abc.abstractmethod
+    def train(self, requests: dict[int, Wire], timeout: float) -> dict[int, Wire | str]:
+        """Send each client its request and collect the replies within ``timeout`` seconds (a failed or late
+        node maps to a string saying why)."""
+
+    @property
+    def bytes_sent(self) -> tuple[int, int]:
+        """Array bytes ``(down, up)`` the transport has carried so far (for the deployment benchmark)."""
+        return 0, 0
+
+
+class RemoteEngine(AbstractEngine):
+    """The synchronous schedule with every client's half run by a remote node through ``transport``."""
+
+    def __init__(self, transport: AbstractTransport, round_timeout_s: float, startup_timeout_s: float) -> None:
+        self.transport = transport
+        self.round_timeout_s, self.startup_timeout_s = round_timeout_s, startup_timeout_s
+        self.directory: PublicKeyDirectory | None = None
+
+    def connect(self, fed: Federation) -> None:
+        """Collect every node's hello: the public-key directory and the clients' example counts."""
+        n = fed.num_clients
+        hellos = {cid: Hello.from_wire(w) for cid, w in self.transport.hello(n, self.startup_timeout_s).items()}
+        if sorted(hellos) != list(range(n)):
+            raise ConfigError(f"`data.num_clients` is {n} but the nodes announced client ids {sorted(hellos)}; "
+                              f"start one node per client with partition-id 0..{n - 1}.")
+        self.directory = PublicKeyDirectory.of({cid: h.public_key for cid, h in hellos.items()})
+        fed.reports["num_samples"] = torch.tensor([hellos[c].num_samples for c in range(n)], dtype=torch.long)
+
+    def initial_state(self, fed: Federation) -> EngineState:
+        return initial_state(fed)
+
+    def run_round(self, fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
+        if self.directory is None:
+            self.connect(fed)
+        start = time.perf_counter()
+        r = state.round
+        metrics: dict[str, Any] = {"round": r + 1}
+        plans, _, cohort = admit(fed, r, sample_cohort(fed, r), metrics)
+        payload = {"model": state.params, **fed.local_chain.downlink(state.shared)}
+        encoded = fed.downlink.encode(payload)
+        dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in payload.items()}
+        request = TrainRequest(r, encoded, dtypes, pack_directory(self.directory)).to_wire()
+        replies = self.transport.train({p.client_id: request for p in plans}, self.round_timeout_s)
+        bytes_down = fed.downlink.nbytes(encoded) * len(plans)
+
+        answered, dropped, rows, losses = [], [], {}, []
+        extras: dict[str, dict[int, Any]] = {k: {} for k in fed.local_chain.extras_widths(fed.layout)}
+        node_metrics: dict[str, list[float]] = {}
+        events = []
+        stage_events = fed.client_stages.round_events()
+        for p in plans:
+            planned = num_local_steps(fed.training, int(p.rows.numel()), p.batch_size)
+            budget = planned if p.max_steps is None else min(planned, p.max_steps)
+            wire = replies.get(p.client_id, "no reply")
+            reply = None if isinstance(wire, str) else read_reply(wire)
+            if reply is None or reply.client_id != p.client_id:
+                dropped.append(p.client_id)  # charged its planned round: it may have released its message
+                steps = budget
+            else:
+                answered.append(p.client_id)
+                rows[p.client_id] = reply.message
+                for k in extras:
+                    extras[k][p.client_id] = reply.extras.get(k)
+                if reply.train_loss is not None:
+                    losses.append(reply.train_loss)
+                for k, v in reply.metrics.items():
+                    node_metrics.setdefault(k, []).append(v)
+                steps = budget if reply.num_steps is None else min(reply.num_steps, budget)
+            ev = round_events(fed, p, steps)
+            if ev is not None:
+                events.append((p.client_id, ev))
+        events.extend((p.client_id, e) for p in plans for e in stage_events)
+        stage_metrics = {k: sum(v) / len(v) for k, v in node_metrics.items()}
+        for name, stage in fed.client_stages.stages:
+            if isinstance(stage, CorrelatedNoise):  # what is left in the sum of the rows that arrived
+                stage_metrics[f"{name}/sum_noise_std"] = stage.sum_noise_std(len(answered), fed.num_clients)
+        loss = float(torch.tensor(losses, dtype=torch.float32).mean()) if losses else None
+        arrivals = Arrivals(answered, rows, extras, events, stage_metrics, loss)
+        metrics.update({"dropped": len(dropped), "dropped_clients": dropped})
+        try:
+            new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
+        except TrustFLError as err:
+            if not dropped:
+                raise
+            new, metrics = self._skip(fed, state, events, bytes_down, metrics, err)
+        new.wall_time_s = state.wall_time_s + time.perf_counter() - start
+        return new, metrics
+
+    @staticmethod
+    def _skip(fed: Federation, state: EngineState, events: list, bytes_down: int, metrics: dict[str, Any],
+              err: Exception) -> tuple[EngineState, dict[str, Any]]:
+        """Too few nodes answered for the rule: the model stays, the round's sends are still charged."""
+        print(f"[trustfl deploy] round {state.round + 1} skipped: {metrics['dropped']} node(s) dropped and the "
+              f"rest is too few: {err}", file=sys.stderr, flush=True)
+        new = dataclasses.replace(state, round=state.round + 1, bytes_down_total=state.bytes_down_total + bytes_down)
+        if fed.ledger is not None and events:
+            fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
+            new.ledger = fed.ledger.state_dict()
+        metrics.update({"skipped": 1, "cohort_size": 0, "bytes_up": 0, "bytes_down": bytes_down})
+        return new, metrics
+
+
+def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | None = None, *,
+                   data_dir: str | None = None, progress: bool = True, plots: bool = True,
+                   on_eval: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """Run ``cfg`` with its clients on remote nodes reached through ``transport``; the run directory is that of
+    a simulation (:func:`trustfl.experiment.run_experiment`).
+
+    Raises:
+      ConfigError: if the configuration asks for something a deployment cannot honour (the key is named), or
+        the nodes do not match ``data.num_clients``.
+    """
+    from trustfl.experiment import run_experiment
+
+    def engine(fed: Federation) -> RemoteEngine:
+        check_deployable(cfg, fed)
+        remote = RemoteEngine(transport, cfg.deploy.round_timeout_s, cfg.deploy.startup_timeout_s)
+        remote.connect(fed)
+        return remote
+
+    return run_experiment(cfg, out, data_dir=data_dir, progress=progress, plots=plots, on_eval=on_eval,
+                          engine=engine)
