@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                          "simtime", "client", "server", "selfsup"})),
     ("engine", frozenset({"engine", "vertical"})),
     ("recipes", frozenset({"recipes"})),
-    ("top", frozenset({"config", "experiment", "report", "cli", "cli_privacy", "__main__"})),
+    ("top", frozenset({"config", "experiment", "report", "cli", "cli_privacy", "deploy", "__main__"})),
 )
 LAYER_OF = {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
 ALLOWED_UPWARD: dict[str, frozenset[str]] = {

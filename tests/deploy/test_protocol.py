@@ -1,0 +1,238 @@
+"""The deployment protocol without Flower: server half + node halves through the wire messages, in-process.
+
+Equality with the simulator (same config and seed, ``deploy.secrets = "run_seed"``), dropouts, skipped rounds,
+malformed replies screened as in simulation, refusals of simulation-only settings, and the secrecy of the pair
+seeds from the server.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from trustfl.config.load import load_config
+from trustfl.deploy.loopback import InProcessTransport
+from trustfl.deploy.node import NodeRuntime
+from trustfl.deploy.server import run_deployment
+from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, read_reply, unpack_directory
+from trustfl.errors import ConfigError, MessageError
+from trustfl.experiment import run_experiment
+from trustfl.privacy.correlated import simulation_keys
+from trustfl.privacy.keys import pair_seed
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+SMALL = ["rounds=3", 'data.dataset="digits"', "data.num_clients=4"]
+FEDAVG_DP_ROBUST = (ROOT / "configs/dp/dpsgd_digits.toml", SMALL + ['aggregator={name="cwtm", f=1}'])
+CAFCOR = (ROOT / "configs/cafcor/expA_cafcor_secldp.toml",
+          SMALL + ['attack.name="none"', "attack.num_byzantine=0", 'recipe.noise_path="exact"', "recipe.ind_to_cor=1.0",
+                   'model={name="mlp", hidden=[16]}', "client.batch_size=16"])
+
+
+def _config(spec, *more, secrets="run_seed"):
+    path, overrides = spec
+    return load_config(path, list(overrides) + list(more) + [f'deploy.secrets="{secrets}"'])
+
+
+def _deploy(cfg, tmp_path, name="dep", fails=None, transport=None):
+    nodes = [NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)]
+    transport = transport or InProcessTransport(nodes, fails)
+    return run_deployment(cfg, transport, tmp_path / name, progress=False, plots=False), transport
+
+
+@pytest.mark.parametrize("spec", [FEDAVG_DP_ROBUST, CAFCOR], ids=["fedavg_dp_cwtm", "cafcor_exact"])
+def test_deployment_equals_the_simulation(spec, tmp_path):
+    cfg = _config(spec)
+    sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
+    dep, transport = _deploy(cfg, tmp_path)
+    assert torch.allclose(dep.params, sim.params, atol=1e-5, rtol=0)
+    assert not torch.equal(dep.params, torch.zeros_like(dep.params))
+    for s, d in zip(sim.rows, dep.rows):
+        assert d["dropped"] == 0 and d["bytes_up"] == s["bytes_up"] and d["bytes_down"] == s["bytes_down"]
+        assert d["epsilon_max"] == pytest.approx(s["epsilon_max"], rel=1e-9)
+        assert d["accuracy"] == pytest.approx(s["accuracy"], abs=1e-3)
+    down, up = transport.bytes_sent  # what the wire carried: the float32 model down, the message up
+    assert up == sum(r["bytes_up"] for r in dep.rows) and down == sum(r["bytes_down"] for r in dep.rows)
+    # The run directory of a deployment is that of a simulation.
+    assert sorted(p.name for p in dep.run_dir.iterdir()) == sorted(p.name for p in sim.run_dir.iterdir())
+
+
+def test_correlated_noise_is_real_in_the_deployment(tmp_path):
+    """With secrets from the nodes the messages differ from the simulation's, but the model still trains."""
+    cfg = _config(CAFCOR, secrets="node")
+    sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
+    dep, _ = _deploy(cfg, tmp_path)
+    assert not torch.allclose(dep.params, sim.params, atol=1e-3)
+    assert torch.isfinite(dep.params).all()
+    assert dep.rows[-1]["epsilon_max"] == pytest.approx(sim.rows[-1]["epsilon_max"], rel=1e-9)
+
+
+def test_a_dropout_is_counted_charged_and_reported_honestly(tmp_path):
+    cfg = _config(CAFCOR)
+    dep, _ = _deploy(cfg, tmp_path, fails=lambda r, c: r == 1 and c == 2)
+    rows = dep.rows
+    assert [r["dropped"] for r in rows] == [0, 1, 0] and rows[1]["dropped_clients"] == [2]
+    assert rows[1]["cohort_size"] == 3 and rows[0]["cohort_size"] == 4
+    # The pair terms with the absent node do not cancel: the sum keeps √(m(n−m)σ_cor² + mσ_ind²) of noise.
+    noise = [k for k in rows[0] if k.endswith("/sum_noise_std")]
+    assert noise and rows[1][noise[0]] > rows[0][noise[0]]
+    info = json.loads((dep.run_dir / "summary.json").read_text())
+    assert info  # written
+    # The dropped node is charged its planned round: every client has spent the same ε.
+    assert rows[-1]["epsilon_min"] == pytest.approx(rows[-1]["epsilon_max"], rel=1e-12)
+    assert torch.isfinite(dep.params).all()
+
+
+def test_a_round_with_too_few_answers_is_skipped_not_crashed(tmp_path):
+    cfg = _config(FEDAVG_DP_ROBUST)  # cwtm with f = 1 needs at least 3 messages
+    dep, _ = _deploy(cfg, tmp_path, fails=lambda r, c: r == 1 and c != 0)
+    assert dep.rows[1]["skipped"] == 1 and dep.rows[1]["dropped"] == 3
+    assert "skipped" not in dep.rows[2] and dep.rows[2]["cohort_size"] == 4
+
+
+class Corrupting(InProcessTransport):
+    """Replaces node 1's reply by something malformed."""
+
+    def __init__(self, nodes, bad):
+        super().__init__(nodes)
+        self.bad = bad
+
+    def train(self, requests, timeout):
+        replies = super().train(requests, timeout)
+        replies[1] = self.bad(replies[1])
+        return replies
+
+
+def _nan(wire):
+    arrays, config = wire
+    return {**arrays, "message": np.full_like(arrays["message"], np.nan)}, config
+
+
+BAD_REPLIES = {
+    "nan": _nan,
+    "huge": lambda w: ({**w[0], "message": np.full_like(w[0]["message"], 3e38)}, w[1]),
+    "short": lambda w: ({**w[0], "message": w[0]["message"][:-1]}, w[1]),
+    "float64": lambda w: ({**w[0], "message": w[0]["message"].astype(np.float64)}, w[1]),
+    "garbage": lambda w: ("junk", 3),
+    "no_message": lambda w: ({}, w[1]),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_REPLIES))
+def test_a_malformed_reply_is_screened_as_in_simulation(bad, tmp_path):
+    cfg = _config(FEDAVG_DP_ROBUST)
+    nodes = [NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)]
+    dep, _ = _deploy(cfg, tmp_path, transport=Corrupting(nodes, BAD_REPLIES[bad]))
+    assert torch.isfinite(dep.params).all()
+    if bad == "huge":  # finite: out-voted by the trimmed mean, not screened
+        assert all(r["rejected"] == 0 for r in dep.rows)
+    elif bad == "garbage":  # no client id: the node counts as dropped
+        assert all(r["dropped"] == 1 for r in dep.rows)
+    else:
+        assert all(r["rejected"] == 1 for r in dep.rows)
+    assert dep.rows[-1]["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("override,key", [
+    ('attack={name="sign_flip", num_byzantine=1}', "attack.name"),
+    ('compress.uplink={name="qsgd", levels=4}', "compress.uplink"),
+    ('recipe.noise_path="fast"', "recipe.noise_path"),
+])
+def test_settings_a_deployment_cannot_honour_are_refused_before_start(override, key, tmp_path):
+    spec = CAFCOR if "noise_path" in override else FEDAVG_DP_ROBUST
+    cfg = _config(spec, override)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _deploy(cfg, tmp_path)
+    assert not (tmp_path / "dep" / "metrics.jsonl").exists() or not (tmp_path / "dep" / "metrics.jsonl").read_text()
+
+
+def test_a_node_count_that_does_not_match_is_refused(tmp_path):
+    cfg = _config(FEDAVG_DP_ROBUST)
+    nodes = [NodeRuntime(cfg, i) for i in range(3)]  # 4 clients configured
+    with pytest.raises(ConfigError, match="data.num_clients"):
+        run_deployment(cfg, InProcessTransport(nodes), tmp_path / "dep", progress=False, plots=False)
+    with pytest.raises(ConfigError, match="partition-id"):
+        NodeRuntime(cfg, 4)
+
+
+def test_the_server_cannot_compute_a_pair_seed(tmp_path):
+    """Everything the server holds or relays: the hellos, the requests, the replies, the run directory. None of
+    it contains a node's private key, and the keys the run seed gives (the simulation's) are not the nodes'."""
+    cfg = _config(CAFCOR, secrets="node")
+    nodes = [NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)]
+    seen: list[bytes] = []
+
+    class Recording(InProcessTransport):
+        def hello(self, num_nodes, timeout):
+            out = super().hello(num_nodes, timeout)
+            seen.extend(_blobs(out))
+            return out
+
+        def train(self, requests, timeout):
+            replies = super().train(requests, timeout)
+            seen.extend(_blobs(requests) + _blobs(replies))
+            return replies
+
+    transport = Recording(nodes)
+    dep, _ = _deploy(cfg, tmp_path, transport=transport)
+    seen.extend(p.read_bytes() for p in dep.run_dir.rglob("*") if p.is_file())
+    private = {cid: NodeRuntime.load_state(s)["private_key"] for cid, s in transport.states.items()}
+    node_keys = {cid: nodes[cid].keys(NodeRuntime.load_state(s)) for cid, s in transport.states.items()}
+    assert all(len(k) == 32 for k in private.values())
+    for key in private.values():
+        assert not any(key in blob for blob in seen)
+    # The directory the server relays is the nodes' public keys, and the simulation keys (which the server could
+    # derive from the run seed) give other pair seeds than the nodes'.
+    request = TrainRequest.from_wire(next(w for w in _requests(transport, cfg)))
+    directory = unpack_directory(request.directory)
+    assert {c: directory[c] for c in directory.ids} == {c: k.public_bytes for c, k in node_keys.items()}
+    sim_keys, sim_directory = simulation_keys(cfg.seed, cfg.data.num_clients)
+    real = pair_seed(node_keys[0], directory[1], 0, 1, "correlated_noise", 0)
+    assert real == pair_seed(node_keys[1], directory[0], 1, 0, "correlated_noise", 0)
+    assert real != pair_seed(sim_keys[0], sim_directory[1], 0, 1, "correlated_noise", 0)
+
+
+def _blobs(wires) -> list[bytes]:
+    out = []
+    for w in wires.values():
+        if isinstance(w, tuple):
+            out += [a.tobytes() for a in w[0].values()]
+            out += [v for v in w[1].values() if isinstance(v, bytes)]
+    return out
+
+
+def _requests(transport, cfg):
+    from trustfl.deploy.server import RemoteEngine
+
+    engine = RemoteEngine(transport, 10.0, 10.0)
+    fed = transport.nodes[0].fed
+    engine.connect(fed)
+    from trustfl.deploy.wire import pack_directory
+
+    yield TrainRequest(0, {"model": fed.initial_params}, {"model": "float32"}, pack_directory(engine.directory)).to_wire()
+
+
+def test_wire_readers_never_crash_on_junk():
+    rng = np.random.default_rng(0)
+    junk = [None, 3, "x", ({}, {}), ({"message": "x"}, {"dtype/message": "float32"}),
+            ({"message": rng.normal(size=3).astype(np.float32)}, {"dtype/message": "int8", "client_id": -1}),
+            ({"message": np.zeros(2, np.float32)}, {"dtype/message": "float32", "client_id": True, "num_steps": -3,
+                                                      "train_loss": math.nan, "metric/a": "b"})]
+    for wire in junk:
+        reply = read_reply(wire)
+        assert isinstance(reply, TrainReply) and reply.num_steps is None and reply.train_loss is None
+    ok = read_reply(({"message": np.ones(2, np.float32)}, {"dtype/message": "float32", "client_id": 1,
+                                                             "num_steps": 4, "train_loss": 0.5, "metric/a": 2.0}))
+    assert ok.client_id == 1 and ok.num_steps == 4 and ok.metrics == {"a": 2.0} and ok.message.tolist() == [1, 1]
+    for bad in [({}, {}), ({}, {"round": -1}), ({"payload/model": np.zeros(2)}, {"round": 0})]:
+        with pytest.raises(MessageError):
+            TrainRequest.from_wire(bad)
+    with pytest.raises(MessageError):
+        Hello.from_wire(({}, {"client_id": 0, "public_key": b"short", "num_samples": 3}))
+    with pytest.raises(MessageError):
+        unpack_directory(b"\x00" * 41)
+    bf = TrainRequest(2, {"model": torch.randn(5).to(torch.bfloat16)}, {"model": "float32"}).to_wire()
+    back = TrainRequest.from_wire(bf)
+    assert back.payload["model"].dtype == torch.bfloat16 and back.torch_dtypes() == {"model": torch.float32}
