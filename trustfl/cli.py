@@ -1,4 +1,4 @@
-"""The ``trustfl`` command: run | sweep | compare | validate | list | report | privacy.
+"""The ``trustfl`` command: run | sweep | compare | validate | list | report | privacy | deploy.
 
 Errors: every error a user can cause (a bad config or flag, a missing data set, an exhausted privacy budget) is
 a :class:`~trustfl.errors.TrustFLError`; the command prints it as one line, ``trustfl: error: <message>``, on
@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_report)
     from trustfl import cli_privacy
     cli_privacy.add_parser(sub)
+    from trustfl.deploy import cli as deploy_cli
+    deploy_cli.add_parser(sub)
     return parser
 
 

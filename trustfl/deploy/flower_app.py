@@ -1,0 +1,198 @@
+"""trustfl over Flower's Message API: a ``ServerApp`` that runs trustfl's server loop and a ``ClientApp`` that runs
+one client's half per node (needs the optional extra: ``pip install 'trustfl[flower]'``, flwr 1.41).
+
+No Flower ``Strategy`` is used: the server is :class:`trustfl.deploy.server.RemoteEngine` with
+:class:`FlowerTransport`, which sends trustfl's wire messages (:mod:`trustfl.deploy.wire`) as an ``ArrayRecord``
+(``"arrays"``) plus a ``ConfigRecord`` (``"config"``). Settings come from the Flower run config, written by
+``trustfl deploy app``: ``trustfl-config`` (the experiment TOML, text), ``run-dir`` (where the server writes the
+run directory) and ``data-dir``; each node's ``partition-id`` (its client id) comes from its node config
+(``--node-config "partition-id=k"``), optionally with its own ``data-dir``.
+
+A node keeps its state (secrets, stage state, client-store entry) in Flower's ``context.state`` between
+messages; Flower runs each message in a fresh process, so nothing else survives.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from trustfl.deploy.node import NodeRuntime
+from trustfl.deploy.server import AbstractTransport, run_deployment
+from trustfl.deploy.wire import TrainRequest, Wire
+from trustfl.errors import ConfigError, MessageError, TrustFLError
+
+POLL_S = 0.05
+"""How often the server polls for replies (``Grid.send_and_receive`` sleeps 3 s between polls)."""
+STATE_KEY = "trustfl"
+
+
+def to_content(wire: Wire) -> RecordDict:
+    arrays, config = wire
+    plain = {k: _plain(v) for k, v in config.items() if v is not None}
+    return RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": ConfigRecord(plain)})
+
+
+def from_content(content: RecordDict) -> Wire:
+    """The wire message in ``content``; anything unreadable becomes empty (the server screens it out)."""
+    try:
+        arrays = {k: a.numpy() for k, a in content["arrays"].items()} if "arrays" in content else {}
+        config = dict(content["config"]) if "config" in content else {}
+        return arrays, config
+    except Exception:  # an untrusted payload: never let it crash the server
+        return {}, {}
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") and not isinstance(v, (bytes, str)) else v
+
+
+class FlowerTransport(AbstractTransport):
+    """trustfl's transport over a Flower ``Grid``: node ids are mapped to client ids by each node's hello."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.node_of: dict[int, int] = {}
+        self._down = self._up = 0
+
+    def _exchange(self, messages: list[Message], timeout: float) -> dict[str, Message]:
+        ids = {mid for mid in self.grid.push_messages(messages) if mid}
+        replies: dict[str, Message] = {}
+        deadline = time.monotonic() + timeout
+        while ids and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(ids):
+                replies[reply.metadata.reply_to_message_id] = reply
+                ids.discard(reply.metadata.reply_to_message_id)
+            if ids:
+                time.sleep(POLL_S)
+        return replies
+
+    def hello(self, num_nodes: int, timeout: float) -> dict[int, Wire]:
+        deadline = time.monotonic() + timeout
+        nodes = sorted(self.grid.get_node_ids())
+        while len(nodes) < num_nodes and time.monotonic() < deadline:
+            time.sleep(0.5)
+            nodes = sorted(self.grid.get_node_ids())
+        if len(nodes) != num_nodes:
+            raise ConfigError(f"`data.num_clients` is {num_nodes} but {len(nodes)} node(s) are connected after "
+                              f"`deploy.startup_timeout_s` = {timeout:g} s; start one node per client.")
+        messages = [Message(RecordDict({"config": ConfigRecord({"hello": True})}), nid, "query") for nid in nodes]
+        replies = self._exchange(messages, max(deadline - time.monotonic(), 10.0))
+        out: dict[int, Wire] = {}
+        for msg in messages:
+            reply = replies.get(msg.metadata.message_id)
+            if reply is None or reply.has_error():
+                why = "no reply" if reply is None else f"error {reply.error.code}: {reply.error.reason}"
+                raise ConfigError(f"node {msg.metadata.dst_node_id} did not introduce itself ({why}); check its "
+                                  f"`partition-id` node config and its log.")
+            wire = from_content(reply.content)
+            cid = wire[1].get("client_id")
+            if cid in out:
+                raise ConfigError(f"two nodes announce partition-id {cid}; give each node its own.")
+            out[cid] = wire
+            self.node_of[cid] = msg.metadata.dst_node_id
+        return out
+
+    def train(self, requests: dict[int, Wire], timeout: float) -> dict[int, Wire | str]:
+        messages = []
+        for cid, wire in requests.items():
+            msg = Message(to_content(wire), self.node_of[cid], "train")
+            self._down += msg.content["arrays"].count_bytes()
+            messages.append(msg)
+        replies = self._exchange(messages, timeout)
+        out: dict[int, Wire | str] = {}
+        for cid, msg in zip(requests, messages):
+            reply = replies.get(msg.metadata.message_id)
+            if reply is None:
+                out[cid] = f"no reply within {timeout:g} s"
+            elif reply.has_error():
+                out[cid] = f"error {reply.error.code}: {reply.error.reason}"
+            else:
+                if "arrays" in reply.content:
+                    self._up += reply.content["arrays"].count_bytes()
+                out[cid] = from_content(reply.content)
+        return out
+
+    @property
+    def bytes_sent(self) -> tuple[int, int]:
+        return self._down, self._up
+
+
+def _config(run_config: Any) -> Any:
+    import tomllib
+
+    from trustfl.config.load import config_from_dict
+
+    text = str(run_config.get("trustfl-config", ""))
+    if not text:
+        raise ConfigError("the Flower run config has no `trustfl-config`; write the app with `trustfl deploy app`.")
+    try:
+        return config_from_dict(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"the Flower run config's `trustfl-config` is not valid TOML: {err}") from None
+
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+@server_app.main()
+def _server_main(grid: Grid, context: Context) -> None:
+    try:
+        cfg = _config(context.run_config)
+        out = str(context.run_config.get("run-dir", "")) or None
+        data_dir = str(context.run_config.get("data-dir", "")) or None
+        result = run_deployment(cfg, FlowerTransport(grid), out, data_dir=data_dir)
+        print(f"[trustfl deploy] run directory: {result.run_dir}", file=sys.stderr, flush=True)
+    except TrustFLError as err:  # one line, as the CLI prints it
+        print(f"trustfl: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+_NODES: dict[tuple, NodeRuntime] = {}
+"""Built nodes by (experiment, partition, data directory): a ClientApp process that outlives one message (Flower's
+``process`` isolation) builds its node once."""
+
+
+def _node(context: Context) -> NodeRuntime:
+    cid = context.node_config.get("partition-id")
+    data_dir = str(context.node_config.get("data-dir", context.run_config.get("data-dir", ""))) or None
+    key = (str(context.run_config.get("trustfl-config", "")), cid, data_dir)
+    if key not in _NODES:
+        _NODES.clear()
+        _NODES[key] = NodeRuntime(_config(context.run_config), int(cid) if isinstance(cid, int) else cid,
+                                  data_dir=data_dir)
+    return _NODES[key]
+
+
+def _state(node: NodeRuntime, context: Context) -> dict:
+    if STATE_KEY in context.state:
+        return NodeRuntime.load_state(context.state[STATE_KEY]["blob"])
+    return node.new_state()
+
+
+def _keep(state: dict, context: Context) -> None:
+    context.state[STATE_KEY] = ConfigRecord({"blob": NodeRuntime.save_state(state)})
+
+
+@client_app.query()
+def _hello(msg: Message, context: Context) -> Message:
+    node = _node(context)
+    state = _state(node, context)
+    _keep(state, context)
+    return Message(to_content(node.hello(state).to_wire()), reply_to=msg)
+
+
+@client_app.train()
+def _train(msg: Message, context: Context) -> Message:
+    node = _node(context)
+    request = TrainRequest.from_wire(from_content(msg.content))
+    if STATE_KEY not in context.state:
+        raise MessageError("this node was asked to train before it introduced itself (no hello).")
+    reply, state = node.train(request, _state(node, context))
+    _keep(state, context)
+    return Message(to_content(reply.to_wire()), reply_to=msg)
