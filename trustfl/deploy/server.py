@@ -6,7 +6,8 @@ evaluation and progress. Its round::
 
     sample the cohort → admit (budgets) → encode the downlink → send each cohort node its request
     → wait up to ``deploy.round_timeout_s`` → screening → aggregation → server stages → server optimizer
-    → ledgers → metrics (``dropped``, ``bytes_up``/``bytes_down`` from what was sent)
+    → ledgers → metrics (``dropped``, ``bytes_up``/``bytes_down`` from what was sent, ``wire_bytes_up``/
+    ``wire_bytes_down`` as the transport counted them, e.g. Flower's array records with their headers)
 
 The server never sees a node's data, state, seed or private key; it relays only public keys. DP events are
 computed by the server from the configuration and each node's reported number of local steps (a node cannot
@@ -94,7 +95,9 @@ class RemoteEngine(AbstractEngine):
         encoded = fed.downlink.encode(payload)
         dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in payload.items()}
         request = TrainRequest(r, encoded, dtypes, pack_directory(self.directory)).to_wire()
+        sent_before = self.transport.bytes_sent
         replies = self.transport.train({p.client_id: request for p in plans}, self.round_timeout_s)
+        sent_after = self.transport.bytes_sent
         bytes_down = fed.downlink.nbytes(encoded) * len(plans)
 
         answered, dropped, rows, losses = [], [], {}, []
@@ -130,7 +133,8 @@ class RemoteEngine(AbstractEngine):
                 stage_metrics[f"{name}/sum_noise_std"] = stage.sum_noise_std(len(answered), fed.num_clients)
         loss = float(torch.tensor(losses, dtype=torch.float32).mean()) if losses else None
         arrivals = Arrivals(answered, rows, extras, events, stage_metrics, loss)
-        metrics.update({"dropped": len(dropped), "dropped_clients": dropped})
+        metrics.update({"dropped": len(dropped), "dropped_clients": dropped,
+                        "wire_bytes_down": sent_after[0] - sent_before[0], "wire_bytes_up": sent_after[1] - sent_before[1]})
         try:
             new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
         except TrustFLError as err:

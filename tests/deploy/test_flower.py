@@ -1,0 +1,107 @@
+"""A real Flower deployment on loopback: one SuperLink with TLS and node authentication, three registered
+SuperNodes (an unregistered fourth is refused), ``flwr run`` of apps written by ``trustfl deploy app``.
+
+1. FedAvg + DP-SGD + coordinate-wise trimmed mean, 3 rounds: the final model equals the simulator's.
+2. CafCor's pairwise-cancelling noise (pair seeds from X25519 keys relayed by the server), 3 rounds: equal too.
+3. A node killed mid-run: the run completes and records the dropout.
+
+Every process is stopped by PID (the harness's ``close`` in ``finally``/``__exit__``). Skipped only when flwr is
+not installed (``make test`` installs the ``flower`` extra).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from trustfl.config.load import config_to_dict, dump_toml, load_config  # noqa: E402
+from trustfl.deploy.app_dir import write_app  # noqa: E402
+from trustfl.experiment import run_experiment  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from flower_harness import LoopbackFederation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = ["rounds=3", 'data.dataset="digits"', "data.num_clients=3", 'deploy.secrets="run_seed"',
+          "deploy.startup_timeout_s=60", "deploy.round_timeout_s=90"]
+FEDAVG = (ROOT / "configs/dp/dpsgd_digits.toml", COMMON + ['aggregator={name="cwtm", f=1}'])
+CAFCOR = (ROOT / "configs/cafcor/expA_cafcor_secldp.toml",
+          COMMON + ['attack.name="none"', "attack.num_byzantine=0", 'recipe.noise_path="exact"',
+                    "recipe.ind_to_cor=1.0", 'model={name="mlp", hidden=[16]}', "client.batch_size=16"])
+RUN_TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("flower")
+    app = write_app(FEDAVG[0], tmp / "app", FEDAVG[1])
+    with LoopbackFederation(app, 3, tls=True, node_auth=True, tmp_dir=tmp / "procs") as fed:
+        yield fed, tmp
+
+
+def _run(fed, tmp, spec, name, extra=(), during=None):
+    cfg = load_config(spec[0], list(spec[1]) + list(extra))
+    run_dir = tmp / name
+    res = fed.run({"trustfl-config": dump_toml(config_to_dict(cfg)), "run-dir": str(run_dir)}, timeout=RUN_TIMEOUT)
+    assert res.ok, (res.status, res.status_details, res.stdout[-3000:], res.stderr[-2000:])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return cfg, run_dir, rows
+
+
+def _final_model(run_dir):
+    return torch.cat([v.flatten() for v in torch.load(run_dir / "model.pt").values()])
+
+
+def test_an_unregistered_node_is_refused(federation):
+    fed, _ = federation
+    k = fed.add_node({"partition-id": 0, "num-partitions": 3}, register=False, wait=False)
+    rc = fed.nodes[k].popen.wait(timeout=60)
+    assert rc != 0 and "Failed to activate SuperNode" in fed.log_text(fed.nodes[k].name)
+
+
+@pytest.mark.parametrize("spec", [FEDAVG, CAFCOR], ids=["fedavg_dpsgd_cwtm", "cafcor_pair_noise"])
+def test_a_deployment_equals_the_simulation(federation, spec, tmp_path):
+    fed, tmp = federation
+    cfg, run_dir, rows = _run(fed, tmp, spec, spec[0].stem)
+    sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
+    assert torch.allclose(_final_model(run_dir), sim.params, atol=1e-5, rtol=0)
+    assert [r["round"] for r in rows] == [1, 2, 3] and all(r["dropped"] == 0 for r in rows)
+    for mine, theirs in zip(rows, sim.rows):
+        assert mine["bytes_up"] == theirs["bytes_up"] and mine["epsilon_max"] == pytest.approx(theirs["epsilon_max"])
+        # The Flower array records carry the same floats plus one .npy header per array.
+        assert 0 < mine["wire_bytes_up"] - mine["bytes_up"] <= 3 * 256
+    assert {p.name for p in run_dir.iterdir()} >= {"config.toml", "metrics.jsonl", "summary.json", "model.pt"}
+
+
+def test_a_node_killed_mid_run_is_dropped_and_the_run_completes(federation):
+    fed, tmp = federation
+    run_dir = tmp / "killed"
+    killed = []
+
+    def kill_after_first_round():
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.is_file() and metrics.read_text().strip()):
+            time.sleep(0.2)
+        fed.kill_node(2)
+        killed.append(time.monotonic())
+
+    import threading
+
+    watcher = threading.Thread(target=kill_after_first_round, daemon=True)
+    cfg = load_config(FEDAVG[0], list(FEDAVG[1]) + ['aggregator={name="mean"}', "deploy.round_timeout_s=10"])
+    watcher.start()
+    res = fed.run({"trustfl-config": dump_toml(config_to_dict(cfg)), "run-dir": str(run_dir)}, timeout=RUN_TIMEOUT)
+    watcher.join(timeout=5)
+    assert killed and res.ok, (res.status, res.stdout[-3000:])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["dropped"] for r in rows] == [0, 1, 1] and rows[1]["dropped_clients"] == [2]
+    assert rows[-1]["cohort_size"] == 2 and (run_dir / "summary.json").is_file()
+    assert torch.isfinite(_final_model(run_dir)).all()
+    # The dropped node was charged its planned rounds: no client reports less ε than it may have spent.
+    assert rows[-1]["epsilon_min"] == pytest.approx(rows[-1]["epsilon_max"])
