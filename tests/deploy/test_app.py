@@ -1,0 +1,45 @@
+"""``trustfl deploy app``: the Flower app directory it writes, and its refusals (one line, exit 2, key named)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from trustfl.cli import main
+from trustfl.config.load import config_from_dict, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_app_directory_holds_the_components_and_the_experiment(tmp_path):
+    out = tmp_path / "app"
+    assert main(["deploy", "app", str(ROOT / "configs/quickstart.toml"), "--out", str(out),
+                 "--set", "data.num_clients=3", "--set", "rounds=2"]) == 0
+    project = tomllib.loads((out / "pyproject.toml").read_text())
+    app = project["tool"]["flwr"]["app"]
+    assert set(app["components"]) == {"serverapp", "clientapp"}
+    for ref in app["components"].values():  # Flower wants `<module>:<attribute>` with the attribute assigned
+        module, attr = ref.split(":")
+        assert f"\n{attr} = " in (out / (module.replace(".", "/") + ".py")).read_text()
+    cfg = config_from_dict(tomllib.loads(app["config"]["trustfl-config"]))
+    want = load_config(ROOT / "configs/quickstart.toml", ["data.num_clients=3", "rounds=2"])
+    assert cfg == want
+    assert Path(app["config"]["run-dir"]).is_absolute() and app["config"]["data-dir"] == ""
+
+
+@pytest.mark.parametrize("override,key", [
+    ('attack={name="sign_flip", num_byzantine=1}', "attack.name"),
+    ('engine.kind="async"', "engine.kind"),
+    ("client.lr=-1", "client.lr"),
+])
+def test_an_undeployable_config_is_refused_in_one_line(override, key, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trustfl", "deploy", "app", str(ROOT / "configs/quickstart.toml"),
+                           "--out", str(tmp_path / "app"), "--set", override],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trustfl: error:") and key in lines[0]
+    assert not (tmp_path / "app").exists()
