@@ -2,7 +2,7 @@
 
 The directory holds ``pyproject.toml`` (the app's components and its run config: the experiment TOML as text,
 the run directory, the data directory) and a two-line package whose ``server_app`` and ``client_app`` are
-trustfl's (:mod:`trustfl.deploy.flower_app`). ``flwr run DIR <connection>`` then runs the experiment on the
+trustfl's (:mod:`trustfl.deploy.flower`). ``flwr run DIR <connection>`` then runs the experiment on the
 connected SuperNodes (docs/deployment.md).
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 PACKAGE = "trustfl_app"
 _MODULES = {
     "__init__.py": '"""A trustfl experiment as a Flower app (written by `trustfl deploy app`)."""\n',
-    "server_app.py": "from trustfl.deploy import flower_app\n\napp = flower_app.server_app\n",
-    "client_app.py": "from trustfl.deploy import flower_app\n\napp = flower_app.client_app\n",
+    "server_app.py": "from trustfl.deploy import flower\n\napp = flower.server_app\n",
+    "client_app.py": "from trustfl.deploy import flower\n\napp = flower.client_app\n",
 }
 
 
