@@ -35,11 +35,17 @@ def test_the_app_directory_holds_the_components_and_the_experiment(tmp_path):
     ('engine.kind="async"', "engine.kind"),
     ("client.lr=-1", "client.lr"),
 ])
-def test_an_undeployable_config_is_refused_in_one_line(override, key, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "trustfl", "deploy", "app", str(ROOT / "configs/quickstart.toml"),
-                           "--out", str(tmp_path / "app"), "--set", override],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("trustfl: error:") and key in lines[0]
+def test_an_undeployable_config_is_refused_in_one_line(override, key, tmp_path, capsys):
+    code = main(["deploy", "app", str(ROOT / "configs/quickstart.toml"), "--out", str(tmp_path / "app"),
+                 "--set", override])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("trustfl: error:") and key in lines[0]
     assert not (tmp_path / "app").exists()
+
+
+def test_the_command_process_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trustfl", "deploy", "app", str(ROOT / "configs/quickstart.toml"),
+                           "--out", str(tmp_path / "app"), "--set", 'compress.uplink={name="qsgd", levels=4}'],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "compress.uplink" in lines[0], proc.stderr
