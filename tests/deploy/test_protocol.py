@@ -236,3 +236,17 @@ def test_wire_readers_never_crash_on_junk():
     bf = TrainRequest(2, {"model": torch.randn(5).to(torch.bfloat16)}, {"model": "float32"}).to_wire()
     back = TrainRequest.from_wire(bf)
     assert back.payload["model"].dtype == torch.bfloat16 and back.torch_dtypes() == {"model": torch.float32}
+
+
+def test_cafcor_with_a_declared_byzantine_bound_deploys(tmp_path):
+    """No simulated adversary, but a declared f: CAF's f and the threat model's f, every client with a ledger."""
+    from trustfl.config.build import build_federation
+
+    cfg = _config(CAFCOR, "recipe.num_byzantine=1", "recipe.ind_to_cor=0.0")
+    fed = build_federation(cfg, quiet=True)
+    assert fed.aggregator.f == 1 and not fed.byzantine and len(fed.ledger) == cfg.data.num_clients
+    sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
+    dep, _ = _deploy(cfg, tmp_path)
+    assert torch.allclose(dep.params, sim.params, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="recipe.num_byzantine"):
+        build_federation(_config(CAFCOR, "recipe.num_byzantine=4"), quiet=True)

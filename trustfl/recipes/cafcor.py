@@ -30,6 +30,8 @@ paper's γ is ``client.lr × server.lr`` (put γ in ``client.lr`` and keep ``ser
   calibration and PLD ledgers; exact but slow, ~30 s).
 * ``noise_path``: ``"exact"`` (default; pairwise seeds by key agreement, O(n²d)) or ``"fast"`` (same law, O(nd)).
 * ``momentum``: β (default 0.9; the paper uses 0.85 on MNIST, 0.9 on Fashion-MNIST).
+* ``num_byzantine``: a declared Byzantine bound f when no attack is simulated (``attack.name = "none"``), e.g. a
+  deployment whose Byzantine nodes are real: it sets CAF's f and the threat model's f; every client keeps a ledger.
 * ``ind_to_cor``, ``num_colluding``: see ``threat_model``. ``aggregator``: the rule when the config leaves
   ``[aggregator]`` at its default (``"caf"``; ``"mean"`` gives DSGD).
 * ``byzantine_hold_data``: default ``false`` for update-level attacks (the paper: malicious workers hold no data),
@@ -78,7 +80,7 @@ USER_LEVEL = ("secldp", "byzldp", "ldp", "cdp")
 THREAT_MODELS = USER_LEVEL + ("example_cdp",)
 NOISE_PATHS = ("exact", "fast")
 KEYS = ("threat_model", "epsilon", "delta", "conversion", "noise_path", "momentum", "ind_to_cor", "num_colluding",
-        "aggregator", "byzantine_hold_data", "noise_multiplier")
+        "aggregator", "byzantine_hold_data", "noise_multiplier", "num_byzantine")
 DEFAULT_DELTA = 1e-4
 DEFAULT_MOMENTUM = 0.9
 RECIPE_CONVERSIONS = ("rdp",) + tuple(CONVERSIONS)
@@ -138,12 +140,27 @@ def _number(rec: dict[str, Any], key: str, default: Any, ok, allowed: str) -> An
     return float(value)
 
 
+def byzantine_bound(cfg: ExperimentConfig, rec: dict[str, Any]) -> int:
+    """``f``: ``attack.num_byzantine`` when an attack is simulated, else ``recipe.num_byzantine`` (a declared bound
+    with no simulated adversary, e.g. a deployment where the Byzantine nodes are real; default 0)."""
+    declared = rec.get("num_byzantine")
+    if declared is None:
+        return cfg.attack.num_byzantine
+    if cfg.attack.name != "none":
+        raise ConfigError(f"`recipe.num_byzantine` declares f without a simulated attack, but `attack.name` is "
+                          f"{cfg.attack.name!r}; give f as `attack.num_byzantine`.")
+    if isinstance(declared, bool) or not isinstance(declared, int) or declared < 0:
+        raise ConfigError(f"`recipe.num_byzantine` must be an integer >= 0, found {declared!r}.")
+    return declared
+
+
 def _counts(cfg: ExperimentConfig, rec: dict[str, Any], threat: str) -> tuple[int, int, int]:
-    n, f = cfg.data.num_clients, cfg.attack.num_byzantine
+    n, f = cfg.data.num_clients, byzantine_bound(cfg, rec)
     if n < 2:
         raise ConfigError(f"`data.num_clients` must be >= 2 for CafCor (pairwise noise), found {n}.")
     if not 0 <= f < n:
-        raise ConfigError(f"`attack.num_byzantine` must be in [0, {n - 1}], found {f}.")
+        key = "recipe.num_byzantine" if "num_byzantine" in rec else "attack.num_byzantine"
+        raise ConfigError(f"`{key}` must be in [0, {n - 1}], found {f}.")
     q = rec.get("num_colluding")
     if q is not None and threat != "secldp":
         raise ConfigError(f"`recipe.num_colluding` applies to threat_model = \"secldp\" only, found {threat!r}.")
@@ -223,7 +240,7 @@ def _aggregator(cfg: ExperimentConfig, rec: dict[str, Any]) -> Component:
     except RegistryError as err:
         raise ConfigError(f"`{'aggregator' if named else 'recipe.aggregator'}`: {err}") from None
     if "f" in inspect.signature(factory).parameters and "f" not in comp.params:
-        comp = Component(comp.name, {**comp.params, "f": cfg.attack.num_byzantine})
+        comp = Component(comp.name, {**comp.params, "f": byzantine_bound(cfg, rec)})
     return comp
 
 
