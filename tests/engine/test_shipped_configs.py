@@ -10,6 +10,14 @@ full batch started taking the objective's fused loss sum (its only single-client
 before #10 still reproduces bitwise). configs/robust_hdp/mnist_falsified.toml (method weiavg) got a new fixture
 in #16 when its learning rates became the ones the fair tuning chose (weiavg 0.003 → 0.01); with the old rates
 set on the command line it still reproduced its old fixture bitwise.
+
+Since #14 (stop 24) the vectorized executor keeps a round's stacked parameters in the memory layout of their
+gradients (batched linear layers return weight gradients transposed; updating row-major parameters with them
+walked memory against its order and cost a quarter of a CPU round). The batched forward then calls BLAS with the
+other transpose flag, which rounds differently: floats now agree to 1e-6 relative (measured: at most 2.3e-7 on the
+unquantized configs), and to 1e-4 where a quantized link (``compress.*``) turns a last-bit difference into a
+neighbouring quantization level (measured: 1.2e-5 on configs/quafl/quafl_label_skew.toml). Integers, strings and
+NaNs must still match exactly. One-client cohorts (the sequential executor) are unaffected.
 """
 import json
 import math
@@ -29,9 +37,11 @@ def fake_mnist(tmp_path_factory):
     return path
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
+def _same(a, b, rel: float) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
     return a == b
 
 
@@ -39,8 +49,10 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("config", CONFIGS)
 def test_shipped_config_reproduces_its_fixture(config, fake_mnist, tmp_path, one_torch_thread):
     expected = [json.loads(line) for line in fixture_path(config).read_text().splitlines()]
-    result = run_experiment(load_config(config, overrides(config, fake_mnist)), tmp_path / "run", progress=False,
-                            plots=False)
+    cfg = load_config(config, overrides(config, fake_mnist))
+    quantized = any(link.name != "none" for link in (cfg.compress.uplink, cfg.compress.downlink))
+    rel = 1e-4 if quantized else 1e-6
+    result = run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
     got = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in got] == [1, 2], f"{config}: one row per round"
     # The fixtures hold the evaluated rows (rows carrying the evaluation metrics); eval_every = 1 evaluates both.
@@ -50,7 +62,7 @@ def test_shipped_config_reproduces_its_fixture(config, fake_mnist, tmp_path, one
         row = evaluated[want["round"]]
         missing = set(want) - set(row)
         assert not missing, f"{config}: keys lost: {sorted(missing)}"
-        changed = {k: (want[k], row[k]) for k in want if k not in VOLATILE and not _same(want[k], row[k])}
+        changed = {k: (want[k], row[k]) for k in want if k not in VOLATILE and not _same(want[k], row[k], rel)}
         assert not changed, f"{config} round {want['round']}: {changed}"
     assert bool(torch.isfinite(result.params).all())
 

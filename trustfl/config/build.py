@@ -25,6 +25,7 @@ from trustfl.core.registry import import_module_or_file, lookup
 from trustfl.core.rng import derive_seed, numpy_rng
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
+from trustfl.engine import chunking
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.asynchronous import Timing
 from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
@@ -261,6 +262,10 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                                  "server")
     executor = (VectorizedExecutor(cfg.engine.max_clients_per_batch) if cfg.engine.executor == "vectorized"
                 else SequentialExecutor())
+    if not vertical:  # the round's messages must fit on the device, however the clients' training is chunked
+        key = {"all": "data.num_clients", "uniform": "cohort.size", "poisson": "cohort.rate"}[cfg.cohort.sampler]
+        chunking.check_cohort_fits(chunking.expected_cohort(cfg.cohort.sampler, n, cfg.cohort.size, cfg.cohort.rate),
+                                   layout.numel, next(iter(params.values())).device, key)
     local_chain = build_local_chain(cfg)
     noisy = [n for n, st in client_stages.stages if st.privacy_noise]
     if local_chain.extras_widths(layout) and noisy:

@@ -7,7 +7,8 @@ import math
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import tomli_w
 
@@ -21,6 +22,8 @@ _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 def _type_name(tp: Any) -> str:
     origin = get_origin(tp)
+    if origin in (Union, UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
     if origin in (list, tuple):
@@ -37,6 +40,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     bad = ConfigError(f"`{path}` must be {_type_name(tp)}, found {value!r}.")
     if tp is Component:
         return _component(value, path)
+    if origin in (Union, UnionType):  # the first alternative that takes the value
+        for alternative in get_args(tp):
+            try:
+                return _coerce(value, alternative, path)
+            except ConfigError:
+                continue
+        raise bad
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad

@@ -206,8 +206,10 @@ class EngineConfig:
     eval_every: int = 1
     checkpoint_every: int = 10
     eval_batch_size: int = 2048
-    max_clients_per_batch: int = 0
-    """Vectorized executor: run at most this many clients in one batched computation (0 = the whole cohort)."""
+    max_clients_per_batch: int | Literal["auto"] = 0
+    """Vectorized executor: run at most this many clients in one batched computation (0 = the whole cohort;
+    ``"auto"``: as many as fit in the free memory of the run's device, estimated from the model's size and one
+    example's activations)."""
     eval_initial: bool = False
     """Also evaluate the initial (untrained) model: ``initial_<metric>`` in ``summary.json`` and ``run_info.json``
     (the floor of a representation metric)."""
@@ -216,8 +218,8 @@ class EngineConfig:
         check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
         check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "an integer >= 0 (0 = never)")
         check(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, "an integer >= 1")
-        check(self.max_clients_per_batch >= 0, "max_clients_per_batch", self.max_clients_per_batch,
-              "an integer >= 0")
+        check(self.max_clients_per_batch == "auto" or self.max_clients_per_batch >= 0, "max_clients_per_batch",
+              self.max_clients_per_batch, 'an integer >= 0 or "auto"')
         check(self.iterations_per_round >= 0, "iterations_per_round", self.iterations_per_round,
               "an integer >= 0 (0 = one pass of every party over the data)")
         for name in ("interaction_time", "wait_time", "time_limit"):

@@ -19,9 +19,12 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from trustfl.client.gradients import PerExampleClipped
 from trustfl.client.transforms import LocalChain
 from trustfl.core.registry import register
+from trustfl.engine import chunking
 from trustfl.engine.local import ClientPlan, LocalTraining, TrainData, batch_schedule
+from trustfl.errors import ConfigError
 from trustfl.objectives.base import AbstractObjective
 from trustfl.types import CohortContext, Params
 
@@ -130,7 +133,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     # Where each client started, flat: the received model broadcast (no copy) unless clients have their own.
     start_flat = received.unsqueeze(0).expand(m, -1) if start is None else layout.flatten(params, batch_dims=1)
     chain, method = job.chain, job.chain.method
-    states = chain.init(params, cohort)
+    states = None  # initialised after the first gradient, once the parameters have the gradients' layout
     loss_sum = torch.zeros(m, dtype=torch.float64, device=device)
     masks = pos >= 0  # (steps, m, widest), and every step's rows into the data, computed once
     all_rows = torch.gather(own_rows.expand(total_steps, m, longest), 2, pos.clamp(min=0))
@@ -140,17 +143,42 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         if job.augment is not None:
             batch = job.augment.apply(batch, augment_state)
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], cohort, full[s])
+        if states is None:
+            params = _like_gradients(params, grads)
+            states = chain.init(params, cohort)
         if everyone[s]:
             loss_sum += losses.detach().double()
         else:
             loss_sum += torch.where(has_step[s], losses.detach().double(), 0.0)
         with torch.no_grad():
             chain.step(grads, states, params, None if everyone[s] else has_step[s])
+    if states is None:
+        states = chain.init(params, cohort)
     end_flat = layout.flatten(params, batch_dims=1)
     steps_t = torch.tensor(num_steps, dtype=torch.float64, device=device)
     client_state, extras = chain.finish(states, start_flat, end_flat, steps_t)
     updates = end_flat - start_flat  # each client's progress from where it started (the received model by default)
     return ClientResults(updates, (loss_sum / steps_t.clamp(min=1)).float(), num_steps, client_state, extras)
+
+
+def _like_gradients(params: dict[str, torch.Tensor], grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``params`` copied into the memory layout of their gradients where the two differ (same values).
+
+    Batched linear layers return weight gradients transposed in memory (``(m, in, out)`` storage for an
+    ``(m, out, in)`` weight). An in-place update of a row-major parameter by such a gradient walks one of the two
+    against its storage order, which costs several times a streaming update on the CPU (the whole stacked model
+    is read and written every local step); once the parameters share the gradients' layout, the SGD step, the
+    momentum and every gradient transform stream through both. Done once per round, before the first step.
+    """
+    out = {}
+    for name, p in params.items():
+        g = grads.get(name)
+        if g is None or g.shape != p.shape or g.stride() == p.stride():
+            out[name] = p
+            continue
+        like = torch.empty_like(g, dtype=p.dtype)  # the gradient's strides when they are dense, else row-major
+        out[name] = p if like.stride() == p.stride() else like.copy_(p)
+    return out
 
 
 def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
@@ -171,14 +199,41 @@ class VectorizedExecutor(AbstractExecutor):
 
     Args:
       max_clients_per_batch: split larger cohorts into groups of at most this many clients (bounds memory);
-        0 runs the whole cohort at once.
+        0 runs the whole cohort at once; ``"auto"``: the largest group whose estimated memory fits in the free
+        memory of the run's device (:mod:`trustfl.engine.chunking`).
     """
 
-    def __init__(self, max_clients_per_batch: int = 0) -> None:
+    def __init__(self, max_clients_per_batch: int | str = 0) -> None:
+        if max_clients_per_batch != "auto" and (isinstance(max_clients_per_batch, bool)
+                                                or not isinstance(max_clients_per_batch, int)
+                                                or max_clients_per_batch < 0):
+            raise ConfigError(f"`max_clients_per_batch` must be an integer >= 0 or \"auto\", found "
+                              f"{max_clients_per_batch!r}.")
         self.max_clients_per_batch = max_clients_per_batch
+        self._per_client: dict[tuple[int, int], int] = {}  # (id of the model, widest batch) -> bytes, for "auto"
+
+    def group_size(self, job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext) -> int:
+        """How many clients one batched computation trains (the whole cohort unless a limit applies)."""
+        m = max(len(plans), 1)
+        if self.max_clients_per_batch != "auto":
+            return min(self.max_clients_per_batch or m, m)
+        with_rows = [p for p in plans if p.rows.numel()]
+        if not with_rows:
+            return m
+        batch = max(p.batch_size for p in plans)
+        key = (id(job.model), batch)
+        if key not in self._per_client:
+            received = cohort.received["model"]
+            example = job.data.gather(with_rows[0].rows[:1].to(received.device))
+            acts = chunking.activation_numel(job.model, cohort.layout.unflatten(received), example,
+                                             job.objective.forward)
+            method = job.chain.method
+            materialised = isinstance(method, PerExampleClipped) and method.method == "vmap"
+            self._per_client[key] = chunking.bytes_per_client(received.numel(), acts, batch, materialised)
+        return chunking.group_size(m, self._per_client[key], chunking.free_memory(cohort.device))
 
     def run(self, job, plans, cohort, start=None) -> ClientResults:
-        return _groups(job, plans, cohort, start, self.max_clients_per_batch or max(len(plans), 1))
+        return _groups(job, plans, cohort, start, self.group_size(job, plans, cohort))
 
 
 @register("executor", "sequential")

@@ -1,0 +1,104 @@
+"""engine.max_clients_per_batch = "auto" and the refusal of a cohort whose messages cannot fit (issue #14)."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trustfl.config.build import build_federation
+from trustfl.config.load import config_from_dict
+from trustfl.engine import chunking
+from trustfl.engine.executors import VectorizedExecutor
+from trustfl.engine.sync import initial_state, run_round
+from trustfl.errors import ConfigError
+
+
+def _fed(chunk, size=12, **client):
+    return build_federation(config_from_dict({
+        "seed": 3, "rounds": 2, "data": {"dataset": "digits", "num_clients": 24},
+        "model": {"name": "mlp", "hidden": [32]}, "cohort": {"sampler": "uniform", "size": size},
+        "client": {"batch_size": 16, **client}, "engine": {"max_clients_per_batch": chunk, "checkpoint_every": 0}}),
+        quiet=True)
+
+
+def test_activation_count_of_an_mlp_is_its_leaf_outputs():
+    fed = _fed(0)
+    example = fed.train_data.gather(torch.tensor([0]))
+    acts = chunking.activation_numel(fed.model, fed.layout.unflatten(fed.initial_params), example,
+                                     fed.objective.forward)
+    assert acts == 32 + 32 + 10  # Linear(64, 32), ReLU, Linear(32, 10) for one example
+
+
+def test_group_size_and_bytes_per_client_arithmetic():
+    per = chunking.bytes_per_client(1000, 50, 8, materialised=False)
+    assert per == 4 * (chunking.PARAMETER_COPIES * 1000 + chunking.ACTIVATION_COPIES * 8 * 50)
+    assert chunking.bytes_per_client(1000, 50, 8, materialised=True) == per + 4 * 8 * 1000
+    assert chunking.group_size(100, per, free=int(10 * per / chunking.GROUP_SHARE)) == 10
+    assert chunking.group_size(100, per, free=0) == 1  # never less than one client
+    assert chunking.group_size(3, per, free=10 ** 12) == 3  # never more than the cohort
+
+
+def test_auto_chunks_a_cohort_that_does_not_fit_and_agrees_with_one_batch(monkeypatch):
+    whole = _fed(0)
+    state_w, rows_w = initial_state(whole), []
+    for _ in range(2):
+        state_w, m = run_round(whole, state_w)
+        rows_w.append(m["train_loss"])
+    auto = _fed("auto")
+    executor = auto.executor
+    monkeypatch.setattr(chunking, "free_memory", lambda device: 0)
+    state_a = initial_state(auto)
+    sizes = []
+    original = VectorizedExecutor.group_size
+
+    def spy(self, job, plans, cohort):
+        size = original(self, job, plans, cohort)
+        per_client = next(iter(self._per_client.values()))
+        sizes.append(size)
+        assert per_client > 4 * auto.layout.numel * chunking.PARAMETER_COPIES
+        return size
+    monkeypatch.setattr(VectorizedExecutor, "group_size", spy)
+    for r in range(2):
+        state_a, m = run_round(auto, state_a)
+        assert m["train_loss"] == pytest.approx(rows_w[r], rel=1e-5)
+    assert sizes == [1, 1]  # no free memory: one client at a time
+    torch.testing.assert_close(state_a.params, state_w.params, rtol=1e-5, atol=1e-6)
+    assert executor.max_clients_per_batch == "auto"
+
+
+def test_auto_with_ample_memory_is_the_whole_cohort():
+    fed = _fed("auto")
+    state = initial_state(fed)
+    plans_seen = []
+    original = fed.executor.group_size
+    fed.executor.group_size = lambda job, plans, cohort: plans_seen.append(original(job, plans, cohort)) or \
+        plans_seen[-1]
+    run_round(fed, state)
+    assert plans_seen == [12]
+
+
+def test_a_cohort_whose_messages_cannot_fit_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"`cohort.size`: a round of 100 clients .* 100 x 1000 float32"):
+        chunking.check_cohort_fits(100, 1000, "cpu", "cohort.size", free=int(4 * 100 * 1000 / 0.5))
+    chunking.check_cohort_fits(100, 1000, "cpu", "cohort.size", free=int(4 * 100 * 1000 / 0.3))  # fits
+    assert chunking.expected_cohort("uniform", 50, 80, 0.0) == 50
+    assert chunking.expected_cohort("all", 50, 0, 0.0) == 50
+    assert 10 < chunking.expected_cohort("poisson", 1000, 0, 0.01) <= 1000
+
+
+def test_bad_settings_are_refused_with_the_key_path():
+    for value in ("x", -1, 2.5, True):
+        with pytest.raises(ConfigError, match="engine.max_clients_per_batch"):
+            config_from_dict({"engine": {"max_clients_per_batch": value}})
+    with pytest.raises(ConfigError, match="max_clients_per_batch"):
+        VectorizedExecutor("many")
+
+
+def test_the_cli_refuses_a_cohort_too_large_for_this_machine_in_one_line(tmp_path):
+    cfg = tmp_path / "huge.toml"
+    cfg.write_text('[data]\ndataset = "digits"\nnum_clients = 1000\n[cohort]\nsampler = "uniform"\nsize = 1000\n'
+                   '[model]\nname = "mlp"\nhidden = [8000, 8000]\n')
+    out = subprocess.run([sys.executable, "-m", "trustfl", "validate", str(cfg)], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "`cohort.size`" in lines[0] and "Traceback" not in out.stderr

@@ -1,0 +1,115 @@
+"""How many clients the vectorized executor trains in one batched computation (``engine.max_clients_per_batch``).
+
+A group of ``g`` clients holds, per client, its stacked parameters, their gradients, a copy in the gradients'
+layout, the local chain's state, its final parameters and its message (about ``k·d`` numbers for ``d``
+parameters, ``k`` = :data:`PARAMETER_COPIES`), plus the activations of its batch; materialised per-example
+gradients (``client.dp.method = "vmap"``) add ``B·d``. ``"auto"`` takes the largest group whose estimate fits in
+:data:`GROUP_SHARE` of the memory free on the run's device (``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable``
+on the CPU), so a cohort larger than what fits is trained in chunks. The round's ``(m, d)`` message matrix itself
+must fit whatever the chunking: :func:`check_cohort_fits` refuses a cohort whose messages alone would take more
+than :data:`MESSAGE_SHARE` of the device's memory, naming the key that sets the cohort's size.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from trustfl.errors import ConfigError
+
+PARAMETER_COPIES = 8
+"""Per-client copies of the parameter vector a group holds at its peak (see the module docstring)."""
+ACTIVATION_COPIES = 4
+"""Copies of one example's activations held per example (forward values, their gradients, masks, margin)."""
+GROUP_SHARE = 0.5
+"""Share of the free memory one group may take (the rest: data, the round's messages, the server's work)."""
+MESSAGE_SHARE = 0.4
+"""Most of the device's free memory the round's ``(m, d)`` float32 messages may take (the server's screening and
+aggregation make about two more copies)."""
+
+
+def free_memory(device: torch.device | str) -> int:
+    """Bytes free on ``device``: CUDA's free memory, or the operating system's ``MemAvailable`` for the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:  # other POSIX systems: free pages (a lower bound of what can be had)
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30  # unknown: assume a small machine
+
+
+def activation_numel(model: nn.Module, params: dict[str, torch.Tensor], example: dict[str, torch.Tensor],
+                     forward: Any) -> int:
+    """Numbers of the outputs of ``model``'s leaf modules for one example (its activations), measured by hooks
+    on one no-grad forward pass ``forward(model, params, example)``."""
+    total = 0
+
+    def count(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel()
+
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.no_grad():
+            forward(model, params, example)
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def bytes_per_client(num_params: int, activations: int, batch_size: int, materialised: bool,
+                     element_size: int = 4) -> int:
+    """The estimate of one client's share of a group's memory (module docstring)."""
+    copies = PARAMETER_COPIES + (batch_size if materialised else 0)
+    return element_size * (copies * num_params + ACTIVATION_COPIES * batch_size * activations)
+
+
+def group_size(cohort: int, per_client: int, free: int) -> int:
+    """The most clients, at least 1 and at most ``cohort``, whose estimate fits in ``GROUP_SHARE·free``."""
+    if cohort <= 0:
+        return 1
+    return max(1, min(cohort, int(GROUP_SHARE * free) // max(per_client, 1)))
+
+
+def check_cohort_fits(cohort: int, num_params: int, device: torch.device | str, key: str,
+                      free: int | None = None) -> None:
+    """Refuse a cohort whose ``(cohort, d)`` float32 messages alone exceed ``MESSAGE_SHARE`` of the free memory.
+
+    Raises:
+      ConfigError: naming ``key`` (the setting that makes the cohort this large), the sizes and the fix.
+    """
+    free = free_memory(device) if free is None else free
+    need = 4 * cohort * num_params
+    if need > MESSAGE_SHARE * free:
+        most = int(MESSAGE_SHARE * free) // max(4 * num_params, 1)
+        raise ConfigError(
+            f"`{key}`: a round of {cohort} clients sends a {cohort} x {num_params} float32 message matrix "
+            f"({need / 2 ** 30:.1f} GiB), more than the server can hold and aggregate in the "
+            f"{free / 2 ** 30:.1f} GiB free on {torch.device(device)} (chunking bounds the clients' training, not "
+            f"the messages the server aggregates); use at most about {max(most, 1)} clients per round or a "
+            f"smaller model.")
+
+
+def expected_cohort(sampler: str, num_clients: int, size: int, rate: float) -> int:
+    """The cohort size a sampler gives (``poisson``: its mean plus four standard deviations)."""
+    if sampler == "uniform":
+        return min(size, num_clients)
+    if sampler == "poisson":
+        mean = rate * num_clients
+        return min(num_clients, math.ceil(mean + 4 * math.sqrt(mean * (1 - rate))))
+    return num_clients
