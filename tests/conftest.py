@@ -41,3 +41,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def _devices() -> list[str]:
+    import torch
+
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=_devices())
+def device(request):
+    """Every device a test should run on: the CPU, and CUDA when this machine has it (``engine.device``)."""
+    return request.param

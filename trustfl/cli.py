@@ -16,6 +16,7 @@ from typing import NoReturn, Sequence
 from trustfl.errors import TrustFLError, UsageError
 
 EXIT_USER_ERROR = 2
+_DEVICE_HELP = "set engine.device: cpu, cuda, cuda:N or auto (cuda when present, else cpu)"
 EXIT_INTERRUPTED = 130
 
 _KINDS_SHOWN = ("dataset", "partitioner", "batch_sampler", "model", "objective", "evaluator", "algorithm",
@@ -33,11 +34,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                              "CONFIG, --set and --out.")
         if not Path(args.resume).is_dir():
             raise UsageError(f"--resume: run directory {args.resume!r} does not exist.")
-        result = run_experiment(None, resume=args.resume, data_dir=args.data_dir, progress=not args.quiet)
+        result = run_experiment(None, resume=args.resume, data_dir=args.data_dir, progress=not args.quiet,
+                                device=args.device)
     else:
         if not args.config:
             raise UsageError("trustfl run needs a CONFIG file (or --resume RUN_DIR).")
-        cfg = _with_imports(load_config(args.config, args.set), args.imports)
+        cfg = _with_imports(load_config(args.config, _with_device(args.set, args.device)), args.imports)
         if args.out:
             _make_run_dir(args.out)
         result = run_experiment(cfg, args.out, data_dir=args.data_dir, progress=not args.quiet)
@@ -52,6 +54,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")
     return 0
+
+
+def _with_device(overrides: list[str], device: str | None) -> list[str]:
+    """``--device DEVICE``: the override ``engine.device = DEVICE``, after (so winning over) any ``--set``."""
+    if device is None:
+        return list(overrides)
+    import json
+    return [*overrides, f"engine.device={json.dumps(device)}"]
 
 
 def _with_imports(cfg, imports: list[str]):
@@ -100,7 +110,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from trustfl.config.build import build_federation
     from trustfl.config.load import load_config
 
-    cfg = _with_imports(load_config(args.config, args.set), args.imports)
+    cfg = _with_imports(load_config(args.config, _with_device(args.set, args.device)), args.imports)
     fed = build_federation(cfg, data_dir=args.data_dir)
     who = (f"{fed.vertical.num_parties} parties" if fed.vertical is not None else f"{fed.num_clients} clients")
     print(f"{args.config}: valid ({cfg.algorithm}, {fed.info['dataset']}, objective {fed.info['objective']}, "
@@ -140,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
     run.add_argument("--data-dir", help="directory of IDX data sets (default: $TRUSTFL_DATA or ~/.cache/trustfl)")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.add_argument("--device", help=_DEVICE_HELP + "; with --resume, where the resumed run continues")
     run.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                      help="import a module (name or .py path) that registers your parts, like `plugins`")
     run.set_defaults(func=_cmd_run)
@@ -168,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("config")
     val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     val.add_argument("--data-dir")
+    val.add_argument("--device", help=_DEVICE_HELP)
     val.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                      help="import a module (name or .py path) that registers your parts, like `plugins`")
     val.set_defaults(func=_cmd_validate)

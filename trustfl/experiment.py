@@ -12,6 +12,7 @@ ends with the same model as an uninterrupted one.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -24,7 +25,7 @@ import torch
 
 from trustfl.config.build import build_federation, resolve_engine
 from trustfl.config.load import config_to_dict, dump_toml, load_config
-from trustfl.config.schema import ExperimentConfig
+from trustfl.config.schema import ExperimentConfig, FieldError
 from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
@@ -62,8 +63,27 @@ class RunResult:
         return self.run_dir / MODEL
 
 
+def with_device(cfg: ExperimentConfig, device: str) -> ExperimentConfig:
+    """``cfg`` with ``engine.device = device``.
+
+    Raises:
+      ConfigError: naming ``engine.device`` when ``device`` is not a device name.
+    """
+    try:
+        return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, device=device))
+    except FieldError as err:
+        raise ConfigError(f"`engine.{err.name}` must be {err.allowed}, found {err.value!r}.") from None
+
+
 def _config_hash(cfg: ExperimentConfig) -> str:
-    return hashlib.sha256(dump_toml(config_to_dict(cfg)).encode()).hexdigest()[:12]
+    """The identity a checkpoint is resumed under. ``engine.device`` is not part of it (a run checkpointed on a
+    GPU may resume on the CPU), nor is ``engine.dtype`` at its default (checkpoints written before the key
+    existed keep their hash)."""
+    data = config_to_dict(cfg)
+    data["engine"].pop("device", None)
+    if data["engine"].get("dtype") == "float32":
+        data["engine"].pop("dtype")
+    return hashlib.sha256(dump_toml(data).encode()).hexdigest()[:12]
 
 
 def default_run_dir(cfg: ExperimentConfig, root: str | Path = "runs") -> Path:
@@ -80,7 +100,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
                    data_dir: str | None = None, progress: bool = True, checkpoint_every: int | None = None,
                    stop_after: int | None = None,
                    on_eval: Callable[[dict[str, Any]], None] | None = None, plots: bool = True,
-                   engine: Callable[[Federation], AbstractEngine] | None = None) -> RunResult:
+                   engine: Callable[[Federation], AbstractEngine] | None = None,
+                   device: str | None = None) -> RunResult:
     """Run ``cfg`` (or resume the run in ``resume``) and return the run directory, summary, rows and model.
 
     Args:
@@ -88,11 +109,15 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
       on_eval: called with the row of every evaluated round.
       plots: write the ``<metric>.png`` plots (False: skip them, e.g. in sweeps).
       engine: builds the engine from the federation instead of ``engine.kind`` (a deployment's remote engine).
+      device: overrides ``engine.device`` (e.g. resume on the CPU a run checkpointed on a GPU; the run
+        directory's ``config.toml`` is not rewritten, and the checkpoint's tensors are mapped to the new device).
     """
     tune_allocator()
     if resume is not None:
         run_dir = Path(resume)
         cfg = load_config(run_dir / "config.toml")
+    if device is not None:
+        cfg = with_device(cfg, device)
     if cfg.report.tensorboard:
         summary_writer()  # a missing package is refused before anything is built or written
     if resume is None:
@@ -104,7 +129,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
     if resume is not None:
-        state = load_checkpoint(run_dir, cfg_hash)
+        state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device)
         if fed.eval_initial and (run_dir / "run_info.json").is_file():
             saved = json.loads((run_dir / "run_info.json").read_text())
             if "initial_evaluation" in saved:

@@ -71,9 +71,10 @@ class RoundContext:
     """A deployed client's own key pairs and the relayed public-key directory, ``({id: ClientKeys}, directory)``,
     for pairwise-seeded noise; ``None``: the simulator derives every client's keys from ``seed``."""
 
-    def generator(self, stage: str, client: int = SERVER) -> torch.Generator:
-        """The generator of ``stage`` for ``client`` (default: the server) in this round."""
-        return make_generator(self.seed, self.round, client, stage)
+    def generator(self, stage: str, client: int = SERVER, device: torch.device | str = "cpu") -> torch.Generator:
+        """The generator of ``stage`` for ``client`` (default: the server) in this round, on ``device`` (that of
+        the data it draws for; the same seed on every device, but each device type has its own stream)."""
+        return make_generator(self.seed, self.round, client, stage, device=device)
 
     def with_rows(self, client_ids: tuple[int, ...], weights: torch.Tensor | None) -> "RoundContext":
         """The same round with rows that no longer belong to clients (e.g. buckets): reports are dropped."""

@@ -98,12 +98,13 @@ TOL = {torch.float32: {"rtol": 1e-4, "atol": 1e-5}, torch.float64: {"rtol": 1e-9
 
 @pytest.mark.parametrize("kind,name,params", cases("aggregator"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_aggregator_conformance(kind, name, params, dtype):
+def test_aggregator_conformance(kind, name, params, dtype, device):
     agg = build(kind, name, params)
-    x = messages(dtype)
+    x = messages(dtype).to(device)
     copy = x.clone()
     out = run(agg, x)
     assert out.x.shape == (D,) and out.x.dtype == dtype  # output dtype = input dtype
+    assert out.x.device == x.device  # and device: no silent move to the CPU
     assert torch.isfinite(out.x).all()
     assert torch.equal(x, copy)  # the messages are not modified
     assert all(isinstance(v, float) for v in out.metrics.values())

@@ -47,8 +47,8 @@ def test_bytes_are_parameters_times_four_times_clients(small_config):
     assert state.bytes_up_total == per_client * 5 * 2
 
 
-def test_resume_equals_uninterrupted(small_config, tmp_path):
-    cfg = small_config(rounds=6, engine={"checkpoint_every": 2})
+def test_resume_equals_uninterrupted(small_config, tmp_path, device):
+    cfg = small_config(rounds=6, engine={"checkpoint_every": 2, "device": device})
     full = run_experiment(cfg, tmp_path / "full", progress=False)
     part = run_experiment(cfg, tmp_path / "part", progress=False, stop_after=3)
     assert part.summary["rounds"] == 3
@@ -59,8 +59,9 @@ def test_resume_equals_uninterrupted(small_config, tmp_path):
     assert [r["accuracy"] for r in rows] == [r["accuracy"] for r in full.rows]
 
 
-def test_run_directory_contents(small_config, tmp_path):
-    result = run_experiment(small_config(rounds=2), tmp_path / "run", progress=False)
+def test_run_directory_contents(small_config, tmp_path, device):
+    result = run_experiment(small_config(rounds=2, engine__device=device), tmp_path / "run", progress=False)
+    assert result.params.device.type == device
     for name in ("config.toml", "metrics.jsonl", "summary.json", "accuracy.png", "loss.png", "run_info.json"):
         assert (tmp_path / "run" / name).is_file(), name
     row = result.rows[-1]
@@ -73,6 +74,7 @@ def test_run_directory_contents(small_config, tmp_path):
     # digits train split: 1797 images − round(0.2 · 1797) = 359 held out = 1438, all of them given to the 8 clients
     assert info["partition"]["num_samples"] == 1438 and info["partition"]["num_clients"] == 8
     assert sum(info["partition"]["sizes"]) == 1438 and len(info["partition"]["sizes"]) == 8
+    assert info["device"].split(":")[0] == device and info["dtype"] == "float32"
 
 
 @pytest.mark.parametrize("attack", ["nan", "inf"])

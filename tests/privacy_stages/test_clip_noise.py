@@ -88,11 +88,11 @@ def test_local_noise_rows_come_from_their_own_client_only() -> None:
     assert not torch.equal(full, other_stream.x)
 
 
-def test_local_noise_is_deterministic_per_seed() -> None:
+def test_local_noise_is_deterministic_per_seed(device) -> None:
     stage = gaussian_noise(std=0.5)
-    x = torch.ones(2, 10, dtype=torch.float32)
+    x = torch.ones(2, 10, dtype=torch.float32, device=device)
     a = stage.apply(x, None, ctx((0, 1), seed=1, round=2)).x
-    assert a.dtype == torch.float32
+    assert a.dtype == torch.float32 and a.device == x.device
     assert torch.equal(a, stage.apply(x, None, ctx((0, 1), seed=1, round=2)).x)
     assert not torch.equal(a, stage.apply(x, None, ctx((0, 1), seed=2, round=2)).x)
     assert not torch.equal(a, stage.apply(x, None, ctx((0, 1), seed=1, round=3)).x)

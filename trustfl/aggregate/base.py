@@ -155,9 +155,9 @@ def normalized_weights(ctx: RoundContext, n: int, like: torch.Tensor) -> torch.T
       MessageError: unless the weights are a finite, non-negative ``(n,)`` vector with a positive sum.
     """
     if ctx.weights is None:
-        return torch.full((n,), 1.0 / n, dtype=like.dtype)
+        return torch.full((n,), 1.0 / n, dtype=like.dtype, device=like.device)
     check_weights(ctx.weights, n)
-    w = ctx.weights.to(like.dtype)
+    w = ctx.weights.to(device=like.device, dtype=like.dtype)
     return w / w.sum()
 
 
@@ -177,8 +177,8 @@ def rescaled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tor
     if not 0.0 < peak < math.inf:
         return fn(x)
     e = math.frexp(peak)[1]  # peak < 2**e
-    out = fn(torch.ldexp(x, torch.tensor(-e)))
-    return torch.ldexp(out.clamp(-math.ldexp(big, -e), math.ldexp(big, -e)), torch.tensor(e))
+    out = fn(torch.ldexp(x, torch.tensor(-e, device=x.device)))
+    return torch.ldexp(out.clamp(-math.ldexp(big, -e), math.ldexp(big, -e)), torch.tensor(e, device=x.device))
 
 
 def mean_rows(x: torch.Tensor) -> torch.Tensor:
@@ -190,8 +190,8 @@ def mean_rows(x: torch.Tensor) -> torch.Tensor:
 def weighted_rows(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``w @ x`` in ``x``'s dtype for weights ``w`` of shape ``(n,)`` or ``(m, n)``, recomputed by :func:`rescaled`
     if a product or partial sum overflowed."""
-    out = w.to(x.dtype) @ x
-    return out if bool(torch.isfinite(out).all()) else rescaled(lambda z: w.to(z.dtype) @ z, x)
+    out = w.to(device=x.device, dtype=x.dtype) @ x
+    return out if bool(torch.isfinite(out).all()) else rescaled(lambda z: w.to(device=z.device, dtype=z.dtype) @ z, x)
 
 
 @register("aggregator", "mean")

@@ -147,9 +147,13 @@ class CAF(AbstractAggregator):
         if self.f == 0:
             return StageOut(mean_rows(x), state, {"iterations": 0.0, "best_iteration": 0.0})
         project = None
-        if self.method == "power":
-            project = torch.randn(d, generator=ctx.generator("caf"), dtype=torch.float64)
-        gram, start, _ = gram_matrix(x, project)
+        if self.method == "power":  # drawn on the CPU, so a run on any device starts from the same vector
+            project = torch.randn(d, generator=ctx.generator("caf"), dtype=torch.float64).to(x.device)
+        gram, start, _ = gram_matrix(x, project)  # the O(n²d) products on the messages' device
+        # The n×n iteration below reads a scalar every step (and LAPACK's eigh): it runs on the CPU, where the
+        # small matrix costs nothing to move; only the weights go back to the messages' device.
+        gram = gram.cpu()
+        start = None if start is None else start.cpu()
         c = torch.ones(n, dtype=torch.float64)
         best_w, best_lam, best_it = c / n, math.inf, 0
         cap = n if self.max_iter is None else self.max_iter
@@ -177,4 +181,4 @@ class CAF(AbstractAggregator):
         metrics = {"iterations": float(it), "best_iteration": float(best_it), "sigma2": max(best_lam, 0.0)}
         if self.method == "power":
             metrics["power_steps"] = float(power_steps)
-        return StageOut(weighted_rows(best_w, x), state, metrics)
+        return StageOut(weighted_rows(best_w.to(x.device), x), state, metrics)

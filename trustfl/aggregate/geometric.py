@@ -49,10 +49,10 @@ def _gram_pass(x: torch.Tensor, project: torch.Tensor | None, dtype: torch.dtype
     float64."""
     n, d = x.shape
     chunk = max(1024, min(65536, _CHUNK_ELEMENTS // max(n, 1)))
-    gram = torch.zeros(n, n, dtype=torch.float64)
+    gram = torch.zeros(n, n, dtype=torch.float64, device=x.device)
     proj = None
     if project is not None:
-        proj = torch.zeros((n,) + tuple(project.shape[1:]), dtype=torch.float64)
+        proj = torch.zeros((n,) + tuple(project.shape[1:]), dtype=torch.float64, device=x.device)
     for start in range(0, d, chunk):
         block = x[:, start:start + chunk].to(dtype)
         # The column mean is taken in float64 and rounded once, so equal rows centre to exact zeros. The

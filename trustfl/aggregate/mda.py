@@ -87,7 +87,9 @@ class MinimumDiameterAveraging(AbstractAggregator):
         if f == 0:
             return StageOut(mean_rows(x), state, {"subsets": 1.0})
         gram = gram_matrix(x)
-        dist = squared_distances(gram.matrix)
+        # The subset search is host-side (a scalar per chunk of subsets): the (n, n) distances go to the CPU once
+        # and the weights come back to the messages' device.
+        dist = squared_distances(gram.matrix).cpu()
         atol = gram.tolerance
         rows, cols = torch.triu_indices(n, n, offset=1)
         order = dist[rows, cols].argsort(descending=True)[: f * (n - 1) + 1]

@@ -284,7 +284,8 @@ class RobustHDP(AbstractAggregator):
     def init(self, layout: ParamLayout) -> dict[str, dict[int, float]]:
         return {"noise_variance": {}}
 
-    def _blocks(self, d: int, ctx: RoundContext) -> tuple[list[torch.Tensor | slice], float]:
+    def _blocks(self, d: int, ctx: RoundContext, device: torch.device | str = "cpu"
+                ) -> tuple[list[torch.Tensor | slice], float]:
         """Column selections of ``x`` and the scale ``p/p'``."""
         if self.block_size is None or self.block_size >= d:
             return [slice(None)], 1.0
@@ -294,13 +295,14 @@ class RobustHDP(AbstractAggregator):
                               f"{q}·{size} = {q * size}; lower `num_blocks` to at most {d // size}.")
         if self.block == "first":
             return [slice(i * size, (i + 1) * size) for i in range(q)], d / size
+        # Drawn on the CPU (the same blocks on every device), then moved to the messages' device to index them.
         perm = torch.randperm(d, generator=ctx.generator("robust_hdp"))[: q * size].view(q, size)
-        return list(perm.sort(dim=1).values), d / size
+        return list(perm.sort(dim=1).values.to(device)), d / size
 
     def estimate(self, x: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, dict[str, float]]:
         """``σ̂²`` (float64, one per row of ``x``) and the estimator's metrics."""
-        blocks, scale = self._blocks(x.shape[1], ctx)
-        total = torch.zeros(x.shape[0], dtype=torch.float64)
+        blocks, scale = self._blocks(x.shape[1], ctx, x.device)
+        total = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
         info = {"iterations": 0.0, "converged": 1.0, "residual": 0.0, "rank": 0.0}
         for cols in blocks:
             xb = x[:, cols]

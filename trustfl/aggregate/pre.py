@@ -135,23 +135,27 @@ class Bucketing(AbstractPreAggregator):
             return StageOut(x, state)
         gen = ctx.generator("bucketing")
         key_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-        direction = torch.randn(d, generator=gen, dtype=key_dtype)
+        # The direction and the shuffle are drawn on the CPU (the server's small host-side draws), so the buckets
+        # are the same on every device; the keys and the sums are computed on the messages' device.
+        direction = torch.randn(d, generator=gen, dtype=key_dtype).to(x.device)
         key = x.to(key_dtype) @ direction
         bad = ~torch.isfinite(key)
         if key_dtype != torch.float64 and bool(bad.any()):  # float32 overflow: those keys in float64
             key = key.to(torch.float64)
             key[bad] = x[bad].to(torch.float64) @ direction.to(torch.float64)
-        canonical = key.argsort(stable=True)
+        canonical = key.argsort(stable=True).cpu()
         order = canonical[torch.randperm(n, generator=gen)]
         buckets = math.ceil(n / self.bucket_size)
         assign = torch.empty(n, dtype=torch.long)
         assign[order] = torch.arange(n) // self.bucket_size  # row order[p] goes to bucket p // s
+        assign = assign.to(x.device)
         sizes = torch.bincount(assign, minlength=buckets).to(x.dtype)
         # Segment sums in one O(nd) pass (a dense buckets×n mixing GEMM would cost O(n²d/s)).
-        sums = torch.zeros(buckets, d, dtype=x.dtype).index_add_(0, assign, x)
+        sums = torch.zeros(buckets, d, dtype=x.dtype, device=x.device).index_add_(0, assign, x)
         means = sums.div_(sizes[:, None])
         if not bool(torch.isfinite(means).all()):  # a sum overflowed: divide first (each term <= max/s)
-            means = torch.zeros(buckets, d, dtype=x.dtype).index_add_(0, assign, x / sizes[assign][:, None])
+            means = torch.zeros(buckets, d, dtype=x.dtype, device=x.device).index_add_(0, assign,
+                                                                                     x / sizes[assign][:, None])
         return StageOut(means, state)
 
 

@@ -112,8 +112,8 @@ def without_overflow(fn: Callable[[torch.Tensor], torch.Tensor], honest: torch.T
     if honest.dtype != torch.float64:
         return fn(honest.to(torch.float64)).clamp(-big, big).to(honest.dtype)
     e = math.frexp(float(honest.abs().max()))[1]  # max|H| < 2**e
-    out = fn(torch.ldexp(honest, torch.tensor(-e)))
-    return torch.ldexp(out.clamp(-math.ldexp(big, -e), math.ldexp(big, -e)), torch.tensor(e))
+    out = fn(torch.ldexp(honest, torch.tensor(-e, device=honest.device)))
+    return torch.ldexp(out.clamp(-math.ldexp(big, -e), math.ldexp(big, -e)), torch.tensor(e, device=honest.device))
 
 
 def saturate(x: torch.Tensor) -> torch.Tensor:

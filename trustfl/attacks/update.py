@@ -213,7 +213,8 @@ class GaussianAttack(AbstractAttack):
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
         check_honest(honest, num_byzantine, attack=self)
         draw_dtype = torch.float64 if honest.dtype == torch.float64 else torch.float32
-        noise = torch.randn((num_byzantine, honest.shape[1]), generator=ctx.generator("attack"), dtype=draw_dtype)
+        noise = torch.randn((num_byzantine, honest.shape[1]), generator=ctx.generator("attack", device=honest.device),
+                            dtype=draw_dtype, device=honest.device)
         centre = self.mu + (_honest_mean(honest).to(draw_dtype) if self.around_honest_mean else 0.0)
         return saturate((centre + self.sigma * noise).to(honest.dtype))
 

@@ -337,7 +337,7 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
         if noise_multiplier == 0:
             out[k] = v / ebs.view(shape)
             continue
-        noise = torch.empty(v.shape, dtype=v.dtype)
+        noise = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # generators live on the data's device
         for i, gen in enumerate(generators):  # client i's stream, parameters in dict order
             torch.randn(v.shape[1:], generator=gen, dtype=v.dtype, out=noise[i])
         # (s + σC·z) / E|S|, computed as z·(σC/E|S|) + s·(1/E|S|) in place

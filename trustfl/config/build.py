@@ -18,6 +18,7 @@ import torch
 from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
+from trustfl.config.device import device_info, on_device, resolve_device
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
@@ -173,7 +174,11 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         check_horizontal_config(cfg)
     check_unused_tables(cfg)
     seed = cfg.seed
-    info: dict[str, Any] = {"algorithm": cfg.algorithm, "engine": cfg.engine.kind}
+    device, device_notice = resolve_device(cfg)
+    info: dict[str, Any] = {"algorithm": cfg.algorithm, "engine": cfg.engine.kind,
+                            **device_info(device, cfg.engine.dtype)}
+    if device_notice and not quiet:
+        print(device_notice, file=sys.stderr)
     name, notice = resolve_dataset(cfg)
     if notice:
         info["notice"] = notice
@@ -222,6 +227,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         print(info["notice"], file=sys.stderr)
     model = _build_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes),
                          blocks=None if blocks is None else [b.tolist() for b in blocks])
+    model.to(device)  # built and seeded on the CPU (the same values on every device), then moved once
     params = {k: v.detach() for k, v in model.named_parameters()}
     layout = ParamLayout.of(params)
     info["num_parameters"] = layout.numel
@@ -279,9 +285,9 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     fed = Federation(
         seed=seed, rounds=cfg.rounds, dataset=dataset, model=model, layout=layout,
         initial_params=layout.flatten(params).clone(),
-        train_data=TrainData(dataset.tensors("train"), dataset.num_classes),
+        train_data=TrainData(on_device(dataset.tensors("train"), device), dataset.num_classes),
         objective=objective, evaluators=evaluators, local_chain=local_chain, downlink=downlink,
-        step_budget=step_budget, test_data=dataset.tensors("test"),
+        step_budget=step_budget, test_data=on_device(dataset.tensors("test"), device),
         client_rows=client_rows, batch_sizes=batch_sizes, noise_multipliers=noise, training=training,
         cohort=CohortSampler(cfg.cohort.sampler, cfg.cohort.size, cfg.cohort.rate), byzantine=byzantine,
         attack=attack, client_stages=client_stages,
@@ -292,11 +298,12 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         reports={"num_samples": torch.tensor(sizes, dtype=torch.float64)},
         eval_every=cfg.engine.eval_every, eval_batch_size=cfg.engine.eval_batch_size, info=info,
         links=build_links(cfg, layout), augment=augment, statistics=statistics,
-        eval_initial=cfg.engine.eval_initial, **build_timing(cfg, n))
+        eval_initial=cfg.engine.eval_initial, compute_dtype=cfg.engine.dtype, **build_timing(cfg, n))
     if vertical:
         fed.vertical = vertical_setup(cfg, dataset, blocks, info)
     if recipe is not None:
         recipe.finalize(fed, cfg)
+    fed.reports = on_device(fed.reports, device)  # after the recipe, which may add its own (reported_epsilon, ...)
     engine = resolve_engine(cfg)
     if hasattr(engine, "check"):
         engine.check(fed)

@@ -8,6 +8,7 @@ never removed or re-purposed; new fields are optional.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -178,6 +179,10 @@ class AttackConfig:
         check(self.view in ("transmitted", "noiseless"), "view", self.view, '"transmitted" or "noiseless"')
 
 
+DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:(0|[1-9][0-9]*))?")
+"""The values ``engine.device`` takes (whether a CUDA device is present is checked when the run is built)."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     kind: str = "sync"
@@ -213,8 +218,18 @@ class EngineConfig:
     eval_initial: bool = False
     """Also evaluate the initial (untrained) model: ``initial_<metric>`` in ``summary.json`` and ``run_info.json``
     (the floor of a representation metric)."""
+    device: str = "cpu"
+    """Where the run computes: ``cpu``, ``cuda`` (the current CUDA device), ``cuda:N`` or ``auto`` (``cuda`` when
+    a CUDA device is present, else ``cpu``; the choice is recorded in ``run_info.json``). The model, the data and
+    every round's tensors live there from the start; a CUDA device that is not present is refused when the
+    experiment is built (``config/build.py``), never silently replaced by the CPU."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The dtype of local training's forward computation (``bfloat16``: autocast around the objective; the
+    stacked parameters, updates, aggregation, noise and accounting stay float32/float64)."""
 
     def __post_init__(self) -> None:
+        check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
+              '"cpu", "cuda", "cuda:N" (N = 0, 1, ...) or "auto"')
         check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
         check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "an integer >= 0 (0 = never)")
         check(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, "an integer >= 1")

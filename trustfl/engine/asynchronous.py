@@ -313,8 +313,9 @@ def _synchronous(fed: Federation, state: EngineState, clock: ClockState, sched: 
     if sched.deadline > 0 and plans:
         tau = torch.tensor(results.num_steps, dtype=torch.float64).clamp(min=1)
         w = weights(fed)
+        # τ_eff is a host-side scalar: the weights (on the run's device with the reports) join τ on the CPU
         p = torch.ones(len(plans), dtype=torch.float64) if w is None else w[torch.tensor([c.client_id
-                                                                                           for c in plans])]
+                                                                                           for c in plans])].cpu()
         results = _scaled(results, 1.0 / tau)
         uplink = Uplink(uplink.to_server, float((p * tau).sum() / p.sum()))
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, bytes_down, metrics, uplink)

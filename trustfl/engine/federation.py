@@ -18,6 +18,7 @@ from trustfl.engine.executors import AbstractExecutor, LocalJob
 from trustfl.engine.local import LocalTraining, TrainData
 from trustfl.evaluate.base import AbstractEvaluator
 from trustfl.objectives.base import AbstractObjective
+from trustfl.objectives.precision import Autocast
 from trustfl.privacy.accountant import LedgerBook
 from trustfl.server.downlink import Downlink
 from trustfl.server.optimizers import AbstractServerOptimizer
@@ -140,6 +141,9 @@ class Federation:
     (:mod:`trustfl.engine.exchange`)."""
     eval_initial: bool = False
     """Also evaluate the initial model (``engine.eval_initial``; the floor of representation metrics)."""
+    compute_dtype: str = "float32"
+    """``engine.dtype``: ``bfloat16`` runs local training's forward passes under autocast
+    (:class:`trustfl.objectives.precision.Autocast`); evaluation and everything after local training stay float32."""
 
     @property
     def num_clients(self) -> int:
@@ -147,7 +151,10 @@ class Federation:
 
     def local_job(self) -> LocalJob:
         """What the executors need besides the cohort's plans and context."""
-        return LocalJob(self.model, self.objective, self.local_chain, self.training, self.train_data, self.augment)
+        objective = self.objective
+        if self.compute_dtype == "bfloat16" and objective is not None:
+            objective = Autocast(objective, torch.bfloat16)
+        return LocalJob(self.model, objective, self.local_chain, self.training, self.train_data, self.augment)
 
 
 @dataclass

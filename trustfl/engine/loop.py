@@ -34,17 +34,39 @@ def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str) -> None:
     tmp.replace(run_dir / CHECKPOINT)
 
 
-def load_checkpoint(run_dir: Path, cfg_hash: str) -> EngineState:
+def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | str | None = None) -> EngineState:
+    """The :class:`EngineState` saved in ``run_dir``, its tensors on ``map_location`` (the resuming run's device;
+    ``None``: where they were saved), so a run checkpointed on a GPU resumes on the CPU and vice versa.
+
+    The virtual clock (``EngineState.clock``: the asynchronous engine's host-side schedule) stays on the CPU.
+
+    Raises:
+      CheckpointError: no checkpoint, an unreadable file, or one of another configuration.
+    """
     path = run_dir / CHECKPOINT
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: nothing to resume (was checkpoint_every 0?).")
     try:
-        data = torch.load(path, weights_only=False)
+        data = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:  # a truncated or foreign file
         raise CheckpointError(f"{path} cannot be read: {err}") from None
     if data.get("config_hash") != cfg_hash:
         raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}.")
-    return EngineState(**data["state"])
+    state = data["state"]
+    if map_location is not None and state.get("clock"):
+        state["clock"] = _to_cpu(state["clock"])
+    return EngineState(**state)
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in its (nested) dicts, lists and tuples on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 def model_state_dict(fed: Federation, params: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -93,7 +93,7 @@ def round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEv
 def screen(x: torch.Tensor, d: int) -> torch.Tensor:
     """Rows the server accepts: right width and every coordinate finite."""
     if x.ndim != 2 or x.shape[1] != d:
-        return torch.zeros(x.shape[0] if x.ndim else 0, dtype=torch.bool)
+        return torch.zeros(x.shape[0] if x.ndim else 0, dtype=torch.bool, device=x.device)
     return torch.isfinite(x).all(dim=1)
 
 

@@ -132,7 +132,7 @@ def centered_pair_noise(n: int, d: int, sigma_cor: float, generator: torch.Gener
       n, d: the full matrix is ``(n, d)``; all ``n`` rows are always drawn, so a row's value does not depend on
         which rows are kept.
       sigma_cor: ``σ_cor``.
-      generator: the (server) generator of the draw.
+      generator: the (server) generator of the draw; the noise is drawn on its device.
       dtype: the draw dtype.
       rows: the row indices to return, in order (default: all ``n``).
 
@@ -144,12 +144,12 @@ def centered_pair_noise(n: int, d: int, sigma_cor: float, generator: torch.Gener
     """
     if n < 1 or d < 0:
         raise ConfigError(f"`n` must be >= 1 and `d` >= 0, found n={n}, d={d}.")
-    g = torch.randn((n, d), generator=generator, dtype=dtype)
+    g = torch.randn((n, d), generator=generator, dtype=dtype, device=generator.device)
     mean = g.mean(dim=0, keepdim=True)
     if rows is not None and list(rows) != list(range(n)):
         if any(not 0 <= r < n for r in rows):
             raise ConfigError(f"`rows` must be indices in [0, {n}), found {list(rows)}.")
-        g = g.index_select(0, torch.tensor(list(rows), dtype=torch.long))
+        g = g.index_select(0, torch.tensor(list(rows), dtype=torch.long, device=g.device))
     return g.sub_(mean).mul_(sigma_cor * math.sqrt(n))
 
 
@@ -217,14 +217,18 @@ class CorrelatedNoise(AbstractStage):
         if self.path == "exact":
             keys, directory = ctx.pair_keys if ctx.pair_keys is not None else simulation_keys(ctx.seed, n)
             mech = PairwiseCorrelatedNoise(self.sigma_cor, self.purpose)
-            noise = mech.cohort_noise(keys, directory, ctx.round, d, ctx.client_ids, dtype)
+            # The pair terms are drawn on the CPU whatever the message's device: the two ends of a pair must draw
+            # the same z^{ij}, and a CUDA generator's stream differs from the CPU's for the same seed.
+            noise = mech.cohort_noise(keys, directory, ctx.round, d, ctx.client_ids, dtype).to(x.device)
         else:
-            noise = centered_pair_noise(n, d, self.sigma_cor, ctx.generator("correlated_noise_fast"), dtype,
+            noise = centered_pair_noise(n, d, self.sigma_cor, ctx.generator("correlated_noise_fast",
+                                                                            device=x.device), dtype,
                                         rows=ctx.client_ids)
         if self.sigma_ind > 0:
-            buf = torch.empty(d, dtype=dtype)
+            buf = torch.empty(d, dtype=dtype, device=x.device)
             for r, c in enumerate(ctx.client_ids):
-                torch.randn(d, generator=ctx.generator("noise_ind", c), dtype=dtype, out=buf)
+                torch.randn(d, generator=ctx.generator("noise_ind", c, x.device), dtype=dtype, device=x.device,
+                            out=buf)
                 noise[r].add_(buf, alpha=self.sigma_ind)
         metrics = {
             "message_noise_std": math.sqrt((n - 1) * self.sigma_cor ** 2 + self.sigma_ind ** 2),

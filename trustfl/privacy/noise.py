@@ -29,12 +29,14 @@ def _check_nonneg(value: float | None, name: str, positive: bool = False) -> Non
         check_number(name, value, low=0, low_open=positive, finite=True)
 
 
-def _row_noise(ctx: RoundContext, stream: str, d: int, dtype: torch.dtype) -> torch.Tensor:
-    """One standard-normal ``(d,)`` row per client of ``ctx``, each from ``ctx.generator(stream, client_id)``."""
+def _row_noise(ctx: RoundContext, stream: str, d: int, dtype: torch.dtype,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+    """One standard-normal ``(d,)`` row per client of ``ctx``, each from ``ctx.generator(stream, client_id)`` on
+    ``device`` (the message's)."""
     draw = torch.float64 if dtype == torch.float64 else torch.float32
-    out = torch.empty((len(ctx.client_ids), d), dtype=draw)
+    out = torch.empty((len(ctx.client_ids), d), dtype=draw, device=device)
     for r, c in enumerate(ctx.client_ids):
-        torch.randn(d, generator=ctx.generator(stream, c), dtype=draw, out=out[r])
+        torch.randn(d, generator=ctx.generator(stream, c, device), dtype=draw, device=device, out=out[r])
     return out
 
 
@@ -90,7 +92,7 @@ class GaussianNoise(AbstractStage):
             raise PrivacyError(f"`ctx.client_ids` must name each of the {x.shape[0]} rows, found "
                                f"{len(ctx.client_ids)} ids.")
         sigma = self.effective_std
-        noisy = x + (sigma * _row_noise(ctx, self.stream, x.shape[1], x.dtype)).to(x.dtype)
+        noisy = x + (sigma * _row_noise(ctx, self.stream, x.shape[1], x.dtype, x.device)).to(x.dtype)
         events: tuple = ()
         if self.sensitivity is not None:
             event = gaussian_event(sigma / float(self.sensitivity))
@@ -162,7 +164,8 @@ class CentralGaussianNoise(AbstractStage):
                                "found none.")
         std = float(self.noise_multiplier) * float(self.clip_norm) / m
         draw = torch.float64 if x.dtype == torch.float64 else torch.float32
-        noise = torch.randn(x.shape[0], generator=ctx.generator("central_gaussian_noise"), dtype=draw)
+        noise = torch.randn(x.shape[0], generator=ctx.generator("central_gaussian_noise", device=x.device),
+                            dtype=draw, device=x.device)
         event = gaussian_event(float(self.noise_multiplier))
         return StageOut(x + (std * noise).to(x.dtype), state, {"std": std, "sum_std": std * m},
                         tuple((c, event) for c in ctx.client_ids))

@@ -1,0 +1,64 @@
+"""``engine.device`` and ``engine.dtype``: where a run computes, checked against this machine when it is built.
+
+The schema (``config/schema.py``) checks the spelling only, without importing torch; whether the named CUDA device
+is present is decided here. ``auto`` is the only value that may fall back to the CPU, and the run records its
+choice (``run_info.json``'s ``device``, one printed notice line).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from trustfl.config.schema import ExperimentConfig
+from trustfl.errors import ConfigError
+
+
+def resolve_device(cfg: ExperimentConfig) -> tuple[torch.device, str | None]:
+    """The device ``engine.device`` names on this machine, and a notice when ``auto`` chose it.
+
+    Returns:
+      ``(device, notice)``: ``cuda`` resolves to ``cuda:<current device>``; ``notice`` is ``None`` unless
+      ``engine.device = "auto"``.
+
+    Raises:
+      ConfigError: naming ``engine.device`` when a CUDA device is asked for and is not present (no CUDA device
+        at all, or index ``N`` of ``cuda:N`` out of range), or naming ``engine.dtype`` when ``bfloat16`` is asked
+        for on a CUDA device without bfloat16 support.
+    """
+    name = cfg.engine.device
+    available = torch.cuda.is_available()
+    if name == "auto":
+        device = torch.device("cuda", torch.cuda.current_device()) if available else torch.device("cpu")
+        why = "a CUDA device is present" if available else "no CUDA device is present"
+        notice = f"NOTICE: `engine.device` = \"auto\" chose {str(device)!r} ({why})."
+    elif name == "cpu":
+        device, notice = torch.device("cpu"), None
+    else:
+        if not available:
+            raise ConfigError(f"`engine.device` is {name!r}, but no CUDA device is present on this machine (torch "
+                              f"sees none); use \"cpu\", or \"auto\" to take a CUDA device only when there is one.")
+        count = torch.cuda.device_count()
+        index = torch.cuda.current_device() if name == "cuda" else int(name.split(":")[1])
+        if index >= count:
+            raise ConfigError(f"`engine.device` is {name!r}, but no CUDA device {index} is present on this machine "
+                              f"(it has {count}: cuda:0 to cuda:{count - 1}).")
+        device, notice = torch.device("cuda", index), None
+    if cfg.engine.dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"`engine.dtype` is \"bfloat16\", which {device} does not support; use \"float32\".")
+    return device, notice
+
+
+def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
+    """The autocast dtype of local training (``None``: plain float32, the default)."""
+    return torch.bfloat16 if cfg.engine.dtype == "bfloat16" else None
+
+
+def on_device(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """``tensors`` moved to ``device`` (the same tensor objects when they are already there: no copy)."""
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def device_info(device: torch.device, dtype: str) -> dict[str, Any]:
+    """What ``run_info.json`` records about where the run computed."""
+    return {"device": str(device), "dtype": dtype}
