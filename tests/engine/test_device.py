@@ -163,3 +163,13 @@ def test_bfloat16_quickstart_trains_and_stays_close_to_float32(tmp_path, one_tor
     assert float((bf16.params - f32.params).norm() / f32.params.norm()) < 0.05
     assert abs(bf16.summary["final_accuracy"] - f32.summary["final_accuracy"]) < 0.05
     assert json.loads((tmp_path / "bf16" / "run_info.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_the_vertical_engine_refuses_a_cuda_device_naming_the_key(monkeypatch):
+    """The vertical engine's parties are not device-aware: a CUDA device is refused, never half-used."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cfg = load_config("configs/dpzv/breast_cancer_dpzv.toml", ["engine.device=\"cuda\""])
+    with pytest.raises(ConfigError, match="`engine.device`: the vertical engine runs on the CPU only"):
+        build_federation(cfg, quiet=True)

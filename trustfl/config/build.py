@@ -175,6 +175,11 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     check_unused_tables(cfg)
     seed = cfg.seed
     device, device_notice = resolve_device(cfg)
+    if vertical and device.type != "cpu" and cfg.engine.device == "auto":
+        device, device_notice = torch.device("cpu"), "NOTICE: `engine.device` = \"auto\" chose 'cpu' (the vertical engine runs on the CPU only)."
+    if vertical and device.type != "cpu":  # the parties' setup is not device-aware yet: refuse, never half-move
+        raise ConfigError(f"`engine.device`: the vertical engine runs on the CPU only; found {cfg.engine.device!r} "
+                          f"(resolved to {device}). Use engine.device = \"cpu\".")
     info: dict[str, Any] = {"algorithm": cfg.algorithm, "engine": cfg.engine.kind,
                             **device_info(device, cfg.engine.dtype)}
     if device_notice and not quiet:
