@@ -135,6 +135,19 @@ def test_two_gloo_ranks_equal_one_process_fedavg(tmp_path):
         {p.name for p in (tmp_path / "two").iterdir()}
 
 
+def test_two_gloo_ranks_resume_a_one_process_checkpoint(tmp_path):
+    """Every rank loads rank 0's checkpoint (one machine: the same path) and the run ends as an uninterrupted one."""
+    config = REPO / "configs" / "quickstart.toml"
+    overrides = ["rounds=3", "engine.checkpoint_every=1"]
+    one = _one_process(config, tmp_path / "one", overrides)
+    cut = tmp_path / "cut"
+    run_experiment(load_config(config, overrides), cut, progress=False, plots=False, stop_after=2)
+    assert len(_rows(cut)) == 2
+    proc = torchrun("run", "--resume", str(cut), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(one, cut, 3)
+
+
 def test_two_gloo_ranks_equal_one_process_robust_dp_scaffold_odd_cohort(tmp_path):
     config = tmp_path / "robust_dp.toml"
     config.write_text(ROBUST_DP)
