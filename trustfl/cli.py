@@ -3,7 +3,8 @@
 Errors: every error a user can cause (a bad config or flag, a missing data set, an exhausted privacy budget) is
 a :class:`~trustfl.errors.TrustFLError`; the command prints it as one line, ``trustfl: error: <message>``, on
 stderr and exits with code 2. Ctrl-C exits with code 130 and one line. Anything else is a bug and keeps its
-traceback (exit code 1).
+traceback (exit code 1). Under torchrun (``RANK`` set) only rank 0 prints, errors included; every rank exits with
+the same code.
 """
 from __future__ import annotations
 

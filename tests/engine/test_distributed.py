@@ -165,6 +165,18 @@ def test_two_gloo_ranks_equal_one_process_robust_dp_scaffold_odd_cohort(tmp_path
     assert cb["ledger"].keys() == ca["ledger"].keys()
 
 
+def test_two_gloo_ranks_equal_one_process_async_quafl(tmp_path):
+    """The asynchronous engine (QuAFL polling: stacked per-client starts, client models in the state store) splits
+    its executor calls the same way."""
+    config = REPO / "configs" / "quafl" / "quafl_n100.toml"
+    overrides = ["rounds=3", "data.dataset=\"digits\""]
+    one = _one_process(config, tmp_path / "one", overrides)
+    proc = torchrun("run", str(config), *[a for o in overrides for a in ("--set", o)], "--out",
+                    str(tmp_path / "two"), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(one, tmp_path / "two", 3)
+
+
 def test_vertical_engine_is_refused_in_one_line_printed_once(tmp_path):
     proc = torchrun("run", str(REPO / "configs" / "dpzv" / "breast_cancer_dpzv.toml"), "--set", "rounds=1",
                     "--out", str(tmp_path / "v"), "--quiet")
@@ -173,6 +185,20 @@ def test_vertical_engine_is_refused_in_one_line_printed_once(tmp_path):
     assert len(lines) == 1 and "`engine.kind` = 'vertical'" in lines[0] and "torchrun" in lines[0], proc.stderr
     assert "exitcode  : 2" in proc.stderr  # rank 0 exits as the CLI does for a user error
     assert not (tmp_path / "v" / "metrics.jsonl").exists()
+
+
+def test_sweep_is_refused_under_torchrun(monkeypatch, capsys, tmp_path):
+    from trustfl.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["sweep", str(REPO / "configs" / "quickstart.toml"), "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trustfl sweep does not run under torchrun" in err[0]
+    monkeypatch.setenv("RANK", "1")  # the other ranks exit with the same code, quietly
+    assert main(["sweep", str(REPO / "configs" / "quickstart.toml"), "--out", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "s").exists()
 
 
 def test_share_is_contiguous_and_balanced():
