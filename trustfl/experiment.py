@@ -8,7 +8,8 @@ budgets and noise), ``metrics.jsonl`` (one row per round; evaluation metrics in 
 resolved from ``engine.kind`` through the registry; the run loop (``engine/loop.py``) is the same for every
 engine.
 ``resume`` continues from the checkpoint; every draw is keyed by (seed, round, client, stage), so a resumed run
-ends with the same model as an uninterrupted one.
+ends with the same model as an uninterrupted one. Under torchrun the ranks split each cohort's local training
+(:mod:`trustfl.engine.distributed`) and rank 0 alone writes the run directory (docs/scaling_torchrun.md).
 """
 from __future__ import annotations
 
