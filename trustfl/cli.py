@@ -3,11 +3,13 @@
 Errors: every error a user can cause (a bad config or flag, a missing data set, an exhausted privacy budget) is
 a :class:`~trustfl.errors.TrustFLError`; the command prints it as one line, ``trustfl: error: <message>``, on
 stderr and exits with code 2. Ctrl-C exits with code 130 and one line. Anything else is a bug and keeps its
-traceback (exit code 1).
+traceback (exit code 1). Under torchrun (``RANK`` set) only rank 0 prints, errors included; every rank exits with
+the same code.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -40,10 +42,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not args.config:
             raise UsageError("trustfl run needs a CONFIG file (or --resume RUN_DIR).")
         cfg = _with_imports(load_config(args.config, _with_device(args.set, args.device)), args.imports)
-        if args.out:
+        if args.out and _rank() == 0:
             _make_run_dir(args.out)
         result = run_experiment(cfg, args.out, data_dir=args.data_dir, progress=not args.quiet)
     s = result.summary
+    if _rank() != 0:  # torchrun: rank 0 reports
+        return 0
     if "notice" in s:
         print(s["notice"])
     print(f"run directory: {result.run_dir}")
@@ -62,6 +66,14 @@ def _with_device(overrides: list[str], device: str | None) -> list[str]:
         return list(overrides)
     import json
     return [*overrides, f"engine.device={json.dumps(device)}"]
+
+
+def _rank() -> int:
+    """This process's torchrun rank (``RANK``; 0 outside torchrun): only rank 0 prints."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
 
 
 def _with_imports(cfg, imports: list[str]):
@@ -86,6 +98,10 @@ def _make_run_dir(out: str) -> None:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from trustfl.report.sweep import run_sweep
+
+    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+        raise UsageError("trustfl sweep does not run under torchrun (WORLD_SIZE > 1): run each point with "
+                         "`torchrun ... -m trustfl run CONFIG --set KEY=VALUE`, or the sweep in one process.")
 
     result = run_sweep(args.config, args.grid, args.seeds, out=args.out, overrides=args.set, jobs=args.jobs,
                        threads=args.threads, data_dir=args.data_dir)
@@ -215,13 +231,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cli_privacy.run(args)
         return args.func(args)
     except TrustFLError as err:
-        print(f"trustfl: error: {_one_line(err)}", file=sys.stderr)
+        if _rank() == 0:  # torchrun: every rank meets the same error; rank 0 says it, the others exit quietly
+            print(f"trustfl: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         hint = f" (resume with `trustfl run --resume {run_dir}`)" if command == "run" else ""
         if command == "sweep":
             hint = " (re-run the same command to resume the sweep)"
-        print(f"trustfl: interrupted{hint}", file=sys.stderr)
+        if _rank() == 0:
+            print(f"trustfl: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -49,3 +49,8 @@ class UsageError(TrustFLError):
 class MessageError(TrustFLError, ValueError):
     """A malformed input given to a stage directly: a message matrix with non-finite rows, a wrong shape or dtype,
     or malformed per-row weights; the message names the component and the offending rows."""
+
+
+class DistributedError(TrustFLError):
+    """A torchrun (``torch.distributed``) run that cannot go on: a malformed ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``,
+    a part that does not run split across processes, or ranks that no longer hold the same state."""

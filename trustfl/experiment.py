@@ -8,7 +8,8 @@ budgets and noise), ``metrics.jsonl`` (one row per round; evaluation metrics in 
 resolved from ``engine.kind`` through the registry; the run loop (``engine/loop.py``) is the same for every
 engine.
 ``resume`` continues from the checkpoint; every draw is keyed by (seed, round, client, stage), so a resumed run
-ends with the same model as an uninterrupted one.
+ends with the same model as an uninterrupted one. Under torchrun the ranks split each cohort's local training
+(:mod:`trustfl.engine.distributed`) and rank 0 alone writes the run directory (docs/scaling_torchrun.md).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig, FieldError
 from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.base import AbstractEngine
+from trustfl.engine.distributed import DistributedExecutor, Ranks, check_same, from_main, ranks_from_env, session
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, evaluate, load_checkpoint, metric_names, run_rounds,
                                  save_checkpoint, save_model)
@@ -111,19 +113,49 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
       engine: builds the engine from the federation instead of ``engine.kind`` (a deployment's remote engine).
       device: overrides ``engine.device`` (e.g. resume on the CPU a run checkpointed on a GPU; the run
         directory's ``config.toml`` is not rewritten, and the checkpoint's tensors are mapped to the new device).
+
+    Under torchrun (``WORLD_SIZE`` > 1) every process calls this with the same arguments: each trains its slice
+    of every cohort (:mod:`trustfl.engine.distributed`), rank 0 alone evaluates, writes the run directory, shows
+    progress and calls ``on_eval``, and every rank returns rank 0's result.
+
+    Raises:
+      ConfigError: under torchrun, a vertical engine (it does not split across processes).
+      DistributedError: a malformed torchrun environment, or ranks that diverged.
     """
     tune_allocator()
-    if resume is not None:
+    ranks = ranks_from_env()
+    with session(ranks):
+        return _run(cfg, out, ranks, resume=resume, data_dir=data_dir, progress=progress,
+                    checkpoint_every=checkpoint_every, stop_after=stop_after, on_eval=on_eval, plots=plots,
+                    engine=engine, device=device)
+
+
+def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, resume: str | Path | None,
+         data_dir: str | None, progress: bool, checkpoint_every: int | None, stop_after: int | None,
+         on_eval: Callable[[dict[str, Any]], None] | None, plots: bool,
+         engine: Callable[[Federation], AbstractEngine] | None, device: str | None) -> RunResult:
+    """:func:`run_experiment` in one process, or as rank ``ranks.rank`` of a torchrun job: every rank builds and
+    runs the federation (its executor trains the rank's slice of each cohort); rank 0 alone evaluates, writes the
+    run directory and shows progress, and every rank returns rank 0's summary and rows."""
+    main = ranks is None or ranks.main
+    if resume is not None:  # under torchrun every rank reads the run directory: one machine or a shared file system
         run_dir = Path(resume)
         cfg = load_config(run_dir / "config.toml")
     if device is not None:
         cfg = with_device(cfg, device)
-    if cfg.report.tensorboard:
+    if cfg.report.tensorboard and main:
         summary_writer()  # a missing package is refused before anything is built or written
     if resume is None:
         run_dir = Path(out) if out is not None else default_run_dir(cfg)
-        run_dir.mkdir(parents=True, exist_ok=True)
-    fed = build_federation(cfg, data_dir=data_dir, quiet=not progress)
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = from_main(ranks, run_dir)  # the default name holds rank 0's clock
+    fed = build_federation(cfg, data_dir=data_dir, quiet=not (progress and main))
+    if ranks is not None:
+        if fed.vertical is not None:
+            raise ConfigError(f"`engine.kind` = {fed.info['engine']!r}: the vertical engine does not run under "
+                              f"torchrun (WORLD_SIZE={ranks.world_size}); run it in one process.")
+        fed.executor = DistributedExecutor(fed.executor, ranks)
     engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
     cfg_hash = _config_hash(cfg)
     metrics_path = run_dir / "metrics.jsonl"
@@ -136,30 +168,36 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
                 fed.info["initial_evaluation"] = saved["initial_evaluation"]
         if fed.ledger is not None and state.ledger is not None:
             fed.ledger.load_state_dict(state.ledger)
-        truncate_metrics(metrics_path, state.round)
+        if main:
+            truncate_metrics(metrics_path, state.round)
     else:
-        (run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
         state = engine.initial_state(fed)
-        if fed.eval_initial:  # the untrained model's metrics (e.g. a random network's linear probe: the floor)
-            fed.info["initial_evaluation"] = evaluate(fed, state.params)
-        write_json(run_dir / "run_info.json", fed.info)
-        metrics_path.write_text("")
+        if main:
+            (run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
+            if fed.eval_initial:  # the untrained model's metrics (e.g. a random network's linear probe: the floor)
+                fed.info["initial_evaluation"] = evaluate(fed, state.params)
+            write_json(run_dir / "run_info.json", fed.info)
+            metrics_path.write_text("")
     last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)
     primary = primary_metric(cfg, fed)
-    bar = Progress(cfg.rounds, state.round, progress, cfg.name, primary)
-    board = TensorBoard(run_dir / "tensorboard", state.round + 1) if cfg.report.tensorboard else None
+    bar = Progress(cfg.rounds, state.round, progress and main, cfg.name, primary)
+    board = TensorBoard(run_dir / "tensorboard", state.round + 1) if cfg.report.tensorboard and main else None
     try:
         state = run_rounds(fed, engine, state, run_dir=run_dir, cfg_hash=cfg_hash, rounds=cfg.rounds, last=last,
-                           checkpoint_every=every, progress=bar, on_eval=on_eval, on_row=board)
+                           checkpoint_every=every, progress=bar, on_eval=on_eval, on_row=board, record=main)
     finally:
         if board is not None:
             board.close()
-    rows = read_metrics(run_dir)
-    summary = _summary(cfg, fed, state, rows)
-    write_json(run_dir / "summary.json", summary)
-    save_model(run_dir, fed, state.params)
-    if plots:
-        plot_run(run_dir, rows, cfg.name, metric_names(fed))
+    check_same(ranks, state.round, state.params)
+    summary = rows = None
+    if main:
+        rows = read_metrics(run_dir)
+        summary = _summary(cfg, fed, state, rows)
+        write_json(run_dir / "summary.json", summary)
+        save_model(run_dir, fed, state.params)
+        if plots:
+            plot_run(run_dir, rows, cfg.name, metric_names(fed))
+    summary, rows = from_main(ranks, (summary, rows))
     return RunResult(run_dir, summary, rows, state.params)
 
 

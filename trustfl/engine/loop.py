@@ -149,14 +149,19 @@ def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, An
 def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, run_dir: Path, cfg_hash: str,
                rounds: int, last: int, checkpoint_every: int, progress: Progress,
                on_eval: Callable[[dict[str, Any]], None] | None = None,
-               on_row: Callable[[dict[str, Any]], None] | None = None) -> EngineState:
+               on_row: Callable[[dict[str, Any]], None] | None = None, record: bool = True) -> EngineState:
     """Run ``engine`` from ``state`` up to round ``last`` (of ``rounds`` planned), writing one row per round and
-    checkpoints. ``on_row`` sees every row, ``on_eval`` the rows of evaluated rounds."""
+    checkpoints. ``on_row`` sees every row, ``on_eval`` the rows of evaluated rounds.
+
+    ``record=False`` (a torchrun rank other than 0) runs the rounds only: no evaluation, rows, callbacks or
+    checkpoints."""
     metrics_path = run_dir / "metrics.jsonl"
     try:
         while state.round < last and not engine.finished(fed, state):
             state, round_metrics = engine.run_round(fed, state)
             done = engine.finished(fed, state)
+            if not record:
+                continue
             due = state.round % fed.eval_every == 0 or state.round == rounds or done
             row = metrics_row(fed, state, round_metrics, evaluate(fed, state.params) if due else None)
             append_metrics(metrics_path, row)
