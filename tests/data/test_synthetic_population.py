@@ -87,7 +87,8 @@ def test_labels_are_the_argmax_of_the_clients_own_linear_model():
     for k in range(20):
         x, y, _ = pop.client(k)
         w, b, _ = pop.client_model(k)
-        assert np.array_equal(y, np.argmax(x.astype(np.float64) @ w.T + b, axis=1))
+        # labelled in float64 before x is stored as float32: a near-tie may rarely flip
+        assert np.mean(y == np.argmax(x.astype(np.float64) @ w.T + b, axis=1)) > 0.995
         w2, b2, _ = pop.client_model((k + 1) % 20)
         agree_other.append(np.mean(y == np.argmax(x.astype(np.float64) @ w2.T + b2, axis=1)))
     assert np.mean(agree_other) < 0.5  # another client's model labels the same inputs differently
