@@ -75,10 +75,12 @@ def _plain_round(fed, state_params, cohort_ids, round_):
         torch.nn.utils.vector_to_parameters(flat.clone(), model.parameters())  # a copy: SGD updates it in place
         opt = torch.optim.SGD(model.parameters(), lr=fed.training.lr)
         rows = fed.client_rows[cid]
+        # the client's data: the tensors as they are, or its examples generated on demand (benchmarks/scale.py)
+        data, (own,) = fed.train_data.for_cohort([rows], flat.device)
         for batch in batch_schedule(fed.training, ClientPlan(cid, rows, 32), fed.seed, round_):
-            idx = rows[batch]
+            idx = own[batch].to(flat.device)
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(fed.train_data.tensors["x"][idx]), fed.train_data.tensors["y"][idx]).backward()
+            F.cross_entropy(model(data.tensors["x"][idx]), data.tensors["y"][idx]).backward()
             opt.step()
         n = float(rows.numel())
         total += n * torch.nn.utils.parameters_to_vector(model.parameters()).detach()

@@ -19,6 +19,7 @@ from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.device import device_info, on_device, resolve_device
+from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
@@ -195,6 +196,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if cfg.data.path:
         options["path"] = cfg.data.path
     try:
+        options = population_options(cfg, name, options)
         dataset = load_dataset(name, data_dir or cfg.data.data_dir or None, seed=seed, **options)
     except RegistryError as err:
         raise ConfigError(f"`data.dataset`: {err}") from None
@@ -215,17 +217,10 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         raise ConfigError(f"`attack.num_byzantine` is {f} but `attack.name` is \"none\"; name an attack.")
     byzantine = frozenset(range(n - f, n)) if cfg.attack.name != "none" else frozenset()
     holders = n if cfg.attack.byzantine_hold_data else n - len(byzantine)
-    partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
-    # Real-valued targets have no classes: label-based partitioners see a single class.
-    labels = dataset.train_y.numpy() if dataset.task == "classification" else np.zeros(len(dataset.train_y), np.int64)
-    groups = None if dataset.train_groups is None else dataset.train_groups.numpy()
-    try:
-        partition = (partitioner(labels, holders, numpy_rng(seed, "partition"), groups=groups)
-                     if partitioner.needs_groups else partitioner(labels, holders, numpy_rng(seed, "partition")))
-    except ConfigError as err:
-        raise ConfigError(f"`data.partition` with `data.num_clients` = {n}: {err}") from None
-    client_rows = ClientRows.from_arrays(partition.indices, n)
-    info["partition"] = partition.summary
+    if dataset.population is not None:  # a generated population is its own partition (natural)
+        client_rows, info["partition"] = population_partition(cfg, dataset, evaluators)
+    else:
+        client_rows, info["partition"] = _partition(cfg, dataset, holders, seed)
 
     blocks = feature_blocks(cfg, dataset, seed, info) if vertical else None
     if "notice" in info and not quiet:
@@ -290,7 +285,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     fed = Federation(
         seed=seed, rounds=cfg.rounds, dataset=dataset, model=model, layout=layout,
         initial_params=layout.flatten(params).clone(),
-        train_data=TrainData(on_device(dataset.tensors("train"), device), dataset.num_classes),
+        train_data=TrainData(on_device(dataset.tensors("train"), device), dataset.num_classes)
+        if dataset.population is None else TrainData.lazy(dataset.population, dataset.num_classes, name),
         objective=objective, evaluators=evaluators, local_chain=local_chain, downlink=downlink,
         step_budget=step_budget, test_data=on_device(dataset.tensors("test"), device),
         client_rows=client_rows, batch_sizes=batch_sizes, noise_multipliers=noise, training=training,
@@ -313,6 +309,22 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if hasattr(engine, "check"):
         engine.check(fed)
     return fed
+
+
+def _partition(cfg: ExperimentConfig, dataset: Dataset, holders: int, seed: int) -> tuple[ClientRows, dict[str, Any]]:
+    """``data.partition`` of the training examples among the first ``holders`` clients, and its summary."""
+    n = cfg.data.num_clients
+    partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
+    # Real-valued targets have no classes: label-based partitioners see a single class.
+    labels = dataset.train_y.numpy() if dataset.task == "classification" else np.zeros(len(dataset.train_y), np.int64)
+    groups = None if dataset.train_groups is None else dataset.train_groups.numpy()
+    try:
+        partition = (partitioner(labels, holders, numpy_rng(seed, "partition"), groups=groups)
+                     if partitioner.needs_groups else partitioner(labels, holders, numpy_rng(seed, "partition")))
+    except ConfigError as err:
+        raise ConfigError(f"`data.partition` with `data.num_clients` = {n}: {err}") from None
+    client_rows = ClientRows.from_arrays(partition.indices, n)
+    return client_rows, partition.summary
 
 
 def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective,

@@ -1,7 +1,8 @@
 """Data: data sets as tensors, horizontal partitioners, client batch samplers and vertical feature splits.
 
-Registered names: ``dataset`` (digits, breast_cancer, diabetes, mnist, fashion_mnist, fedprox_synthetic, and your own
-files: npz, csv, parquet, image_folder — ``own.py``, ``own_tables.py``, ``own_images.py``, docs/data.md),
+Registered names: ``dataset`` (digits, breast_cancer, diabetes, mnist, fashion_mnist, fedprox_synthetic, synthetic
+(``population.py``: clients generated on demand), and your own files: npz, csv, parquet, image_folder — ``own.py``,
+``own_tables.py``, ``own_images.py``, docs/data.md),
 ``partitioner`` (iid, dirichlet, shards, quantity_skew, class_groups, natural) and ``batch_sampler`` (shuffle,
 fixed, poisson).
 """

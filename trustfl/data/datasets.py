@@ -23,7 +23,7 @@ import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from trustfl.core.registry import lookup, register
 from trustfl.core.rng import numpy_rng
 from trustfl.data.idx import array_sha256, read_idx
 from trustfl.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from trustfl.data.population import AbstractPopulation
 
 DATA_ENV = "TRUSTFL_DATA"
 DEFAULT_DATA_DIR = "~/.cache/trustfl"
@@ -101,6 +104,7 @@ class Dataset:
     task: str = "classification"
     train_groups: torch.Tensor | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    population: AbstractPopulation | None = None
 
     def __post_init__(self) -> None:
         if self.task not in ("classification", "regression"):

@@ -13,7 +13,7 @@ received model; the update is the progress ``θ_local − θ_start`` (``θ_recei
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -104,10 +104,14 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         column = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
         pos[torch.repeat_interleave(torch.tensor(step_of), counts), torch.repeat_interleave(torch.tensor(client_of),
             counts), column] = torch.cat([b for sched in schedules for b in sched])
-    longest = max(int(p.rows.numel()) for p in plans) or 1
+    # The group's data and each client's rows into it: dense data as they are, a generated population's clients
+    # materialised here, once per group (memory follows the cohort, not the population).
+    data, rows = job.data.for_cohort([p.rows for p in plans], device)
+    job = replace(job, data=data)
+    longest = max(int(r.numel()) for r in rows) or 1
     own_rows = torch.zeros((m, longest), dtype=torch.long)
-    for i, p in enumerate(plans):
-        own_rows[i, :p.rows.numel()] = p.rows
+    for i, r in enumerate(rows):
+        own_rows[i, :r.numel()] = r
     pos, own_rows = pos.to(device), own_rows.to(device)  # schedules are drawn on the CPU, indices live with the data
     # Which rows step, known from the schedules before any computation (no host sync inside the loop): every
     # scheduled step counts for a method that steps on empty batches (DP-SGD), only non-empty ones otherwise.
@@ -224,7 +228,8 @@ class VectorizedExecutor(AbstractExecutor):
         key = (id(job.model), batch)
         if key not in self._per_client:
             received = cohort.received["model"]
-            example = job.data.gather(with_rows[0].rows[:1].to(received.device))
+            data, rows = job.data.for_cohort([with_rows[0].rows[:1]], received.device)
+            example = data.gather(rows[0].to(received.device))
             acts = chunking.activation_numel(job.model, cohort.layout.unflatten(received), example,
                                              job.objective.forward)
             method = job.chain.method

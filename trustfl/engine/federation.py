@@ -29,10 +29,17 @@ class ClientRows(Sequence[torch.Tensor]):
     """Each client's example indices, stored compactly (one index array and ``n + 1`` offsets).
 
     ``rows[i]`` is client ``i``'s int64 indices (a view); a population of 10⁶ clients costs 8 MB of offsets.
+    ``indices = None`` (:meth:`contiguous`): client ``i`` owns the rows ``offsets[i] .. offsets[i+1]`` (a generated
+    population's virtual rows), and no index array is stored.
     """
 
-    def __init__(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+    def __init__(self, indices: torch.Tensor | None, offsets: torch.Tensor) -> None:
         self.indices, self.offsets = indices, offsets
+
+    @classmethod
+    def contiguous(cls, offsets: torch.Tensor) -> "ClientRows":
+        """Client ``i`` owns rows ``offsets[i] .. offsets[i+1]`` (int64 offsets, ``num_clients + 1`` of them)."""
+        return cls(None, offsets)
 
     @classmethod
     def from_arrays(cls, arrays: Sequence[np.ndarray], num_clients: int) -> "ClientRows":
@@ -49,6 +56,8 @@ class ClientRows(Sequence[torch.Tensor]):
         if not -len(self) <= i < len(self):
             raise IndexError(f"client {i} out of range for {len(self)} clients")
         i %= len(self)
+        if self.indices is None:
+            return torch.arange(int(self.offsets[i]), int(self.offsets[i + 1]), dtype=torch.long)
         return self.indices[int(self.offsets[i]):int(self.offsets[i + 1])]
 
     def __iter__(self) -> Iterator[torch.Tensor]:

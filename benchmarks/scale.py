@@ -1,0 +1,291 @@
+"""Scale (issue #14): rounds/s and peak memory for 10 to 10,000 clients per round, trustfl vs a plain per-client loop.
+
+Setting: FedAvg, one local epoch, batch 32, lr 0.01, on the generated population ``data.dataset = "synthetic"``
+(FedProx's Synthetic(1, 1) with 784 features, so the models are MNIST-shaped; every client holds exactly
+``--samples-per-client`` training examples, generated from (seed, client) when the client is sampled): the MLP
+784-200-200-10 (199,210 parameters) and CafCor's CNN ``cnn_cafcor`` (431,080 parameters). Every client of the
+population takes part in every round (cohort = population). trustfl is the synchronous engine with the vectorized
+executor (``engine.max_clients_per_batch`` = ``--chunk`` above that many clients); the plain loop is
+``benchmarks/engine_throughput.py``'s ``nn.Module`` + ``torch.optim.SGD`` per client, on the same clients, data
+and batches. Both generate their clients' data inside the round (the data column gives that share).
+
+Each (model, cohort, method) runs in its own process (peak RSS, VmHWM, is its own; on CUDA also
+``torch.cuda.max_memory_allocated``); ``--repeats`` runs every cell that many times, interleaved, and reports the
+median of the per-run medians of ``--rounds`` timed rounds after a warm-up round. A cell whose time, extrapolated
+linearly from the same model and method at the next smaller cohort, would exceed ``--budget-s`` is skipped (—).
+A cohort of ``--large-cohort`` clients or more uses ``--large-samples`` examples per client. Also measured: one
+round of a population of 1,000,000 clients with 100 per round (configs/scale/synthetic_million.toml).
+
+Run: ``.venv/bin/python benchmarks/scale.py [--device cpu|cuda|auto] [--cohorts 10,100,1000,10000] [--out FILE]``.
+The record benchmarks/scale.md is written with the command at its top.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODELS = {"mlp": ("mlp", {"hidden": [200, 200]}, "MLP 784-200-200-10"), "cnn": ("cnn_cafcor", {}, "CNN cnn_cafcor")}
+METHODS = ("trustfl", "plain")
+NUM_PARAMS = {"mlp": 199_210, "cnn": 431_080}
+MESSAGE_COPIES = 3.5
+"""Peak memory of a trustfl round in units of its stacked message matrix (clients × parameters × 4 B): the groups'
+messages, their concatenation and the server's copies exist at once. Measured on CPU: 10,000 MLP clients (7.4 GiB
+of messages) were killed by the kernel at a max RSS of 23.9 GB on a 24 GiB machine."""
+
+
+def _available_gib() -> float:
+    return int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) / 2**20
+
+
+def _peak_rss_mb() -> float:
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+
+
+def _federation(model: str, cohort: int, samples: int, chunk: int):
+    from trustfl.config.build import build_federation
+    from trustfl.config.load import config_from_dict
+
+    total = -(-samples * 5 // 4)  # n_k with n_k − round(0.2·n_k) = samples training examples
+    while total - round(0.2 * total) > samples:
+        total -= 1
+    name, params, _ = MODELS[model]
+    cfg = config_from_dict({
+        "name": "scale", "seed": 0, "rounds": 1,
+        "data": {"dataset": "synthetic", "num_clients": cohort, "partition": {"name": "natural"},
+                 "options": {"alpha": 1.0, "beta": 1.0, "dim": 784, "samples": total, "test_clients": 1}},
+        "model": {"name": name, **params}, "cohort": {"sampler": "all"},
+        "client": {"epochs": 1, "batch_size": 32, "lr": 0.01},
+        "engine": {"checkpoint_every": 0, "max_clients_per_batch": chunk if cohort > chunk else 0}})
+    fed = build_federation(cfg, quiet=True)
+    assert set(fed.client_rows.sizes()) == {samples}
+    return fed
+
+
+def _to_device(fed, device: str) -> None:
+    """The model, the initial parameters and the test set on ``device``; the executors put each group's generated
+    data where the received model is."""
+    if device == "cpu":
+        return
+    fed.model.to(device)
+    fed.initial_params = fed.initial_params.to(device)
+    fed.test_data = {k: v.to(device) for k, v in fed.test_data.items()}
+
+
+def worker(model: str, cohort: int, method: str, samples: int, chunk: int, rounds: int, device: str) -> dict:
+    import torch
+    from benchmarks.engine_throughput import _plain_round
+    from trustfl.engine.sync import initial_state, run_round
+
+    fed = _federation(model, cohort, samples, chunk)
+    _to_device(fed, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    state = initial_state(fed)
+    times = []
+    for r in range(rounds + 1):  # round 0 warms up (imports, first vmap, allocator)
+        sync()
+        start = time.perf_counter()
+        if method == "plain":
+            state.params = _plain_round(fed, state.params, list(range(cohort)), r)
+            state.round += 1
+        else:
+            state, _ = run_round(fed, state)
+        sync()
+        if r:
+            times.append(time.perf_counter() - start)
+    start = time.perf_counter()  # the share of a round spent generating the cohort's data (both methods do it)
+    for i in range(0, cohort, max(chunk, 1)):
+        fed.train_data.population.materialise(range(i, min(i + chunk, cohort)))
+    out = {"seconds_per_round": statistics.median(times), "data_s": time.perf_counter() - start,
+           "peak_rss_mb": _peak_rss_mb(), "finite": bool(torch.isfinite(state.params).all())}
+    if device == "cuda":
+        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def million_worker() -> dict:
+    import tempfile
+
+    from trustfl.config.load import load_config
+    from trustfl.experiment import run_experiment
+
+    start = time.perf_counter()
+    cfg = load_config(str(ROOT / "configs/scale/synthetic_million.toml"), ["rounds=1"])
+    with tempfile.TemporaryDirectory() as out:
+        result = run_experiment(cfg, Path(out) / "run", progress=False, plots=False)
+    return {"rounds": result.summary["rounds"], "peak_rss_mb": _peak_rss_mb(),
+            "seconds": time.perf_counter() - start, "accuracy": result.summary["final_accuracy"]}
+
+
+def _spawn(args: list[str], threads: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1][:200]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--cohorts", default="10,100,1000,10000")
+    parser.add_argument("--samples-per-client", type=int, default=600)
+    parser.add_argument("--large-cohort", type=int, default=10000, help="from this many clients on, use --large-samples")
+    parser.add_argument("--large-samples", type=int, default=32, help="one batch of 32: one local step")
+    parser.add_argument("--chunk", type=int, default=1000, help="engine.max_clients_per_batch above this many clients")
+    parser.add_argument("--max-plain-clients", type=int, default=100, help="plain loop only up to this cohort")
+    parser.add_argument("--budget-s", type=float, default=300, help="skip a cell extrapolated to run longer")
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds per run (after one warm-up round)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of every cell; median reported")
+    parser.add_argument("--threads", type=int, default=0, help="OMP/torch threads of the workers (0: default)")
+    parser.add_argument("--no-million", action="store_true", help="skip the 1,000,000-client population")
+    parser.add_argument("--out", help="also write the record (markdown) to this file")
+    parser.add_argument("--worker", nargs=4, metavar=("MODEL", "COHORT", "METHOD", "SAMPLES"))
+    parser.add_argument("--million-worker", action="store_true")
+    args = parser.parse_args()
+    device = _resolve_device(args.device)
+    if args.million_worker:
+        print(json.dumps(million_worker()))
+        return
+    if args.worker:
+        model, cohort, method, samples = args.worker
+        print(json.dumps(worker(model, int(cohort), method, int(samples), args.chunk, args.rounds, device)))
+        return
+
+    command = " ".join([".venv/bin/python", "benchmarks/scale.py"] + sys.argv[1:])
+    load_start = os.getloadavg()[0]
+    models, cohorts = args.models.split(","), [int(c) for c in args.cohorts.split(",")]
+    samples_of = {c: args.large_samples if c >= args.large_cohort else args.samples_per_client for c in cohorts}
+    runs: dict[tuple, list[dict]] = {}
+    skipped: dict[tuple, str] = {}
+    for rep in range(args.repeats):
+        for model in models:
+            for method in METHODS:
+                previous = None
+                for cohort in cohorts:
+                    key = (model, cohort, method)
+                    if method == "plain" and cohort > args.max_plain_clients:
+                        skipped[key] = f"plain loop above --max-plain-clients {args.max_plain_clients}"
+                        continue
+                    if key in skipped:
+                        continue
+                    need = MESSAGE_COPIES * cohort * NUM_PARAMS[model] * 4 / 2**30
+                    if method == "trustfl" and device == "cpu" and need > 0.8 * _available_gib():
+                        skipped[key] = (f"needs ~{need:.0f} GiB ({MESSAGE_COPIES} x the {cohort:,} x "
+                                        f"{NUM_PARAMS[model]:,} float32 messages), {_available_gib():.0f} GiB "
+                                        f"available: not run, so that the kernel does not kill it")
+                        continue
+                    if previous is not None:  # linear in clients × examples, per round, warm-up included
+                        p_cohort, p_res = previous
+                        guess = (p_res["seconds_per_round"] * cohort * samples_of[cohort]
+                                 / (p_cohort * samples_of[p_cohort]) * (args.rounds + 1))
+                        if guess > args.budget_s:
+                            skipped[key] = f"extrapolated {guess:.0f} s > --budget-s {args.budget_s:.0f}"
+                            continue
+                    res = _spawn(["--worker", model, str(cohort), method, str(samples_of[cohort]), "--chunk",
+                                  str(args.chunk), "--rounds", str(args.rounds), "--device", device], args.threads)
+                    if "error" in res:
+                        skipped[key] = f"failed: {res['error']}"
+                        continue
+                    runs.setdefault(key, []).append(res)
+                    previous = (cohort, res)
+                    print(f"  {model} {cohort:6d} {method:8s}: {res['seconds_per_round']:.3f} s/round, peak "
+                          f"{res['peak_rss_mb']:.0f} MB", file=sys.stderr)
+    million = None if args.no_million else _spawn(["--million-worker"], args.threads)
+    text = _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start)
+    print("\n" + text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+def _cell(runs, key, field, fmt):
+    if key not in runs:
+        return None
+    return format(statistics.median(r[field] for r in runs[key]), fmt)
+
+
+def _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start) -> str:
+    notes: dict[str, int] = {}
+
+    def dash(key) -> str:
+        reason = skipped.get(key, "not run")
+        notes.setdefault(reason, len(notes) + 1)
+        return f"—[{notes[reason]}]"
+
+    gpu = next((r[0].get("gpu") for r in runs.values() if r and "gpu" in r[0]), None)
+    lines = [f"`{command}`", "", "# Scale: FedAvg rounds for 10 to 10,000 clients per round, trustfl vs a plain loop",
+             "", f"Device: {device}{f' ({gpu})' if gpu else ''}; {os.cpu_count()} CPUs, threads "
+             f"{args.threads or 'default'}; 1-minute load average {load_start:.2f} at the start and "
+             f"{os.getloadavg()[0]:.2f} at the end. Median of {args.repeats} interleaved run(s), each the median of "
+             f"{args.rounds} timed rounds after a warm-up; every (model, cohort, method) in its own process. "
+             f"Data: generated Synthetic(1, 1), 784 features; {args.samples_per_client} training examples per "
+             f"client ({args.large_samples} from {args.large_cohort} clients per round on); batch 32, 1 local "
+             f"epoch. trustfl: vectorized executor, engine.max_clients_per_batch = {args.chunk} above "
+             f"{args.chunk} clients. Peak = the process's max RSS (VmHWM)"
+             + (", GPU = torch.cuda.max_memory_allocated" if device == "cuda" else "") + ". data s = generating "
+             "the cohort's examples once (inside every round, for both methods).", "",
+             "| model | clients/round | examples/client | trustfl s/round | plain s/round | plain/trustfl | "
+             "trustfl rounds/s | data s | peak MB trustfl / plain" + (" | GPU MB trustfl / plain" if device == "cuda"
+                                                                      else "") + " |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if device == "cuda" else "")]
+    for model in models:
+        for cohort in cohorts:
+            t, p = (model, cohort, "trustfl"), (model, cohort, "plain")
+            ts, ps = _cell(runs, t, "seconds_per_round", ".3f"), _cell(runs, p, "seconds_per_round", ".3f")
+            ratio = f"{float(ps) / float(ts):.2f}" if ts and ps else "—"
+            rate = f"{1 / float(ts):.3f}" if ts else "—"
+            mem = f"{_cell(runs, t, 'peak_rss_mb', '.0f') or dash(t)} / {_cell(runs, p, 'peak_rss_mb', '.0f') or dash(p)}"
+            row = (f"| {MODELS[model][2]} | {cohort:,} | {samples_of[cohort]} | {ts or dash(t)} | {ps or dash(p)} | "
+                   f"{ratio} | {rate} | {_cell(runs, t, 'data_s', '.2f') or '—'} | {mem} |")
+            if device == "cuda":
+                row += f" {_cell(runs, t, 'cuda_peak_mb', '.0f') or '—'} / {_cell(runs, p, 'cuda_peak_mb', '.0f') or '—'} |"
+            lines.append(row)
+    lines.append("")
+    lines += [f"[{n}] {reason}." for reason, n in notes.items()]
+    big = [c for c in cohorts if c >= args.large_cohort]
+    if big:
+        d = 199_210
+        lines += ["", f"Memory at {big[-1]:,} clients per round (MLP): the stacked messages are {big[-1]:,} × {d:,} "
+                      f"float32 = {big[-1] * d * 4 / 2**30:.1f} GiB and must exist at once (the aggregator sees "
+                      f"them all); the executor's stacked parameters, gradients and a group's generated data are "
+                      f"bounded by the group of {args.chunk} clients ({args.chunk} × {d:,} × 4 B = "
+                      f"{args.chunk * d * 4 / 2**30:.2f} GiB each). The CNN's messages at that scale would be "
+                      f"{big[-1] * 431_080 * 4 / 2**30:.1f} GiB. A trustfl round peaks at about {MESSAGE_COPIES}x "
+                      f"its messages (the groups' messages, their concatenation, the server's copies): a run of "
+                      f"10,000 MLP clients was killed by the kernel at 23.9 GB max RSS on this 24 GiB machine."]
+    if device != "cuda":
+        lines += ["", "## GPU", "", "pending: no GPU on this machine; run the same command with `--device cuda` where "
+                  "one is available."]
+    if million is not None:
+        lines += ["", "## A population of 1,000,000 clients, 100 per round", ""]
+        if "error" in million:
+            lines.append(f"failed: {million['error']}")
+        else:
+            lines.append(f"configs/scale/synthetic_million.toml with rounds = 1 (Synthetic(1, 1), 60 features, "
+                         f"logistic regression): peak RSS {million['peak_rss_mb']:.0f} MB, "
+                         f"{million['seconds']:.1f} s for the whole run (build, one round, evaluation on the test "
+                         f"shares of 1,000 clients).")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
