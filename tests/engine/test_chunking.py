@@ -102,3 +102,45 @@ def test_the_cli_refuses_a_cohort_too_large_for_this_machine_in_one_line(tmp_pat
     assert out.returncode == 2, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "`cohort.size`" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_the_server_takes_a_cohorts_messages_without_copying_them():
+    from trustfl.engine.round_parts import stack_rows
+    messages = torch.randn(5, 7)
+    stacked, shaped = stack_rows(list(messages), 7, messages)
+    assert stacked.data_ptr() == messages.data_ptr() and shaped == [True] * 5  # the matrix itself
+    reordered = [messages[i] for i in (1, 0, 2, 3, 4)]
+    stacked, _ = stack_rows(reordered, 7, messages)  # not its rows in order: a stacked copy, same values
+    assert stacked.data_ptr() != messages.data_ptr()
+    torch.testing.assert_close(stacked, torch.stack(reordered), rtol=0, atol=0)
+    mixed = list(messages[:4]) + [torch.randn(7)]  # a row from elsewhere (e.g. a crafted message)
+    stacked, _ = stack_rows(mixed, 7, messages)
+    torch.testing.assert_close(stacked, torch.stack(mixed), rtol=0, atol=0)
+    short = list(messages[:4])  # a prefix of the matrix's rows is not the matrix
+    stacked, _ = stack_rows(short, 7, messages)
+    assert stacked.shape == (4, 7) and stacked.data_ptr() != messages.data_ptr()
+
+
+def test_screening_in_row_blocks_equals_one_mask(monkeypatch):
+    from trustfl.engine import round_parts
+    x = torch.randn(50, 9)
+    x[3, 2], x[17, 0], x[49, 8] = float("nan"), float("inf"), -float("inf")
+    whole = round_parts.screen(x, 9)
+    monkeypatch.setattr(round_parts, "SCREEN_BLOCK", 20)  # two rows per block
+    assert torch.equal(round_parts.screen(x, 9), whole)
+    assert whole.tolist() == [i not in (3, 17, 49) for i in range(50)]
+
+
+def test_chunked_messages_are_written_into_one_matrix():
+    fed = _fed(4, size=10)
+    state = initial_state(fed)
+    from trustfl.engine.round_parts import admit, broadcast, cohort_context, sample_cohort
+    from trustfl.client.state import ClientStateStore
+    plans, _, _ = admit(fed, 0, sample_cohort(fed, 0), {})
+    received, _ = broadcast(fed, state, 0, len(plans))
+    ctx = cohort_context(fed, 0, plans, received, ClientStateStore.from_state_dict({}))
+    chunked = fed.executor.run(fed.local_job(), plans, ctx)
+    whole = VectorizedExecutor(0).run(fed.local_job(), plans, ctx)
+    assert chunked.updates.shape == whole.updates.shape == (10, fed.layout.numel)
+    assert chunked.updates.is_contiguous() and chunked.num_steps == whole.num_steps
+    torch.testing.assert_close(chunked.updates, whole.updates, rtol=1e-5, atol=1e-7)

@@ -4,7 +4,7 @@ A group of ``g`` clients holds, per client, its stacked parameters, their gradie
 layout, the local chain's state, its final parameters and its message (about ``k·d`` numbers for ``d``
 parameters, ``k`` = :data:`PARAMETER_COPIES`), plus the activations of its batch; materialised per-example
 gradients (``client.dp.method = "vmap"``) add ``B·d``. ``"auto"`` takes the largest group whose estimate fits in
-:data:`GROUP_SHARE` of the memory free on the run's device (``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable``
+:data:`GROUP_SHARE` of the memory free on the run's device once the cohort's messages are set aside (``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable``
 on the CPU), so a cohort larger than what fits is trained in chunks. The round's ``(m, d)`` message matrix itself
 must fit whatever the chunking: :func:`check_cohort_fits` refuses a cohort whose messages alone would take more
 than :data:`MESSAGE_SHARE` of the device's memory, naming the key that sets the cohort's size.

@@ -190,11 +190,21 @@ def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     if not plans:
         received = cohort.received["model"]
         return ClientResults(received.new_zeros((0, received.numel())), received.new_zeros(0), [], {}, {})
-    parts = []
+    parts, updates = [], None
     for i in range(0, len(plans), size):
         group_start = None if start is None else {k: v[i:i + size] for k, v in start.items()}
-        parts.append(run_group(job, plans[i:i + size], cohort.select(i, i + size), group_start))
-    return _concat(parts)
+        part = run_group(job, plans[i:i + size], cohort.select(i, i + size), group_start)
+        if size < len(plans):  # the cohort's (m, d) messages are written once, not held twice by a concatenation
+            if updates is None:
+                updates = part.updates.new_empty((len(plans), part.updates.shape[1]))
+            updates[i:i + size] = part.updates
+            part.updates = updates[i:i + size]
+        parts.append(part)
+    if updates is None:
+        return parts[0]
+    merged = _concat([replace(p, updates=p.updates[:0]) for p in parts])
+    merged.updates = updates
+    return merged
 
 
 @register("executor", "vectorized")
@@ -235,7 +245,8 @@ class VectorizedExecutor(AbstractExecutor):
             method = job.chain.method
             materialised = isinstance(method, PerExampleClipped) and method.method == "vmap"
             self._per_client[key] = chunking.bytes_per_client(received.numel(), acts, batch, materialised)
-        return chunking.group_size(m, self._per_client[key], chunking.free_memory(cohort.device))
+        messages = 4 * m * cohort.received["model"].numel()  # the cohort's (m, d) float32 messages fill as it trains
+        return chunking.group_size(m, self._per_client[key], max(chunking.free_memory(cohort.device) - messages, 0))
 
     def run(self, job, plans, cohort, start=None) -> ClientResults:
         return _groups(job, plans, cohort, start, self.group_size(job, plans, cohort))

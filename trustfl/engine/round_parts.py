@@ -90,11 +90,35 @@ def round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEv
     return event if steps == 1 else dp_event.SelfComposedDpEvent(event, steps)
 
 
+SCREEN_BLOCK = 1 << 26
+"""Most coordinates screened at once: the finiteness mask of a large cohort is built in row blocks of about this
+many values (64 MB of booleans), not as one ``(n, d)`` temporary."""
+
+
 def screen(x: torch.Tensor, d: int) -> torch.Tensor:
     """Rows the server accepts: right width and every coordinate finite."""
     if x.ndim != 2 or x.shape[1] != d:
         return torch.zeros(x.shape[0] if x.ndim else 0, dtype=torch.bool, device=x.device)
-    return torch.isfinite(x).all(dim=1)
+    rows = max(1, SCREEN_BLOCK // max(d, 1))
+    if x.shape[0] <= rows:
+        return torch.isfinite(x).all(dim=1)
+    return torch.cat([torch.isfinite(block).all(dim=1) for block in x.split(rows)])
+
+
+def _rows_of_one_matrix(received: list[Any], width: int, like: torch.Tensor) -> torch.Tensor | None:
+    """The matrix whose consecutive rows ``received`` are, in order (the simulator's messages usually are): the
+    stacked rows without a copy of a cohort's ``(n, d)`` messages; ``None`` when they are not."""
+    first = received[0] if received else None
+    base = getattr(first, "_base", None)
+    if not isinstance(base, torch.Tensor) or base.shape != (len(received), width) or not base.is_contiguous() \
+            or base.dtype != like.dtype or base.device != like.device:
+        return None
+    start = base.storage_offset()
+    for i, m in enumerate(received):
+        if not isinstance(m, torch.Tensor) or m._base is not base or m.shape != (width,) or m.stride() != (1,) \
+                or m.storage_offset() != start + i * width:
+            return None
+    return base
 
 
 def stack_rows(received: list[Any], width: int, like: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
@@ -103,6 +127,9 @@ def stack_rows(received: list[Any], width: int, like: torch.Tensor) -> tuple[tor
               and m.device == like.device for m in received]
     if not received:
         return like.new_zeros((0, width)), shaped
+    whole = _rows_of_one_matrix(received, width, like)
+    if whole is not None:
+        return whole, shaped
     return torch.stack([m if ok else like.new_full((width,), float("nan")) for m, ok in zip(received, shaped)]), shaped
 
 
@@ -272,7 +299,7 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
     if bool(accepted.any()):
         keep = torch.nonzero(accepted).flatten()
         ctx = context(fed, r, cohort, weights_all).select(keep)
-        agg = fed.aggregator.apply(stacked[keep], state.aggregator, ctx)
+        agg = fed.aggregator.apply(stacked if rejected == 0 else stacked[keep], state.aggregator, ctx)
         stage_metrics.update({f"aggregator/{k}": v for k, v in agg.metrics.items()})
         srv = fed.server_stages.apply(agg.x, state.server_stages, ctx)
         events.extend(srv.events)
