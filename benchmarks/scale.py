@@ -36,10 +36,11 @@ sys.path.insert(0, str(ROOT))
 MODELS = {"mlp": ("mlp", {"hidden": [200, 200]}, "MLP 784-200-200-10"), "cnn": ("cnn_cafcor", {}, "CNN cnn_cafcor")}
 METHODS = ("trustfl", "plain")
 NUM_PARAMS = {"mlp": 199_210, "cnn": 431_080}
-MESSAGE_COPIES = 3.5
-"""Peak memory of a trustfl round in units of its stacked message matrix (clients × parameters × 4 B): the groups'
-messages, their concatenation and the server's copies exist at once. Measured on CPU: 10,000 MLP clients (7.4 GiB
-of messages) were killed by the kernel at a max RSS of 23.9 GB on a 24 GiB machine."""
+MESSAGE_COPIES = 2.0
+"""Peak memory of a trustfl round in units of its stacked message matrix (clients × parameters × 4 B): the messages
+are written once into one matrix that the server screens and aggregates in place, beside one chunk of clients in
+training (``"auto"`` chunks take half of what is left). Before that change (three copies), 10,000 MLP clients
+(7.4 GiB of messages) were killed by the kernel at a max RSS of 23.9 GB on a 24 GiB machine."""
 
 
 def _available_gib() -> float:
@@ -50,34 +51,55 @@ def _peak_rss_mb() -> float:
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
 
 
-def _federation(model: str, cohort: int, samples: int, chunk: int):
-    from trustfl.config.build import build_federation
-    from trustfl.config.load import config_from_dict
-
+def _config(model: str, cohort: int, samples: int, chunk: int, device: str = "cpu", rounds: int = 1) -> dict:
+    """The benchmark's experiment: every client of a synthetic population of ``cohort`` takes part."""
     total = -(-samples * 5 // 4)  # n_k with n_k − round(0.2·n_k) = samples training examples
     while total - round(0.2 * total) > samples:
         total -= 1
     name, params, _ = MODELS[model]
-    cfg = config_from_dict({
-        "name": "scale", "seed": 0, "rounds": 1,
+    return {
+        "name": "scale", "seed": 0, "rounds": rounds,
         "data": {"dataset": "synthetic", "num_clients": cohort, "partition": {"name": "natural"},
                  "options": {"alpha": 1.0, "beta": 1.0, "dim": 784, "samples": total, "test_clients": 1}},
         "model": {"name": name, **params}, "cohort": {"sampler": "all"},
         "client": {"epochs": 1, "batch_size": 32, "lr": 0.01},
-        "engine": {"checkpoint_every": 0, "max_clients_per_batch": chunk if cohort > chunk else 0}})
-    fed = build_federation(cfg, quiet=True)
+        "engine": {"checkpoint_every": 0, "device": device, "eval_every": rounds,
+                   "max_clients_per_batch": chunk if chunk and cohort > chunk else "auto"}}
+
+
+def _federation(model: str, cohort: int, samples: int, chunk: int, device: str):
+    from trustfl.config.build import build_federation
+    from trustfl.config.load import config_from_dict
+
+    fed = build_federation(config_from_dict(_config(model, cohort, samples, chunk, device)), quiet=True)
     assert set(fed.client_rows.sizes()) == {samples}
     return fed
 
 
-def _to_device(fed, device: str) -> None:
-    """The model, the initial parameters and the test set on ``device``; the executors put each group's generated
-    data where the received model is."""
-    if device == "cpu":
-        return
-    fed.model.to(device)
-    fed.initial_params = fed.initial_params.to(device)
-    fed.test_data = {k: v.to(device) for k, v in fed.test_data.items()}
+def torchrun_worker(ranks: int, rounds: int) -> dict:
+    """``trustfl run`` of the MLP on 100 clients x 600 samples under ``torchrun --nproc_per_node=ranks`` (or one
+    plain process): the median ``wall_time_s`` step of rank 0's rows after the first round."""
+    import tempfile
+
+    import tomli_w
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "scale.toml"
+        cfg.write_text(tomli_w.dumps(_config("mlp", 100, 600, 0, "cpu", rounds)))
+        run = [sys.executable, "-m", "trustfl", "run", str(cfg), "--out", str(Path(tmp) / "run"), "--quiet"]
+        if ranks > 1:
+            run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                   *run[1:]]
+        threads = max(1, (os.cpu_count() or 1) // ranks)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads))
+        out = subprocess.run(run, capture_output=True, text=True, env=env, cwd=ROOT)
+        if out.returncode != 0:
+            return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1][:200]}
+        rows = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    walls = [r["wall_time_s"] for r in rows]
+    steps = [b - a for a, b in zip(walls, walls[1:])]
+    return {"ranks": ranks, "threads_per_rank": threads, "seconds_per_round": statistics.median(steps),
+            "accuracy": rows[-1].get("accuracy")}
 
 
 def worker(model: str, cohort: int, method: str, samples: int, chunk: int, rounds: int, device: str) -> dict:
@@ -85,8 +107,7 @@ def worker(model: str, cohort: int, method: str, samples: int, chunk: int, round
     from benchmarks.engine_throughput import _plain_round
     from trustfl.engine.sync import initial_state, run_round
 
-    fed = _federation(model, cohort, samples, chunk)
-    _to_device(fed, device)
+    fed = _federation(model, cohort, samples, chunk, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     state = initial_state(fed)
     times = []
@@ -151,7 +172,9 @@ def main() -> None:
     parser.add_argument("--samples-per-client", type=int, default=600)
     parser.add_argument("--large-cohort", type=int, default=10000, help="from this many clients on, use --large-samples")
     parser.add_argument("--large-samples", type=int, default=32, help="one batch of 32: one local step")
-    parser.add_argument("--chunk", type=int, default=1000, help="engine.max_clients_per_batch above this many clients")
+    parser.add_argument("--chunk", type=int, default=0,
+                        help="engine.max_clients_per_batch above this many clients (0: \"auto\")")
+    parser.add_argument("--torchrun-rounds", type=int, default=4, help="rounds of the 1- vs 2-rank runs (0: skip)")
     parser.add_argument("--max-plain-clients", type=int, default=100, help="plain loop only up to this cohort")
     parser.add_argument("--budget-s", type=float, default=300, help="skip a cell extrapolated to run longer")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per run (after one warm-up round)")
@@ -211,7 +234,9 @@ def main() -> None:
                     print(f"  {model} {cohort:6d} {method:8s}: {res['seconds_per_round']:.3f} s/round, peak "
                           f"{res['peak_rss_mb']:.0f} MB", file=sys.stderr)
     million = None if args.no_million else _spawn(["--million-worker"], args.threads)
-    text = _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start)
+    ranks = [] if not args.torchrun_rounds or device != "cpu" else \
+        [torchrun_worker(n, args.torchrun_rounds) for n in (1, 2)]
+    text = _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start, ranks)
     print("\n" + text)
     if args.out:
         Path(args.out).write_text(text)
@@ -223,7 +248,8 @@ def _cell(runs, key, field, fmt):
     return format(statistics.median(r[field] for r in runs[key]), fmt)
 
 
-def _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start) -> str:
+def _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start,
+            ranks) -> str:
     notes: dict[str, int] = {}
 
     def dash(key) -> str:
@@ -239,8 +265,8 @@ def _record(command, args, device, models, cohorts, samples_of, runs, skipped, m
              f"{args.rounds} timed rounds after a warm-up; every (model, cohort, method) in its own process. "
              f"Data: generated Synthetic(1, 1), 784 features; {args.samples_per_client} training examples per "
              f"client ({args.large_samples} from {args.large_cohort} clients per round on); batch 32, 1 local "
-             f"epoch. trustfl: vectorized executor, engine.max_clients_per_batch = {args.chunk} above "
-             f"{args.chunk} clients. Peak = the process's max RSS (VmHWM)"
+             f"epoch. trustfl: vectorized executor, engine.max_clients_per_batch = "
+             f"{args.chunk or chr(34) + 'auto' + chr(34)}. Peak = the process's max RSS (VmHWM)"
              + (", GPU = torch.cuda.max_memory_allocated" if device == "cuda" else "") + ". data s = generating "
              "the cohort's examples once (inside every round, for both methods).", "",
              "| model | clients/round | examples/client | trustfl s/round | plain s/round | plain/trustfl | "
@@ -266,15 +292,24 @@ def _record(command, args, device, models, cohorts, samples_of, runs, skipped, m
         d = 199_210
         lines += ["", f"Memory at {big[-1]:,} clients per round (MLP): the stacked messages are {big[-1]:,} × {d:,} "
                       f"float32 = {big[-1] * d * 4 / 2**30:.1f} GiB and must exist at once (the aggregator sees "
-                      f"them all); the executor's stacked parameters, gradients and a group's generated data are "
-                      f"bounded by the group of {args.chunk} clients ({args.chunk} × {d:,} × 4 B = "
-                      f"{args.chunk * d * 4 / 2**30:.2f} GiB each). The CNN's messages at that scale would be "
-                      f"{big[-1] * 431_080 * 4 / 2**30:.1f} GiB. A trustfl round peaks at about {MESSAGE_COPIES}x "
-                      f"its messages (the groups' messages, their concatenation, the server's copies): a run of "
-                      f"10,000 MLP clients was killed by the kernel at 23.9 GB max RSS on this 24 GiB machine."]
+                      f"them all); they are written once into one matrix that the server screens and aggregates "
+                      f"without copying it, and the executor trains the cohort in chunks sized to the memory left "
+                      f"(\"auto\"). The CNN's messages at that scale would be {big[-1] * 431_080 * 4 / 2**30:.1f} GiB."]
     if device != "cuda":
         lines += ["", "## GPU", "", "pending: no GPU on this machine; run the same command with `--device cuda` where "
                   "one is available."]
+    if ranks:
+        lines += ["", "## torchrun: 1 rank vs 2 ranks", "",
+                  f"`trustfl run` of the MLP on 100 clients × 600 examples (every client every round), "
+                  f"{args.torchrun_rounds} rounds, median round time after the first from rank 0's `wall_time_s`; "
+                  f"the ranks share this machine's {os.cpu_count()} cores (OMP threads = cores / ranks).", "",
+                  "| ranks | threads per rank | s/round | final accuracy |", "|---|---|---|---|"]
+        for r in ranks:
+            if "error" in r:
+                lines.append(f"| ? | ? | failed: {r['error']} | |")
+            else:
+                lines.append(f"| {r['ranks']} | {r['threads_per_rank']} | {r['seconds_per_round']:.3f} | "
+                             f"{r['accuracy']:.4f} |")
     if million is not None:
         lines += ["", "## A population of 1,000,000 clients, 100 per round", ""]
         if "error" in million:
