@@ -36,6 +36,12 @@ def test_group_size_and_bytes_per_client_arithmetic():
     assert chunking.group_size(100, per, free=int(10 * per / chunking.GROUP_SHARE)) == 10
     assert chunking.group_size(100, per, free=0) == 1  # never less than one client
     assert chunking.group_size(3, per, free=10 ** 12) == 3  # never more than the cohort
+    # on the CPU a group's step activations are also capped (CafCor's CNN: 15,230 per example, 7.8 MB per client)
+    acts = chunking.activation_bytes(15_230, 32)
+    assert acts == 4 * chunking.ACTIVATION_COPIES * 32 * 15_230
+    assert chunking.group_size(100, per, 10 ** 12, acts) == chunking.CPU_GROUP_ACTIVATIONS // acts == 17
+    assert chunking.group_size(100, per, 10 ** 12, chunking.CPU_GROUP_ACTIVATIONS * 2) == 1
+    assert chunking.group_size(100, per, 10 ** 12, chunking.activation_bytes(1594, 32)) == 100  # the MLP: no cap
 
 
 def test_auto_chunks_a_cohort_that_does_not_fit_and_agrees_with_one_batch(monkeypatch):
@@ -53,7 +59,7 @@ def test_auto_chunks_a_cohort_that_does_not_fit_and_agrees_with_one_batch(monkey
 
     def spy(self, job, plans, cohort):
         size = original(self, job, plans, cohort)
-        per_client = next(iter(self._per_client.values()))
+        per_client, _ = next(iter(self._per_client.values()))
         sizes.append(size)
         assert per_client > 4 * auto.layout.numel * chunking.PARAMETER_COPIES
         return size

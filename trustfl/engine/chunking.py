@@ -26,6 +26,13 @@ ACTIVATION_COPIES = 4
 """Copies of one example's activations held per example (forward values, their gradients, masks, margin)."""
 GROUP_SHARE = 0.5
 """Share of the free memory one group may take (the rest: data, the round's messages, the server's work)."""
+CPU_GROUP_ACTIVATIONS = 128 << 20
+"""On the CPU, the most bytes of activations (as :func:`activation_bytes` estimates them) one ``"auto"`` group holds
+in a local step. Beyond it the step's elementwise work (ReLU and pooling backward, zero fills, copies) streams
+through main memory and a group gets slower per client: CafCor's CNN (7.8 MB per client of 32 examples by this
+estimate) trains 100 clients in about 9.5 s per round in groups of 10–20, 15 s in groups of 50 and 19 s as one group
+(benchmarks/scale.py's ``--chunk``, 2-core CPU); the MLP 784-200-200-10 (0.8 MB per client) is fastest as one group
+of 100 and is not capped there."""
 MESSAGE_SHARE = 0.4
 """Most of the device's free memory the round's ``(m, d)`` float32 messages may take (the server's screening and
 aggregation make about two more copies)."""
@@ -76,14 +83,24 @@ def bytes_per_client(num_params: int, activations: int, batch_size: int, materia
                      element_size: int = 4) -> int:
     """The estimate of one client's share of a group's memory (module docstring)."""
     copies = PARAMETER_COPIES + (batch_size if materialised else 0)
-    return element_size * (copies * num_params + ACTIVATION_COPIES * batch_size * activations)
+    return element_size * copies * num_params + activation_bytes(activations, batch_size, element_size)
 
 
-def group_size(cohort: int, per_client: int, free: int) -> int:
-    """The most clients, at least 1 and at most ``cohort``, whose estimate fits in ``GROUP_SHARE·free``."""
+def group_size(cohort: int, per_client: int, free: int, activation_bytes: int = 0) -> int:
+    """The most clients, at least 1 and at most ``cohort``, whose estimate fits in ``GROUP_SHARE·free`` and, when
+    ``activation_bytes`` (one client's step activations; pass it on the CPU only) is given, whose activations fit in
+    :data:`CPU_GROUP_ACTIVATIONS`."""
     if cohort <= 0:
         return 1
-    return max(1, min(cohort, int(GROUP_SHARE * free) // max(per_client, 1)))
+    most = int(GROUP_SHARE * free) // max(per_client, 1)
+    if activation_bytes > 0:
+        most = min(most, CPU_GROUP_ACTIVATIONS // activation_bytes)
+    return max(1, min(cohort, most))
+
+
+def activation_bytes(activations: int, batch_size: int, element_size: int = 4) -> int:
+    """One client's activations in a local step (the activation term of :func:`bytes_per_client`)."""
+    return element_size * ACTIVATION_COPIES * batch_size * activations
 
 
 def check_cohort_fits(cohort: int, num_params: int, device: torch.device | str, key: str,

@@ -224,7 +224,8 @@ class VectorizedExecutor(AbstractExecutor):
             raise ConfigError(f"`max_clients_per_batch` must be an integer >= 0 or \"auto\", found "
                               f"{max_clients_per_batch!r}.")
         self.max_clients_per_batch = max_clients_per_batch
-        self._per_client: dict[tuple[int, int], int] = {}  # (id of the model, widest batch) -> bytes, for "auto"
+        self._per_client: dict[tuple[int, int], tuple[int, int]] = {}  # (id of the model, widest batch) -> (bytes,
+        # activation bytes) of one client, for "auto"
 
     def group_size(self, job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext) -> int:
         """How many clients one batched computation trains (the whole cohort unless a limit applies)."""
@@ -244,9 +245,12 @@ class VectorizedExecutor(AbstractExecutor):
                                              job.objective.forward)
             method = job.chain.method
             materialised = isinstance(method, PerExampleClipped) and method.method == "vmap"
-            self._per_client[key] = chunking.bytes_per_client(received.numel(), acts, batch, materialised)
+            self._per_client[key] = (chunking.bytes_per_client(received.numel(), acts, batch, materialised),
+                                     chunking.activation_bytes(acts, batch))
+        per_client, acts_bytes = self._per_client[key]
         messages = 4 * m * cohort.received["model"].numel()  # the cohort's (m, d) float32 messages fill as it trains
-        return chunking.group_size(m, self._per_client[key], max(chunking.free_memory(cohort.device) - messages, 0))
+        return chunking.group_size(m, per_client, max(chunking.free_memory(cohort.device) - messages, 0),
+                                   acts_bytes if cohort.device.type == "cpu" else 0)
 
     def run(self, job, plans, cohort, start=None) -> ClientResults:
         return _groups(job, plans, cohort, start, self.group_size(job, plans, cohort))
