@@ -4,9 +4,6 @@ Statistical checks use fixed seeds; their bounds are several standard errors wid
 """
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +19,7 @@ from trustfl.errors import ConfigError
 from trustfl.experiment import run_experiment
 from trustfl.types import CohortContext
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.child_run import run_in_child
 
 
 def _population(**options):
@@ -128,24 +125,13 @@ def test_vectorized_and_sequential_executors_agree_on_a_population(one_torch_thr
 
 @pytest.mark.slow
 def test_a_million_synthetic_clients_run_one_round_under_2_gb(tmp_path):
-    script = (
-        "import sys\n"
-        "from trustfl.config.load import config_from_dict\n"
-        "from trustfl.experiment import run_experiment\n"
-        "cfg = config_from_dict({'name': 'million', 'rounds': 1, 'data': {'dataset': 'synthetic',\n"
-        "    'num_clients': 1_000_000, 'partition': {'name': 'natural'}}, 'model': {'name': 'logreg'},\n"
-        "    'cohort': {'sampler': 'uniform', 'size': 100}, 'client': {'batch_size': 10, 'lr': 0.01},\n"
-        "    'engine': {'checkpoint_every': 0}})\n"
-        "r = run_experiment(cfg, sys.argv[1], progress=False, plots=False)\n"
-        "status = open('/proc/self/status').read().split('VmHWM:')[1].split()[0]\n"
-        "print(r.summary['rounds'], r.summary['bytes_up_total'], int(status) / 1024)\n")
-    # Peak RSS of the child's own address space (VmHWM): ru_maxrss would count the forked pytest process's pages.
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True,
-                         cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rounds, bytes_up, peak_mb = out.stdout.split()[-3:]
-    assert int(rounds) == 1 and int(bytes_up) == 100 * 610 * 4  # 100 clients sent a (60·10 + 10)-parameter delta
-    assert float(peak_mb) < 2048
+    config = {"name": "million", "rounds": 1, "data": {"dataset": "synthetic", "num_clients": 1_000_000,
+                                                       "partition": {"name": "natural"}},
+              "model": {"name": "logreg"}, "cohort": {"sampler": "uniform", "size": 100},
+              "client": {"batch_size": 10, "lr": 0.01}, "engine": {"checkpoint_every": 0}}
+    rounds, bytes_up, peak_mb = run_in_child(config, tmp_path / "run")
+    assert rounds == 1 and bytes_up == 100 * 610 * 4  # 100 clients sent a (60·10 + 10)-parameter delta
+    assert peak_mb < 2048
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())
     assert info["partition"]["num_clients"] == 1_000_000 and "sizes" not in info["partition"]
 

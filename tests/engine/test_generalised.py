@@ -18,6 +18,7 @@ from trustfl.engine.local import ClientPlan
 from trustfl.engine.sync import initial_state, run_round
 from trustfl.errors import ConfigError
 from trustfl.experiment import run_experiment
+from tests.child_run import run_in_child
 from tests.engine.rounds import train
 from trustfl.types import CohortContext
 
@@ -211,24 +212,13 @@ def test_bfloat16_downlink_halves_bytes_down_and_still_trains(small_config):
 
 
 def test_a_million_stateless_clients_run_one_round_under_2_gb(tmp_path):
-    script = (
-        "import sys\n"
-        "from trustfl.config.load import config_from_dict\n"
-        "from trustfl.experiment import run_experiment\n"
-        "cfg = config_from_dict({'name': 'million', 'rounds': 1, 'plugins': ['tests/engine/million_plugin.py'],\n"
-        "    'data': {'dataset': 'million_points', 'num_clients': 1_000_000}, 'model': {'name': 'logreg'},\n"
-        "    'cohort': {'sampler': 'uniform', 'size': 100}, 'client': {'batch_size': 1, 'lr': 0.1},\n"
-        "    'engine': {'checkpoint_every': 0}})\n"
-        "r = run_experiment(cfg, sys.argv[1], progress=False)\n"
-        "status = open('/proc/self/status').read().split('VmHWM:')[1].split()[0]\n"
-        "print(r.summary['rounds'], r.summary['bytes_up_total'], int(status) / 1024)\n")
-    # Peak RSS of the child's own address space (VmHWM): ru_maxrss would count the forked pytest process's pages.
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True,
-                         cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rounds, bytes_up, peak_mb = out.stdout.split()[-3:]
-    assert int(rounds) == 1 and int(bytes_up) == 100 * 6 * 4  # 100 clients sent a (2·2 + 2)-parameter delta
-    assert float(peak_mb) < 2048
+    config = {"name": "million", "rounds": 1, "plugins": ["tests/engine/million_plugin.py"],
+              "data": {"dataset": "million_points", "num_clients": 1_000_000}, "model": {"name": "logreg"},
+              "cohort": {"sampler": "uniform", "size": 100}, "client": {"batch_size": 1, "lr": 0.1},
+              "engine": {"checkpoint_every": 0}}
+    rounds, bytes_up, peak_mb = run_in_child(config, tmp_path / "run")
+    assert rounds == 1 and bytes_up == 100 * 6 * 4  # 100 clients sent a (2·2 + 2)-parameter delta
+    assert peak_mb < 2048
 
 
 # ---------------------------------------------------------------- executors

@@ -18,7 +18,7 @@ import torch
 from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
-from trustfl.config.device import device_info, on_device, resolve_device
+from trustfl.config.device import device_info, on_device, resolve_engine_device
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
@@ -175,12 +175,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         check_horizontal_config(cfg)
     check_unused_tables(cfg)
     seed = cfg.seed
-    device, device_notice = resolve_device(cfg)
-    if vertical and device.type != "cpu" and cfg.engine.device == "auto":
-        device, device_notice = torch.device("cpu"), "NOTICE: `engine.device` = \"auto\" chose 'cpu' (the vertical engine runs on the CPU only)."
-    if vertical and device.type != "cpu":  # the parties' setup is not device-aware yet: refuse, never half-move
-        raise ConfigError(f"`engine.device`: the vertical engine runs on the CPU only; found {cfg.engine.device!r} "
-                          f"(resolved to {device}). Use engine.device = \"cpu\".")
+    device, device_notice = resolve_engine_device(cfg, vertical)
     info: dict[str, Any] = {"algorithm": cfg.algorithm, "engine": cfg.engine.kind,
                             **device_info(device, cfg.engine.dtype)}
     if device_notice and not quiet:

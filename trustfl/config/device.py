@@ -49,6 +49,19 @@ def resolve_device(cfg: ExperimentConfig) -> tuple[torch.device, str | None]:
     return device, notice
 
 
+def resolve_engine_device(cfg: ExperimentConfig, vertical: bool) -> tuple[torch.device, str | None]:
+    """:func:`resolve_device` for the run's engine: the vertical engine runs on the CPU only (``auto`` picks the
+    CPU for it and says so; an explicit CUDA device is refused naming ``engine.device``, never half-moved)."""
+    device, notice = resolve_device(cfg)
+    if vertical and device.type != "cpu" and cfg.engine.device == "auto":
+        return torch.device("cpu"), ("NOTICE: `engine.device` = \"auto\" chose 'cpu' (the vertical engine runs on the "
+                                     "CPU only).")
+    if vertical and device.type != "cpu":
+        raise ConfigError(f"`engine.device`: the vertical engine runs on the CPU only; found {cfg.engine.device!r} "
+                          f"(resolved to {device}). Use engine.device = \"cpu\".")
+    return device, notice
+
+
 def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
     """The autocast dtype of local training (``None``: plain float32, the default)."""
     return torch.bfloat16 if cfg.engine.dtype == "bfloat16" else None

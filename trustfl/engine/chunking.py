@@ -1,13 +1,14 @@
 """How many clients the vectorized executor trains in one batched computation (``engine.max_clients_per_batch``).
 
 A group of ``g`` clients holds, per client, its stacked parameters, their gradients, a copy in the gradients'
-layout, the local chain's state, its final parameters and its message (about ``k·d`` numbers for ``d``
-parameters, ``k`` = :data:`PARAMETER_COPIES`), plus the activations of its batch; materialised per-example
-gradients (``client.dp.method = "vmap"``) add ``B·d``. ``"auto"`` takes the largest group whose estimate fits in
-:data:`GROUP_SHARE` of the memory free on the run's device once the cohort's messages are set aside (``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable``
-on the CPU), so a cohort larger than what fits is trained in chunks. The round's ``(m, d)`` message matrix itself
-must fit whatever the chunking: :func:`check_cohort_fits` refuses a cohort whose messages alone would take more
-than :data:`MESSAGE_SHARE` of the device's memory, naming the key that sets the cohort's size.
+layout, the local chain's state, its final parameters and its message (about ``k·d`` numbers for ``d`` parameters,
+``k`` = :data:`PARAMETER_COPIES`), plus the activations of its batch; materialised per-example gradients
+(``client.dp.method = "vmap"``) add ``B·d``. ``"auto"`` takes the largest group whose estimate fits in
+:data:`GROUP_SHARE` of the memory free on the run's device once the cohort's messages are set aside
+(``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable`` on the CPU) and, on the CPU, whose step activations stay
+under :data:`CPU_GROUP_ACTIVATIONS`, so a cohort larger than what fits is trained in chunks. The round's ``(m, d)``
+message matrix itself must fit whatever the chunking: :func:`check_cohort_fits` refuses a cohort whose messages
+alone would take more than :data:`MESSAGE_SHARE` of the device's memory, naming the key that sets the cohort's size.
 """
 from __future__ import annotations
 
