@@ -71,6 +71,20 @@ def test_store_is_incremental_and_reference_excludes_the_client(one_torch_thread
         assert personal["alpha"].tolist() == pytest.approx([1.0 - 0.8 * r / 4] * len(ids))
 
 
+def test_alpha_q_sends_each_client_its_weight_every_round(one_torch_thread):
+    """``recipe.alpha = "q"``: α = q_j (Eq. 5), not the schedule; unequal client sizes give unequal α."""
+    fed = build_federation(_cfg(rounds=3, recipe={"share_views": 2, "alpha": "q"}), quiet=True)
+    fed.executor = Spy()
+    state = initial_state(fed)
+    sizes = torch.tensor(fed.client_rows.sizes(), dtype=torch.float64)
+    assert len(set(sizes.tolist())) > 1
+    for _ in range(3):
+        state, _ = run_round(fed, state)
+        ids, personal = fed.executor.seen[-1]
+        want = (sizes / sizes.sum())[list(ids)]
+        torch.testing.assert_close(personal["alpha"].double(), want, rtol=1e-6, atol=0)
+
+
 def test_reference_does_not_depend_on_the_clients_own_matrix(one_torch_thread):
     fed = build_federation(_cfg(rounds=2), quiet=True)
     state, _ = run_round(fed, initial_state(fed))
@@ -117,6 +131,7 @@ def test_budget_the_schedule_cannot_meet_is_refused_before_training():
     ("recipe__mu", -1.0, "recipe.mu"), ("recipe__share_views", 0, "recipe.share_views"),
     ("recipe__sigma", -0.1, "recipe.sigma"), ("recipe__share_every", 0, "recipe.share_every"),
     ("recipe__alpha_end", 1.5, "recipe.alpha_end"), ("recipe__views", 0, "recipe.views"),
+    ("recipe__alpha", "linear", "recipe.alpha"),
     ("recipe__delta", 1.0, "recipe.delta"), ("recipe__epsilon", 0.0, "recipe.epsilon"),
     ("model__dim", 0, "model"), ("data__num_clients", 1, "data.num_clients"),
     ("client__dp__mode", "per_example", "client.dp.mode"),

@@ -18,13 +18,14 @@
 
 ``[recipe]`` keys (all optional): ``mu`` (4.0), ``scale`` (1: the paper's loss; 2: the code's), ``views`` (training
 V, 1), ``augment`` (the ``views`` augmentation's kernel: ``shift``, ``brightness``, ``contrast``, ``dropout``,
-``noise_std``, ``flip``); FedSC only: ``share_views`` (V of DP-CalR, 5), ``alpha_start`` (1.0), ``alpha_end``
-(0.2), ``alpha_endpoint`` (false), ``share_from`` (t0, 1), ``share_every`` (k, 1), ``weighting`` (q_j:
-``"num_samples"`` or ``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j is calibrated
-to spend it over the T_j sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4),
-``sigma`` (σ per matrix entry; 0 = no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or
-``"zero_out"``). Every release is charged to the client's ledger (RDP accountant); ε is reported per round and in
-``summary.json``; a schedule that would overspend is refused before training.
+``noise_std``, ``flip``); FedSC only: ``share_views`` (V of DP-CalR, 5), ``alpha`` (``"schedule"``: App. C's linear
+decay from ``alpha_start`` (1.0) to ``alpha_end`` (0.2), ``alpha_endpoint`` (false); ``"q"``: α = q_j, Eq. 5's
+provable form), ``share_from`` (t0, 1), ``share_every`` (k, 1), ``weighting`` (q_j: ``"num_samples"`` or
+``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j is calibrated to spend it over the T_j
+sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4), ``sigma`` (σ per matrix entry; 0 =
+no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or ``"zero_out"``). Every release is charged to the
+client's ledger (RDP accountant); ε is reported per round and in ``summary.json``; a schedule that would overspend
+is refused before training.
 
 References:
   Jing et al., *FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive Objective over
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
     from trustfl.engine.federation import Federation
 
 COMMON = ("mu", "scale", "views", "augment")
-FEDSC = COMMON + ("share_views", "alpha_start", "alpha_end", "alpha_endpoint", "share_from", "share_every",
-                  "weighting", "epsilon", "delta", "sigma", "neighboring")
+FEDSC = COMMON + ("share_views", "alpha", "alpha_start", "alpha_end", "alpha_endpoint", "share_from",
+                  "share_every", "weighting", "epsilon", "delta", "sigma", "neighboring")
 AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip")
 
 
@@ -100,6 +101,7 @@ class SpectralRecipe(AbstractRecipe):
 
     def _share(self, rec: dict[str, Any], mu: float) -> dict[str, Any]:
         out = {"mu": mu, "views": _number(rec, "share_views", 5, integer=True, low=1),
+               "alpha_mode": recipe_choice(rec, "alpha", "schedule", ("schedule", "q")),
                "alpha_start": _number(rec, "alpha_start", 1.0, low=0, high=1),
                "alpha_end": _number(rec, "alpha_end", 0.2, low=0, high=1),
                "share_from": _number(rec, "share_from", 1, integer=True, low=1),

@@ -12,8 +12,9 @@ Server half (Algorithm 1): the :class:`~trustfl.selfsup.correlation.CorrelationS
 and R̃ = Σ_j q_j R̃_j. The first sharing round every client uploads (Algorithm 1's t = 1, whatever the cohort); later
 sharing rounds only the round's participants, whose matrices replace their old ones incrementally (line 13); absent
 clients' matrices stay (stale). Each participant j then receives ``reference`` = R̃_{−j} = (R̃ − q_j R̃_j)/(1 − q_j)
-and ``alpha`` = α_t (:func:`trustfl.objectives.spectral.alpha_schedule`, App. C), which the ``spectral_contrastive``
-objective reads (Eq. 5 / Eq. 80). Before the first share nothing is sent and clients train on the plain SC loss (α = 1).
+and ``alpha`` = α_t (:func:`trustfl.objectives.spectral.alpha_schedule`, App. C; or α = q_j, Eq. 5's provable form,
+with ``alpha_mode = "q"``), which the ``spectral_contrastive`` objective reads (Eq. 5 / Eq. 80). Before the first
+share nothing is sent and clients train on the plain SC loss (α = 1).
 
 Sharing schedule (rounds t = 1..T): t >= ``share_from`` and (t − ``share_from``) mod ``share_every`` = 0; in other
 rounds clients train with the last stored matrices (the FedSC paper's Table 6 shares only in some rounds).
@@ -38,6 +39,7 @@ from trustfl.selfsup.correlation import CorrelationStore, add_matrix_noise, clie
 __all__ = ["FedSCCorrelation"]
 
 WEIGHTINGS = ("num_samples", "uniform")
+ALPHA_MODES = ("schedule", "q")
 
 
 @register("client_statistic", "fedsc_correlation")
@@ -52,6 +54,8 @@ class FedSCCorrelation(AbstractClientStatistic):
       rounds: T, the run's rounds (the α schedule's length).
       share_from: t0 >= 1, the first sharing round. share_every: k >= 1.
       alpha_start, alpha_end: α's linear schedule (1 → 0.2 in the paper); ``alpha_endpoint``: reach the end.
+      alpha_mode: ``"schedule"`` (the experiments' α_t, App. C) or ``"q"``: α = q_j every round (Eq. 5, the form
+        whose q-weighted client gradients sum to the pooled SC gradient, Eq. 6).
       weighting: q_j ∝ |D_j| (``"num_samples"``) or q_j = 1/J (``"uniform"``, the authors' code).
       neighboring: ``"replace_one"`` or ``"zero_out"`` (the sensitivity of the charged event).
       chunk: samples per client per forward pass (bounds memory).
@@ -66,6 +70,7 @@ class FedSCCorrelation(AbstractClientStatistic):
     alpha_start: float = 1.0
     alpha_end: float = 0.2
     alpha_endpoint: bool = False
+    alpha_mode: str = "schedule"
     weighting: str = "num_samples"
     neighboring: str = "replace_one"
     chunk: int = 256
@@ -86,6 +91,8 @@ class FedSCCorrelation(AbstractClientStatistic):
         check_number("alpha_start", self.alpha_start, low=0, high=1)
         check_number("alpha_end", self.alpha_end, low=0, high=1)
         check_number("chunk", self.chunk, integer=True, low=1)
+        if self.alpha_mode not in ALPHA_MODES:
+            raise ConfigError(f"`alpha_mode` must be one of {ALPHA_MODES}, found {self.alpha_mode!r}.")
         if self.weighting not in WEIGHTINGS:
             raise ConfigError(f"`weighting` must be one of {WEIGHTINGS}, found {self.weighting!r}.")
         if self.neighboring not in NEIGHBORINGS:
@@ -145,6 +152,9 @@ class FedSCCorrelation(AbstractClientStatistic):
         store = CorrelationStore(state["matrices"], state["weights"].to(state["matrices"].dtype).to(
             state["matrices"].device), state["total"])
         reference = store.others(torch.tensor(client_ids))
+        if self.alpha_mode == "q":  # Eq. 5: α = q_j, client j's weight in the pooled objective
+            ids = torch.as_tensor(client_ids, dtype=torch.long, device=store.weights.device)
+            return {"reference": reference, "alpha": store.weights[ids].to(reference.dtype)}
         alpha = alpha_schedule(round, self.rounds, self.alpha_start, self.alpha_end, self.alpha_endpoint)
         return {"reference": reference, "alpha": reference.new_full((len(client_ids),), alpha)}
 
