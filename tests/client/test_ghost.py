@@ -4,6 +4,8 @@ float64 throughout; agreement is asserted at 1e-9, well inside the 1e-5 the issu
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -110,13 +112,24 @@ def test_subset_of_params_trained():
     _assert_all_agree(nets[0], params, x, y, torch.ones(2, 3), (0.01,))
 
 
-class _Normed(nn.Module):
-    def __init__(self) -> None:
+class _Scale(nn.Module):
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.fc1, self.norm, self.fc2 = nn.Linear(8, 6), nn.LayerNorm(6), nn.Linear(6, 3)
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.norm(self.fc1(x)))
+        return x * self.gain
+
+
+class _NoRule(nn.Module):
+    """A trained parameter in a layer without a ghost rule (a user's own elementwise gain)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 6), _Scale(6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class _Reused(nn.Module):
@@ -139,14 +152,21 @@ class _Tied(nn.Module):
         return self.b(torch.tanh(self.c(torch.tanh(self.a(x)))))
 
 
-@pytest.mark.parametrize("factory", [_Normed, _Reused, _Tied])
-def test_unsupported_models_fall_back_to_vmap(factory):
+@pytest.mark.parametrize("factory", [_NoRule, _Reused, _Tied])
+def test_unsupported_models_fall_back_to_vmap_and_say_so_once(factory, monkeypatch):
     torch.manual_seed(1)
     nets = [factory().double() for _ in range(2)]
     params = _stack(nets)
     x, y = _data(2, 4, (8,), seed=4, classes=3)
     assert not supports_ghost(nets[0], params, {"x": x, "y": y})
-    _assert_all_agree(nets[0], params, x, y, torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 1]]), (0.2,))
+    monkeypatch.setattr(ghost, "_FALLBACKS", set())
+    mask = torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 1]])
+    reason = {"_NoRule": "_Scale", "_Reused": "more than once", "_Tied": "tied"}[factory.__name__]
+    with pytest.warns(UserWarning, match=f"{factory.__name__}: ghost clipping falls back.*{reason}"):
+        clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.2, method="ghost")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, not at every step
+        _assert_all_agree(nets[0], params, x, y, mask, (0.2,))
 
 
 def test_ghost_layers_plan_and_errors():
@@ -158,8 +178,8 @@ def test_ghost_layers_plan_and_errors():
     assert layers[0].weight == "conv1.weight" and layers[0].bias == "conv1.bias" and layers[0].kernel_size == (5, 5)
     with pytest.raises(ConfigError, match="nope"):
         ghost.ghost_layers(net, names + ["nope"])
-    with pytest.raises(ghost.GhostUnsupportedError, match="LayerNorm"):
-        ghost.ghost_layers(_Normed(), [k for k, _ in _Normed().named_parameters()])
+    with pytest.raises(ghost.GhostUnsupportedError, match="_Scale"):
+        ghost.ghost_layers(_NoRule(), [k for k, _ in _NoRule().named_parameters()])
     with pytest.raises(ConfigError, match="kind"):
         ghost.GhostLayer("x", "conv3d", None, None, (1,))
 

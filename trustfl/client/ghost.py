@@ -33,6 +33,7 @@ References:
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -40,10 +41,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trustfl.client import ghost_direct
 from trustfl.errors import ConfigError, TrustFLError
 
 MATERIALISE_BUDGET = 2**25
 """Largest number of per-example gradient elements held at once (128 MiB in float32); larger work is chunked."""
+
+
+KINDS = ("linear", "conv1d", "conv2d") + ghost_direct.DIRECT_KINDS
 
 
 class GhostUnsupportedError(TrustFLError):
@@ -52,17 +57,19 @@ class GhostUnsupportedError(TrustFLError):
 
 @dataclass(frozen=True)
 class GhostLayer:
-    """One ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d`` layer whose parameters are trained.
+    """One ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``, ``nn.LayerNorm``, ``nn.GroupNorm`` or ``nn.Embedding`` layer
+    whose parameters are trained (the last three: :mod:`trustfl.client.ghost_direct`).
 
     Attributes:
       name: module path in ``model.named_modules()``.
-      kind: ``"linear"``, ``"conv1d"`` or ``"conv2d"``.
+      kind: ``"linear"``, ``"conv1d"``, ``"conv2d"``, ``"layer_norm"``, ``"group_norm"`` or ``"embedding"``.
       weight: key of the weight in the params dict, ``None`` if the weight is not trained.
       bias: key of the bias in the params dict, ``None`` if there is no trained bias.
       weight_shape: shape of the weight (without the client dimension).
       kernel_size, stride, padding, dilation: convolution geometry as ``(height, width)`` pairs (unused for linear
         layers; a ``Conv1d`` is stored as a ``Conv2d`` of height 1: ``(1, k)``, ``(1, s)``, ``(0, p)``, ``(1, d)``).
-      groups: number of convolution groups (1 for linear layers).
+      groups: number of convolution groups (1 for linear layers), or GroupNorm's number of groups.
+      eps: a normalisation's ε. norm_shape: LayerNorm's ``normalized_shape``. padding_idx: an Embedding's.
     """
 
     name: str
@@ -75,10 +82,13 @@ class GhostLayer:
     padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
+    eps: float = 0.0
+    norm_shape: tuple[int, ...] = ()
+    padding_idx: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("linear", "conv1d", "conv2d"):
-            raise ConfigError(f"`kind` must be 'linear', 'conv1d' or 'conv2d', found {self.kind!r}.")
+        if self.kind not in KINDS:
+            raise ConfigError(f"`kind` must be one of {KINDS}, found {self.kind!r}.")
         if not isinstance(self.groups, int) or self.groups < 1 or (self.kind == "linear" and self.groups != 1):
             raise ConfigError(f"`groups` must be a positive integer (1 for linear layers), found {self.groups!r}.")
 
@@ -123,16 +133,51 @@ def ghost_layers(model: nn.Module, param_names: Iterable[str]) -> tuple[GhostLay
     return tuple(layers)
 
 
+_MODULE_KINDS = {nn.Linear: "linear", nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.LayerNorm: "layer_norm",
+                 nn.GroupNorm: "group_norm", nn.Embedding: "embedding"}
+
+
+_FALLBACKS: set[str] = set()
+
+
+def note_fallback(model: nn.Module, param_names: Iterable[str]) -> None:
+    """Warn, once per model class, that ghost clipping falls back to materialised per-example gradients, and why."""
+    name = type(model).__name__
+    if name in _FALLBACKS:
+        return
+    _FALLBACKS.add(name)
+    try:
+        ghost_layers(model, param_names)
+        reason = "a layer with trained parameters runs more than once (or never) in a forward pass"
+    except GhostUnsupportedError as err:
+        reason = str(err)
+    warnings.warn(f"DP-SGD on {name}: ghost clipping falls back to per-example gradients (method='vmap'): {reason}",
+                  stacklevel=3)
+
+
 def _describe(name: str, module: nn.Module, trained: dict[str, str]) -> GhostLayer:
-    kind = {nn.Linear: "linear", nn.Conv1d: "conv1d", nn.Conv2d: "conv2d"}.get(type(module))
+    kind = _MODULE_KINDS.get(type(module))
     extra = sorted(set(trained) - {"weight", "bias"})
     if kind is None or extra:
         raise GhostUnsupportedError(
             f"parameter {next(iter(trained.values()))!r} belongs to a {type(module).__name__}; ghost clipping "
-            f"supports exactly nn.Linear, nn.Conv1d and nn.Conv2d (use method='vmap').")
+            f"supports exactly nn.Linear, nn.Conv1d, nn.Conv2d, nn.LayerNorm, nn.GroupNorm and nn.Embedding (use "
+            f"method='vmap').")
     shape = tuple(module.weight.shape)
+    weight, bias = trained.get("weight"), trained.get("bias")
     if kind == "linear":
-        return GhostLayer(name, kind, trained.get("weight"), trained.get("bias"), shape)
+        return GhostLayer(name, kind, weight, bias, shape)
+    if kind == "layer_norm":
+        return GhostLayer(name, kind, weight, bias, shape, eps=module.eps, norm_shape=tuple(module.normalized_shape))
+    if kind == "group_norm":
+        return GhostLayer(name, kind, weight, bias, shape, groups=module.num_groups, eps=module.eps)
+    if kind == "embedding":
+        if module.max_norm is not None or module.scale_grad_by_freq or module.sparse:
+            raise GhostUnsupportedError(
+                f"nn.Embedding {name!r} has max_norm={module.max_norm!r}, scale_grad_by_freq="
+                f"{module.scale_grad_by_freq!r}, sparse={module.sparse!r}; ghost clipping supports plain lookups "
+                f"(use method='vmap').")
+        return GhostLayer(name, kind, weight, None, shape, padding_idx=module.padding_idx)
     conv: nn.Conv1d | nn.Conv2d = module  # type: ignore[assignment]
     kernel, stride, dilation = tuple(conv.kernel_size), tuple(conv.stride), tuple(conv.dilation)
     padding = conv.padding
@@ -233,6 +278,8 @@ def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[
       :func:`weighted_grads` (including the materialised per-example weight gradients when that form was the cheaper
       one and fits :data:`MATERIALISE_BUDGET`).
     """
+    if layer.kind in ghost_direct.DIRECT_KINDS:
+        return _direct_norms(layer, a, g)
     mat_a, mat_g = layer_matrices(layer, a, g)
     bias = mat_g.sum(1) if layer.bias is not None else None
     sq = _sq(bias) if bias is not None else mat_a.new_zeros(mat_a.shape[0])
@@ -244,6 +291,17 @@ def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[
     mat_a, mat_g = group_matrices(groups, mat_a, mat_g)
     weight_sq, terms = _weight_norms(mat_a, mat_g, mat_a.new_zeros(n * groups), None)
     return sq + weight_sq.view(n, groups).sum(1), LayerTerms(terms.a, terms.g, bias, terms.per_example)
+
+
+def _direct_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, LayerTerms]:
+    """Normalisations: materialised per-example gradients; embeddings: the index-equality Gram form."""
+    if layer.kind == "embedding":
+        idx, grads = ghost_direct.embedding_terms(a, g, layer.padding_idx)
+        return ghost_direct.embedding_squared_norms(idx, grads, MATERIALISE_BUDGET), LayerTerms(idx, grads, None, None)
+    weight, bias = ghost_direct.norm_grads(layer.kind, layer.norm_shape or layer.weight_shape, layer.groups,
+                                           layer.eps, a, g, layer.weight is not None, layer.bias is not None)
+    sq = sum(_sq(t) for t in (weight, bias) if t is not None)
+    return sq, LayerTerms(None, g, bias, weight)
 
 
 def _weight_norms(mat_a: torch.Tensor, mat_g: torch.Tensor, sq: torch.Tensor,
@@ -281,6 +339,15 @@ def weighted_grads(layer: GhostLayer, terms: LayerTerms, coef: torch.Tensor) -> 
     m, b = coef.shape
     groups = layer.groups
     out: dict[str, torch.Tensor] = {}
+    if layer.kind in ghost_direct.NORM_KINDS:  # per-example (N, k) gradients: one weighted sum per client
+        for key, grads in ((layer.weight, terms.per_example), (layer.bias, terms.bias)):
+            if key is not None:
+                out[key] = torch.bmm(coef.unsqueeze(1).to(grads.dtype), grads.view(m, b, -1)).reshape(
+                    m, *layer.weight_shape)
+        return out
+    if layer.kind == "embedding":
+        out[layer.weight] = ghost_direct.embedding_weighted(terms.a, terms.g, coef, layer.weight_shape[0])
+        return out
     if layer.weight is not None:
         _, t, p = terms.g.shape  # per group: P/g output channels
         if terms.per_example is not None:  # (N·g, P/g, D/g), example-major: the weight layout per example

@@ -12,10 +12,11 @@ Algorithm 1, eq. 1; :func:`clipped_batch_mean`). All ``m`` clients run together:
 dimension ``m``) go through ``functional_call`` under ``vmap`` over clients, so there is no Python loop over clients.
 
 ``method="ghost"`` never materialises per-example gradients of fully connected layers: one forward pass records each
-``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` input (any stride, dilation, groups; zero or symmetric "same" padding),
-one backward pass gives the output gradients (w.r.t. zero "probes" added to the
-layer outputs, with no weight gradients computed), and :mod:`trustfl.client.ghost` turns them into per-example norms
-and the clipped sum. ``method="vmap"`` materialises per-example gradients, in chunks of examples.
+``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` input (any stride, dilation, groups; zero or symmetric "same" padding) and
+each ``nn.LayerNorm``/``nn.GroupNorm``/``nn.Embedding`` input (:mod:`trustfl.client.ghost_direct`), one backward
+pass gives the output gradients (w.r.t. zero "probes" added to the layer outputs, no weight gradients), and
+:mod:`trustfl.client.ghost` turns them into per-example norms and the clipped sum. ``method="vmap"`` materialises
+per-example gradients, in chunks of examples.
 
 References:
   Abadi et al., *Deep learning with differential privacy*, CCS 2016. https://arxiv.org/abs/1607.00133
@@ -45,8 +46,7 @@ _Plan = list[tuple[ghost.GhostLayer, tuple[int, ...]]]
 VMAP_BUDGET = 2**25
 """Per-example gradient elements materialised at once by ``method="vmap"`` when ``chunk_size`` is None."""
 COHORT_LAYERS = False
-"""Default of ``clipped_grad_sum(cohort_layers=None)``: the vmap-free cohort forward is opt-in (bitwise equality
-with the vmap path is not guaranteed)."""
+"""Default of ``clipped_grad_sum(cohort_layers=None)``: the vmap-free cohort forward is opt-in (not bitwise)."""
 
 
 def clip_factors(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -110,10 +110,9 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         its batch values).
       max_norm: the clipping norm ``C > 0``.
       objective: the per-example loss (default: cross-entropy on ``batch["y"]``).
-      method: ``"ghost"`` (norms from activations and output gradients; falls back to ``"vmap"`` automatically when
-        the model has trained parameters outside exactly ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers (or a
-        convolution with asymmetric or non-zero padding), tied parameters, or a
-        layer called more than once per forward; see :func:`supports_ghost`) or ``"vmap"`` (materialised).
+      method: ``"ghost"`` (norms from activations and output gradients; falls back to ``"vmap"`` when a trained
+        parameter is outside the layers :func:`trustfl.client.ghost.ghost_layers` supports, parameters are tied,
+        or a layer runs more than once per forward; see :func:`supports_ghost`) or ``"vmap"`` (materialised).
       chunk_size: ``"vmap"`` only: examples per client per chunk (``None``: sized so that about ``2**25``
         per-example gradient elements are held at once).
       cohort_layers: ``"ghost"`` only, opt-in (``None``: :data:`COHORT_LAYERS`, off): for ``m > 1`` clients, run the
@@ -144,16 +143,14 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         if layers is not None:
             cohort = COHORT_LAYERS if cohort_layers is None else bool(cohort_layers)
             return _ghost_clipped_sum(model, layers, params, batch, keep, max_norm, objective, cohort)
+        ghost.note_fallback(model, params)
     return _vmap_clipped_sum(model, params, batch, keep, max_norm, chunk_size, objective)
 
 
 def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
                    objective: AbstractObjective = CROSS_ENTROPY) -> bool:
-    """Whether ``clipped_grad_sum(method="ghost")`` runs the ghost path (else it falls back to ``"vmap"``).
-
-    Args:
-      model: the model. params: stacked ``(m, ...)`` parameters. batch: named tensors with leading ``(m, B)``.
-    """
+    """Whether ``clipped_grad_sum(method="ghost")`` runs the ghost path on stacked ``(m, ...)`` ``params`` and a batch
+    with leading ``(m, B)`` (else it falls back to ``"vmap"``, saying so once per model class)."""
     return _ghost_plan(model, {k: v.detach() for k, v in params.items()}, batch, objective) is not None
 
 
@@ -246,7 +243,8 @@ def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params, ba
 
     modules = dict(model.named_modules())
     cohort = m > 1 and cohort_layers and all(layer.kind in ("linear", "conv2d") for layer in layers)
-    probes = [] if cohort else [torch.zeros((m, b, *s), dtype=x.dtype, device=x.device, requires_grad=True)
+    dtype = x.dtype if x.is_floating_point() else next(iter(params.values())).dtype  # token ids: the model's dtype
+    probes = [] if cohort else [torch.zeros((m, b, *s), dtype=dtype, device=x.device, requires_grad=True)
                                 for _, s in plan]
     handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
     try:
