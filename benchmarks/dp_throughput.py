@@ -6,6 +6,10 @@ Opacus has no cohort vectorization, so its cohort step loops over one GradSample
 Throughput is samples per second of CPU time by default (``--clock wall``: of wall time): cohort size × batch / step
 time, best of ``--repeats`` interleaved timed runs.
 
+Peak memory per row and method: each (model, cohort, method) also runs 3 steps in a process of its own, which reports
+the rise of its peak resident memory over what it held before its first step (VmHWM, reset through
+``/proc/self/clear_refs`` after the set-up): the memory one step of that method needs (``--no-memory`` skips it).
+
 Also checks, on the same parameters and batch:
   * trustfl-ghost's clipped noisy gradient equals the materialised reference (one-client vmap per-example
     gradients, clipped and summed in plain torch) with the same seeds, max |diff| <= 1e-5;
@@ -27,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -62,6 +68,8 @@ def main() -> None:
     parser.add_argument("--cohorts", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--out", help="also write the record (markdown) to this file")
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn_cafcor"], choices=["mlp", "cnn_cafcor"])
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-method peak-memory processes")
+    parser.add_argument("--memory-worker", nargs=3, metavar=("MODEL", "COHORT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     malloc_note = apply_malloc(args.malloc)  # before torch allocates anything
     load_start = os.getloadavg()[0]
@@ -159,10 +167,18 @@ def main() -> None:
                     for i, (_, step) in enumerate(clients):
                         step(x[i], y[i])
                 steps[f"opacus {mode}"] = opacus_step
+            if args.memory_worker:
+                if [name, str(m)] == args.memory_worker[:2]:
+                    print(json.dumps({"peak_mb": step_peak_mb(steps[args.memory_worker[2]])}))
+                    return
+                continue
             rate = {k: m * batch / t for k, t in timed(steps).items()}
-            rows.append((label, batch, m, rate))
+            peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in steps}
+            rows.append((label, batch, m, rate, peaks))
             print(f"  measured {label} batch {batch} cohort {m}", flush=True)
 
+        if args.memory_worker:
+            continue
         # Equality checks on a cohort of 3 clients with one padded example.
         nets, stacked, x, y = cohort(name, shape, batch, 3, kw)
         mask = torch.ones(3, batch)
@@ -193,11 +209,15 @@ def main() -> None:
              f"{os.getloadavg()[0]:.2f} at the end. Opacus has no cohort vectorization, so its cohort loops over "
              "the clients.", "",
              "| model | batch | cohort | trustfl ghost | trustfl vmap | Opacus hooks | Opacus ghost | "
-             "tf-ghost / op-ghost | tf-ghost / op-hooks |", "|---|---|---|---|---|---|---|---|---|"]
-    for label, batch, m, r in rows:
+             "tf-ghost / op-ghost | tf-ghost / op-hooks | step peak MB: tf-ghost / tf-vmap / op-hooks / op-ghost |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, batch, m, r, peaks in rows:
+        peak = " / ".join(f"{peaks[k]:.0f}" if peaks.get(k) is not None else "—" for k in
+                          ("trustfl ghost", "trustfl vmap", "opacus hooks", "opacus ghost"))
         lines.append(f"| {label} | {batch} | {m} | {r['trustfl ghost']:.0f} | {r['trustfl vmap']:.0f} | "
                      f"{r['opacus hooks']:.0f} | {r['opacus ghost']:.0f} | "
-                     f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['trustfl ghost'] / r['opacus hooks']:.2f}× |")
+                     f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['trustfl ghost'] / r['opacus hooks']:.2f}× "
+                     f"| {peak} |")
     lines += ["", "Equality (float32, 3 clients, one padded example):", ""]
     for label, diff_ref, diff_opacus in checks:
         verdict = "OK" if diff_ref <= 1e-5 else "FAIL"
@@ -207,6 +227,32 @@ def main() -> None:
     print("\n" + text)
     if args.out:
         Path(args.out).write_text(text)
+
+
+def _proc_status_mb(field: str) -> float:
+    return int(open("/proc/self/status").read().split(f"{field}:")[1].split()[0]) / 1024
+
+
+def step_peak_mb(step: Callable[[], object], steps: int = 3) -> float:
+    """The rise of this process's peak RSS over its current RSS during ``steps`` calls of ``step``."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:  # resets VmHWM to the current RSS
+            fh.write("5")
+    except OSError:
+        pass
+    before = _proc_status_mb("VmRSS")
+    for _ in range(steps):
+        step()
+    return _proc_status_mb("VmHWM") - before
+
+
+def memory_worker(model: str, cohort: int, method: str, args: argparse.Namespace) -> float | None:
+    """:func:`step_peak_mb` of one (model, cohort, method) in a fresh process with this run's settings."""
+    cmd = [sys.executable, __file__, "--memory-worker", model, str(cohort), method, "--models", model,
+           "--cohorts", str(cohort), "--malloc", args.malloc, "--threads", str(args.threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])["peak_mb"] if out.returncode == 0 and lines else None
 
 
 if __name__ == "__main__":
