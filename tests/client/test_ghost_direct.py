@@ -111,3 +111,33 @@ def test_embedding_options_with_other_gradients_fall_back(kw):
     with pytest.raises(ghost.GhostUnsupportedError, match="Embedding"):
         ghost.ghost_layers(net, list(params))
     assert not supports_ghost(net, params, {"x": torch.zeros(1, 2, 3, dtype=torch.long)})
+
+
+def test_a_cohort_too_large_for_one_pass_runs_in_client_groups_with_the_same_results(monkeypatch):
+    """ghost.PASS_BUDGET bounds one pass's memory; grouping the clients changes no result."""
+    from trustfl.client.per_example import _ghost_plan
+    from trustfl.models import build_model
+    from trustfl.objectives.builtin import CrossEntropy
+    nets = [build_model("cnn_cafcor", (1, 28, 28), 10, seed=s).double() for s in range(3)]
+    params = _stack(nets)
+    x, y = _data(3, 4, (1, 28, 28), classes=10, seed=5)
+    # the default budget: a float32 cnn_cafcor client of 64 examples alone in a pass, an MLP cohort of 10 in one
+    plan = _ghost_plan(nets[0], params, {"x": x, "y": y}, CrossEntropy())
+    assert ghost.clients_per_pass(plan, 64, 4) == 1
+    mlp = build_model("mlp", (784,), 10, seed=0, hidden=(256,))
+    mlp_params = _stack([mlp])
+    mlp_plan = _ghost_plan(mlp, mlp_params, {"x": torch.zeros(1, 1, 784), "y": torch.zeros(1, 1, dtype=torch.long)},
+                           CrossEntropy())
+    assert ghost.clients_per_pass(mlp_plan, 256, 4) >= 10
+    mask = torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
+    sizes = []
+    real = ghost.clients_per_pass
+    monkeypatch.setattr(ghost, "clients_per_pass", lambda *a: sizes.append(real(*a)) or sizes[-1])
+    monkeypatch.setattr(ghost, "PASS_BUDGET", 1)  # one client per pass
+    grouped = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.5, method="ghost")
+    monkeypatch.setattr(ghost, "PASS_BUDGET", 1 << 40)  # the whole cohort in one pass
+    whole = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.5, method="ghost")
+    assert sizes[0] == 1 and sizes[1] >= 3
+    torch.testing.assert_close(grouped[1], whole[1], rtol=1e-12, atol=0)
+    for k in whole[0]:
+        torch.testing.assert_close(grouped[0][k], whole[0][k], rtol=1e-12, atol=1e-15)

@@ -142,7 +142,8 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         layers = _ghost_plan(model, params, batch, objective)
         if layers is not None:
             cohort = COHORT_LAYERS if cohort_layers is None else bool(cohort_layers)
-            return _ghost_clipped_sum(model, layers, params, batch, keep, max_norm, objective, cohort)
+            return ghost.in_client_groups(lambda p, bt, kp: _ghost_clipped_sum(  # memory: ghost.PASS_BUDGET
+                model, layers, p, bt, kp, max_norm, objective, cohort), layers, params, batch, keep)
         ghost.note_fallback(model, params)
     return _vmap_clipped_sum(model, params, batch, keep, max_norm, chunk_size, objective)
 
