@@ -87,21 +87,26 @@ def bytes_per_client(num_params: int, activations: int, batch_size: int, materia
     return element_size * copies * num_params + activation_bytes(activations, batch_size, element_size)
 
 
-def group_size(cohort: int, per_client: int, free: int, activation_bytes: int = 0) -> int:
+def group_size(cohort: int, per_client: int, free: int, step_activations: int = 0) -> int:
     """The most clients, at least 1 and at most ``cohort``, whose estimate fits in ``GROUP_SHARE·free`` and, when
-    ``activation_bytes`` (one client's step activations; pass it on the CPU only) is given, whose activations fit in
-    :data:`CPU_GROUP_ACTIVATIONS`."""
+    ``step_activations`` (one client's, from :func:`activation_bytes`; pass it on the CPU only) is given, whose
+    activations fit in :data:`CPU_GROUP_ACTIVATIONS`."""
     if cohort <= 0:
         return 1
     most = int(GROUP_SHARE * free) // max(per_client, 1)
-    if activation_bytes > 0:
-        most = min(most, CPU_GROUP_ACTIVATIONS // activation_bytes)
+    if step_activations > 0:
+        most = min(most, CPU_GROUP_ACTIVATIONS // step_activations)
     return max(1, min(cohort, most))
 
 
 def activation_bytes(activations: int, batch_size: int, element_size: int = 4) -> int:
     """One client's activations in a local step (the activation term of :func:`bytes_per_client`)."""
     return element_size * ACTIVATION_COPIES * batch_size * activations
+
+
+def message_bytes(cohort: int, num_params: int) -> int:
+    """The round's ``(cohort, d)`` float32 message matrix."""
+    return 4 * cohort * num_params
 
 
 def check_cohort_fits(cohort: int, num_params: int, device: torch.device | str, key: str,
@@ -112,9 +117,9 @@ def check_cohort_fits(cohort: int, num_params: int, device: torch.device | str, 
       ConfigError: naming ``key`` (the setting that makes the cohort this large), the sizes and the fix.
     """
     free = free_memory(device) if free is None else free
-    need = 4 * cohort * num_params
+    need = message_bytes(cohort, num_params)
     if need > MESSAGE_SHARE * free:
-        most = int(MESSAGE_SHARE * free) // max(4 * num_params, 1)
+        most = int(MESSAGE_SHARE * free) // max(message_bytes(1, num_params), 1)
         raise ConfigError(
             f"`{key}`: a round of {cohort} clients sends a {cohort} x {num_params} float32 message matrix "
             f"({need / 2 ** 30:.1f} GiB), more than the server can hold and aggregate in the "

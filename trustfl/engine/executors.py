@@ -71,12 +71,11 @@ class AbstractExecutor(abc.ABC):
         """
 
 
-def _concat(parts: list[ClientResults]) -> ClientResults:
-    if len(parts) == 1:
-        return parts[0]
+def _concat(parts: list[ClientResults], updates: torch.Tensor) -> ClientResults:
+    """The groups' results as the cohort's, in client order; ``updates`` already holds every group's messages."""
     keys_state = parts[0].client_state.keys()
     keys_extra = parts[0].extras.keys()
-    return ClientResults(torch.cat([p.updates for p in parts]), torch.cat([p.train_loss for p in parts]),
+    return ClientResults(updates, torch.cat([p.train_loss for p in parts]),
                          [s for p in parts for s in p.num_steps],
                          {k: torch.cat([p.client_state[k] for p in parts]) for k in keys_state},
                          {k: torch.cat([p.extras[k] for p in parts]) for k in keys_extra})
@@ -190,21 +189,18 @@ def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     if not plans:
         received = cohort.received["model"]
         return ClientResults(received.new_zeros((0, received.numel())), received.new_zeros(0), [], {}, {})
+    m = len(plans)
+    if size >= m:
+        return run_group(job, plans, cohort, start)
     parts, updates = [], None
-    for i in range(0, len(plans), size):
+    for i in range(0, m, size):
         group_start = None if start is None else {k: v[i:i + size] for k, v in start.items()}
         part = run_group(job, plans[i:i + size], cohort.select(i, i + size), group_start)
-        if size < len(plans):  # the cohort's (m, d) messages are written once, not held twice by a concatenation
-            if updates is None:
-                updates = part.updates.new_empty((len(plans), part.updates.shape[1]))
-            updates[i:i + size] = part.updates
-            part.updates = updates[i:i + size]
-        parts.append(part)
-    if updates is None:
-        return parts[0]
-    merged = _concat([replace(p, updates=p.updates[:0]) for p in parts])
-    merged.updates = updates
-    return merged
+        if updates is None:  # the cohort's (m, d) messages are written once, not held twice by a concatenation
+            updates = part.updates.new_empty((m, part.updates.shape[1]))
+        updates[i:i + size] = part.updates
+        parts.append(replace(part, updates=updates[i:i + size]))  # the group's own buffer is released here
+    return _concat(parts, updates)
 
 
 @register("executor", "vectorized")
@@ -248,7 +244,7 @@ class VectorizedExecutor(AbstractExecutor):
             self._per_client[key] = (chunking.bytes_per_client(received.numel(), acts, batch, materialised),
                                      chunking.activation_bytes(acts, batch))
         per_client, acts_bytes = self._per_client[key]
-        messages = 4 * m * cohort.received["model"].numel()  # the cohort's (m, d) float32 messages fill as it trains
+        messages = chunking.message_bytes(m, cohort.received["model"].numel())  # they fill as the cohort trains
         return chunking.group_size(m, per_client, max(chunking.free_memory(cohort.device) - messages, 0),
                                    acts_bytes if cohort.device.type == "cpu" else 0)
 

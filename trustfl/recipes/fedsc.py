@@ -44,6 +44,7 @@ from trustfl.errors import ConfigError, TrustFLError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.analysis.fedsc import calibrate_fedsc_sigma, fedsc_epsilon, release_event
 from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
+from trustfl.selfsup.share import ALPHA_MODES
 
 if TYPE_CHECKING:
     from trustfl.engine.federation import Federation
@@ -101,7 +102,7 @@ class SpectralRecipe(AbstractRecipe):
 
     def _share(self, rec: dict[str, Any], mu: float) -> dict[str, Any]:
         out = {"mu": mu, "views": _number(rec, "share_views", 5, integer=True, low=1),
-               "alpha_mode": recipe_choice(rec, "alpha", "schedule", ("schedule", "q")),
+               "alpha_mode": recipe_choice(rec, "alpha", "schedule", ALPHA_MODES),
                "alpha_start": _number(rec, "alpha_start", 1.0, low=0, high=1),
                "alpha_end": _number(rec, "alpha_end", 0.2, low=0, high=1),
                "share_from": _number(rec, "share_from", 1, integer=True, low=1),
