@@ -90,3 +90,26 @@ def test_other_seeds_give_other_weights_and_models_move_between_devices():
     moved = a.to(device)
     out = moved(torch.zeros(2, 64, device=device))
     assert out.shape == (2, 10) and out.device.type == device
+
+
+@pytest.mark.parametrize("name, shape", [("sc_mlp", (1, 10, 10)), ("sc_cnn", (1, 10, 10))])
+def test_he_initialisation_has_zero_biases_he_variance_and_comes_from_the_seed(name, shape):
+    from trustfl.errors import ConfigError
+
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    he = build_model(name, shape, 10, 5, init="he")
+    assert torch.equal(torch.get_rng_state(), state)
+    layers = [m for m in he.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    assert layers and all(torch.count_nonzero(m.bias) == 0 for m in layers)
+    for m in layers:
+        fan_in = m.weight[0].numel()
+        std = float(m.weight.double().std())
+        # sampling error of the std of n normal draws is about std/√(2n); 6 of those bound it
+        assert abs(std / (2 / fan_in) ** 0.5 - 1) < 6 / (2 * m.weight.numel()) ** 0.5 + 1e-3, (m, std)
+    assert torch.equal(_flat(he), _flat(build_model(name, shape, 10, 5, init="he")))
+    assert not torch.equal(_flat(he), _flat(build_model(name, shape, 10, 6, init="he")))
+    default = build_model(name, shape, 10, 5)
+    assert any(torch.count_nonzero(m.bias) > 0 for m in default.modules() if isinstance(m, nn.Linear))
+    with pytest.raises(ConfigError, match="model.init"):
+        build_model(name, shape, 10, 5, init="xavier")

@@ -68,6 +68,51 @@ def test_shift_matches_a_per_image_crop_of_the_padded_image():
     assert int(params["offset"].min()) >= 0 and int(params["offset"].max()) <= 4
 
 
+def _objects(n: int, side: int, seed: int) -> torch.Tensor:
+    """Blank ``side``×``side`` canvases, each with a random 3×2 block of ones somewhere inside (one all blank)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.zeros(n, 1, side, side, dtype=torch.float64)
+    for i in range(1, n):
+        r, c = torch.randint(0, side - 2, (1,), generator=g).item(), torch.randint(0, side - 1, (1,), generator=g).item()
+        x[i, 0, r:r + 3, c:c + 2] = torch.rand(3, 2, generator=g, dtype=torch.float64) + 0.5
+    return x
+
+
+def test_keeping_shift_never_cuts_content_and_reaches_every_allowed_translation():
+    side, s = 7, 2
+    x = _objects(400, side, 0)
+    aug = Augmentation(**{**OFF, "shift": s, "shift_mode": "keep"})
+    out = aug(x, torch.Generator().manual_seed(4))
+    assert torch.equal(out[0], x[0])                                     # a blank image stays put
+    seen: dict[int, set] = {}
+    for n in range(1, 400):
+        src, dst = x[n, 0].nonzero(), out[n, 0].nonzero()
+        assert len(dst) == len(src) and torch.equal(out[n].flatten().sort().values, x[n].flatten().sort().values)
+        dy, dx = (dst[0] - src[0]).tolist()
+        assert torch.equal(torch.roll(x[n], (dy, dx), dims=(1, 2)), out[n])       # a pure translation
+        top, left = src.min(0).values.tolist()
+        bottom, right = src.max(0).values.tolist()
+        lo_y, hi_y, lo_x, hi_x = max(-top, -s), min(side - 1 - bottom, s), max(-left, -s), min(side - 1 - right, s)
+        assert lo_y <= dy <= hi_y and lo_x <= dx <= hi_x
+    # an object with room on every side reaches all (2s+1)² translations, one in a corner only the inward ones
+    for corner, expected in (((2, 2), range(-2, 3)), ((0, 0), range(0, 3))):
+        block = torch.zeros(500, 1, side, side)
+        block[:, 0, corner[0]:corner[0] + 3, corner[1]:corner[1] + 2] = 1.0
+        moved = aug(block, torch.Generator().manual_seed(6))[:, 0].nonzero()
+        first = moved.view(500, 6, 3)[:, 0]                              # each image's first pixel (row-major)
+        got = {(r - corner[0], c - corner[1]) for r, c in first[:, 1:].tolist()}
+        assert got == {(a, b) for a in expected for b in expected}
+
+
+def test_keeping_shift_is_uniform_over_the_allowed_translations():
+    x = torch.zeros(6000, 1, 9, 9)
+    x[:, 0, 3:6, 3:6] = 1.0                                               # room for ±2 (capped) and more
+    out = Augmentation(**{**OFF, "shift": 2, "shift_mode": "keep"})(x, torch.Generator().manual_seed(5))
+    rows = out[:, 0].sum(2).argmax(1) - 3                                 # first occupied row − 3 = dy
+    counts = torch.bincount(rows + 2, minlength=5).double()
+    assert counts.shape == (5,) and float((counts / 6000 - 0.2).abs().max()) < 0.02
+
+
 def test_brightness_contrast_flip_dropout_noise_match_their_formulas():
     x = _images()
     g = torch.Generator().manual_seed(1)
@@ -98,7 +143,8 @@ def test_cohort_variant_equals_per_client_calls():
 
 @pytest.mark.parametrize("kwargs, key", [({"shift": -1}, "shift"), ({"dropout": 1.0}, "dropout"),
                                          ({"brightness": (1.2, 0.8)}, "brightness"),
-                                         ({"noise_std": -0.1}, "noise_std"), ({"contrast": (1.0,)}, "contrast")])
+                                         ({"noise_std": -0.1}, "noise_std"), ({"contrast": (1.0,)}, "contrast"),
+                                         ({"shift_mode": "wrap"}, "shift_mode")])
 def test_bad_parameters_are_config_errors_naming_the_argument(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         Augmentation(**kwargs)

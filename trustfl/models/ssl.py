@@ -26,6 +26,8 @@ from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 
 OUTPUTS = ("projector", "backbone")
+INITS = ("default", "he")
+"""``model.init``: PyTorch's default initialisation, or He-normal weights (fan-in, ReLU gain) with zero biases."""
 
 
 def _sizes(name: str, value: Sequence[int], allow_empty: bool = False) -> list[int]:
@@ -46,9 +48,29 @@ def _projector(width: int, hidden: Sequence[int], dim: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def _check_init(init: str) -> str:
+    if init not in INITS:
+        raise ConfigError(f"`model.init` must be one of {INITS}, found {init!r}.")
+    return init
+
+
 class _EncoderProjector(nn.Module):
     backbone: nn.Module
     projector: nn.Module
+    init: str = "default"
+
+    def init_weights(self, generator: torch.Generator) -> None:
+        """With ``init = "he"``: every Linear/Conv weight ~ N(0, 2/fan_in), every bias 0 (drawn from ``generator``
+        in registration order; called by :func:`trustfl.models.zoo.build_model`). Without a centred input, the
+        default initialisation's biases make z(x) almost the same vector for every input, the SC loss's trivial
+        stationary point (docs/papers/fedsc.md, "Initialisation")."""
+        if self.init != "he":
+            return
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu", generator=generator)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
 
     def forward(self, x: torch.Tensor, output: str = "projector") -> torch.Tensor:
         h = self.backbone(x)
@@ -66,11 +88,13 @@ class SCMLP(_EncoderProjector):
     Args:
       hidden: the backbone's layer widths (the last is the feature size; default 256, 128).
       projector: the projector's hidden widths (default 128). dim: H (default 64).
+      init: ``"default"`` (PyTorch's) or ``"he"`` (He-normal weights, zero biases; :data:`INITS`).
     """
 
     def __init__(self, input_shape: Sequence[int], num_classes: int = 0, hidden: Sequence[int] = (256, 128),
-                 projector: Sequence[int] = (128,), dim: int = 64) -> None:
+                 projector: Sequence[int] = (128,), dim: int = 64, init: str = "default") -> None:
         super().__init__()
+        self.init = _check_init(init)
         sizes = [int(math.prod(input_shape)), *_sizes("hidden", hidden)]
         layers: list[nn.Module] = [nn.Flatten()]
         for a, b in zip(sizes[:-1], sizes[1:]):
@@ -94,11 +118,14 @@ class SCCNN(_EncoderProjector):
     Args:
       channels: (c₁, c₂) (default 32, 64). features: the backbone's output size (default 128).
       projector: the projector's hidden widths (default 128). dim: H (default 64).
+      init: ``"default"`` or ``"he"`` (:data:`INITS`).
     """
 
     def __init__(self, input_shape: Sequence[int], num_classes: int = 0, channels: Sequence[int] = (32, 64),
-                 features: int = 128, projector: Sequence[int] = (128,), dim: int = 64) -> None:
+                 features: int = 128, projector: Sequence[int] = (128,), dim: int = 64,
+                 init: str = "default") -> None:
         super().__init__()
+        self.init = _check_init(init)
         shape = tuple(input_shape)
         if len(shape) != 3 or shape[1] < 4 or shape[2] < 4:
             raise ConfigError(f"model 'sc_cnn' needs images (C, H, W) with H, W >= 4, found input shape {shape}.")

@@ -17,15 +17,15 @@
 ``data.num_clients`` becomes 1 and ``data.partition`` ``iid``.
 
 ``[recipe]`` keys (all optional): ``mu`` (4.0), ``scale`` (1: the paper's loss; 2: the code's), ``views`` (training
-V, 1), ``augment`` (the ``views`` augmentation's kernel: ``shift``, ``brightness``, ``contrast``, ``dropout``,
-``noise_std``, ``flip``); FedSC only: ``share_views`` (V of DP-CalR, 5), ``alpha`` (``"schedule"``: App. C's linear
-decay from ``alpha_start`` (1.0) to ``alpha_end`` (0.2), ``alpha_endpoint`` (false); ``"q"``: α = q_j, Eq. 5's
-provable form), ``share_from`` (t0, 1), ``share_every`` (k, 1), ``weighting`` (q_j: ``"num_samples"`` or
-``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j is calibrated to spend it over the T_j
-sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4), ``sigma`` (σ per matrix entry; 0 =
-no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or ``"zero_out"``). Every release is charged to the
-client's ledger (RDP accountant); ε is reported per round and in ``summary.json``; a schedule that would overspend
-is refused before training.
+V, 1), ``augment`` (the ``views`` augmentation's kernel: ``shift``, ``shift_mode``, ``brightness``, ``contrast``,
+``dropout``, ``noise_std``, ``flip``); FedSC only: ``share_views`` (V of DP-CalR, 5), ``alpha`` (``"schedule"``:
+App. C's linear decay from ``alpha_start`` (1.0) to ``alpha_end`` (0.2), ``alpha_endpoint`` (false); ``"q"``: α =
+q_j, Eq. 5's provable form), ``share_from`` (t0, 1), ``share_every`` (k, 1), ``weighting`` (q_j: ``"num_samples"``
+or ``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j is calibrated to spend it over the
+T_j sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4), ``sigma`` (σ per matrix entry;
+0 = no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or ``"zero_out"``). Every release is charged to
+the client's ledger (RDP accountant); ε is reported per round and in ``summary.json``; a schedule that would
+overspend is refused before training.
 
 References:
   Jing et al., *FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive Objective over
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 COMMON = ("mu", "scale", "views", "augment")
 FEDSC = COMMON + ("share_views", "alpha", "alpha_start", "alpha_end", "alpha_endpoint", "share_from",
                   "share_every", "weighting", "epsilon", "delta", "sigma", "neighboring")
-AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip")
+AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip", "shift_mode")
 
 
 def _number(rec: dict[str, Any], key: str, default: Any, **bounds: Any) -> Any:

@@ -5,14 +5,17 @@ samples). All randomness comes from one ``torch.Generator`` on that device, draw
 generator state gives the same views. One view of image ``x`` is, in this order:
 
     shift/crop   x ← crop(pad(x, s), offset ∼ U{0..2s}²)       (zero padding, a random translation by ±s pixels)
+                 ``shift_mode="keep"``: a translation by d ∼ U{lo..hi} per axis, [lo, hi] the shifts within ±s
+                 that keep every nonzero pixel inside the image (a digit re-pasted in its canvas; nothing cut off)
     brightness   x ← b·x,                b ∼ U(b_lo, b_hi)
     contrast     x ← c·(x − x̄) + x̄,      c ∼ U(c_lo, c_hi), x̄ the image mean
     flip         x ← x[..., ::-1] with probability 1/2          (only with ``flip=True``)
     dropout      x ← x · 1[u ≥ p],        u ∼ U(0, 1) per pixel (all channels of a pixel together)
     noise        x ← x + ε,               ε ∼ N(0, s_n²) per value
 
-Draw order per call (it fixes reproducibility): offsets ``(n, 2)``, brightness ``(n,)``, contrast ``(n,)``, flip
-``(n,)``, dropout ``(n, 1, H, W)``, noise ``(n, C, H, W)``; a disabled operation draws nothing.
+Draw order per call (it fixes reproducibility): offsets ``(n, 2)`` (integers; ``"keep"``: uniforms in [0, 1)),
+brightness ``(n,)``, contrast ``(n,)``, flip ``(n,)``, dropout ``(n, 1, H, W)``, noise ``(n, C, H, W)``; a disabled
+operation draws nothing.
 
 Example:
   >>> x = torch.rand(4, 1, 8, 8)
@@ -32,7 +35,11 @@ from trustfl.core.checks import check_number
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
 
-__all__ = ["Augmentation", "make_views", "make_views_cohort", "view_generator"]
+__all__ = ["Augmentation", "SHIFT_MODES", "make_views", "make_views_cohort", "view_generator"]
+
+SHIFT_MODES = ("crop", "keep")
+"""How ``shift`` translates: ``"crop"`` any offset within ±s (content may leave the image), ``"keep"`` only offsets
+that keep all nonzero content inside the image."""
 
 
 def view_generator(seed: int, round: int, client: int, device: torch.device | str = "cpu",
@@ -58,6 +65,7 @@ class Augmentation:
 
     Args:
       shift: maximal translation in pixels ``s >= 0`` (zero padding, then a random crop of the original size).
+      shift_mode: ``"crop"`` or ``"keep"`` (:data:`SHIFT_MODES`; ``"keep"`` suits objects on a blank background).
       brightness: ``(b_lo, b_hi)``, the range of the multiplicative brightness factor (``(1, 1)``: off).
       contrast: ``(c_lo, c_hi)``, the range of the contrast factor around each image's mean (``(1, 1)``: off).
       dropout: probability ``p in [0, 1)`` that a pixel (all its channels) is set to zero.
@@ -74,9 +82,12 @@ class Augmentation:
     dropout: float = 0.2
     noise_std: float = 0.1
     flip: bool = False
+    shift_mode: str = "crop"
 
     def __post_init__(self) -> None:
         check_number("shift", self.shift, integer=True, low=0)
+        if self.shift_mode not in SHIFT_MODES:
+            raise ConfigError(f"`shift_mode` must be one of {SHIFT_MODES}, found {self.shift_mode!r}.")
         object.__setattr__(self, "brightness", _range("brightness", self.brightness, 0.0))
         object.__setattr__(self, "contrast", _range("contrast", self.contrast, 0.0))
         check_number("dropout", self.dropout, low=0, high=1, high_open=True)
@@ -90,7 +101,9 @@ class Augmentation:
         c, h, w = shape
         kw = {"generator": generator, "device": device}
         out: dict[str, torch.Tensor] = {}
-        if self.shift:
+        if self.shift and self.shift_mode == "keep":
+            out["offset_u"] = torch.rand((n, 2), dtype=dtype, **kw)
+        elif self.shift:
             out["offset"] = torch.randint(0, 2 * self.shift + 1, (n, 2), **kw)
         for name, (lo, hi) in (("brightness", self.brightness), ("contrast", self.contrast)):
             if lo != 1.0 or hi != 1.0:
@@ -106,6 +119,8 @@ class Augmentation:
     def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """Apply drawn parameters (from :meth:`draw`) to images ``x`` ``(n, C, H, W)``; deterministic."""
         n, _, h, w = x.shape
+        if "offset_u" in params:
+            params = {**params, "offset": self._keeping_offsets(x, params["offset_u"])}
         if "offset" in params:
             s = self.shift
             padded = F.pad(x, (s, s, s, s))
@@ -125,6 +140,23 @@ class Augmentation:
         if "noise" in params:
             x = x + params["noise"]
         return x.contiguous()
+
+    def _keeping_offsets(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Crop offsets ``(n, 2)`` in {0..2s} whose translations d = s − offset keep every nonzero pixel of each
+        image inside it: per axis d ∼ U{lo..hi}, lo = max(−first, −s), hi = min(last_free, s), from ``u`` ∈ [0, 1).
+        An all-zero image gets d = 0."""
+        s = self.shift
+        offsets = []
+        for axis, dims in ((0, (1, 3)), (1, (1, 2))):                     # rows: any over C, W; columns: over C, H
+            occupied = (x != 0).any(dim=dims)                               # (n, size)
+            size = occupied.shape[1]
+            first = occupied.int().argmax(dim=1)                            # 0 when empty
+            last = size - 1 - occupied.flip(1).int().argmax(dim=1)          # size − 1 when empty
+            lo = torch.clamp(-first, min=-s)
+            hi = torch.clamp(size - 1 - last, max=s)
+            d = lo + torch.floor(u[:, axis] * (hi - lo + 1).to(u.dtype)).long()
+            offsets.append(s - torch.minimum(d, hi))
+        return torch.stack(offsets, dim=1)
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """One augmented view of every image of ``x`` ``(n, C, H, W)``."""

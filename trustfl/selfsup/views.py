@@ -38,7 +38,8 @@ class CohortViews:
 
     Args:
       num_views: V >= 1 (2V views per example; the FedSC paper's experiments train with two views, V = 1).
-      shift, brightness, contrast, dropout, noise_std, flip: the kernel's parameters (:class:`Augmentation`).
+      shift, brightness, contrast, dropout, noise_std, flip, shift_mode: the kernel's parameters
+        (:class:`Augmentation`).
     """
 
     num_views: int = 1
@@ -48,12 +49,14 @@ class CohortViews:
     dropout: float = 0.2
     noise_std: float = 0.1
     flip: bool = False
+    shift_mode: str = "crop"
     kernel: Augmentation = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_number("num_views", self.num_views, integer=True, low=1)
         object.__setattr__(self, "kernel", Augmentation(self.shift, tuple(self.brightness), tuple(self.contrast),
-                                                        self.dropout, self.noise_std, self.flip))
+                                                        self.dropout, self.noise_std, self.flip,
+                                                        self.shift_mode))
 
     def init(self, cohort: CohortContext) -> list[torch.Generator]:
         """The cohort's ``"views"`` generators of the round, one per client, on its device."""
