@@ -1,12 +1,12 @@
-"""FedSC vs FedAvg+SC vs centralized SC on the small setting (digits in 10×10 canvases), and the round's cost.
+"""FedSC vs FedAvg+SC, the BYOL baselines and centralized SC on the small setting (digits in 10×10 canvases).
 
 Usage (from the repository root)::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py            # 3 seeds, both splits, timing
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py --seeds 0 --splits 1class
 
-Accuracy: configs/fedsc/digits_canvas_{1class,2class}.toml run with ``algorithm`` = fedsc, fedavg_sc and
-centralized_sc for each seed; the table reports the final linear probe (backbone) and kNN (projector) test accuracy,
+Accuracy: configs/fedsc/digits_canvas_{1class,2class}.toml run with ``algorithm`` = fedsc, fedavg_sc, fedavg_byol,
+fedu, fedema and centralized_sc for each seed, every method with the config's client settings (no per-method tuning); the table reports the final linear probe (backbone) and kNN (projector) test accuracy,
 mean ± std over seeds, and the random-init network's probe (``initial_linear_probe_accuracy``, the floor).
 
 DP (Table 6 style): FedSC on the 2class split sharing only in late rounds (t = 31, 33, …, 59: T_j = 15 releases),
@@ -39,21 +39,33 @@ from trustfl.objectives.spectral import fedsc_loss, norm_clip  # noqa: E402
 from trustfl.selfsup.augment import DEFAULT, make_views  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("fedsc", "fedavg_sc", "centralized_sc")
+METHODS = ("fedsc", "fedavg_sc", "fedavg_byol", "fedu", "fedema", "centralized_sc")
+
+
+def run_methods(config: Path, methods: tuple[str, ...], seeds: list[int], label: str = "") -> dict:
+    """``{method: [summary row per seed]}`` of ``config`` run with each ``algorithm`` and seed."""
+    out: dict = {}
+    for method in methods:
+        for seed in seeds:
+            cfg = load_config(config, [f'algorithm="{method}"', f"seed={seed}"])
+            with tempfile.TemporaryDirectory() as tmp:
+                s = run_experiment(cfg, Path(tmp) / "run", progress=False, plots=False).summary
+            out.setdefault(method, []).append(_row(s))
+            print(label, method, seed, out[method][-1], flush=True)
+    return out
 
 
 def accuracy(splits: list[str], seeds: list[int]) -> dict:
-    out: dict = {}
-    for split in splits:
-        cfg_path = ROOT / f"configs/fedsc/digits_canvas_{split}.toml"
-        for method in METHODS:
-            for seed in seeds:
-                cfg = load_config(cfg_path, [f'algorithm="{method}"', f"seed={seed}"])
-                with tempfile.TemporaryDirectory() as tmp:
-                    s = run_experiment(cfg, Path(tmp) / "run", progress=False, plots=False).summary
-                out.setdefault(split, {}).setdefault(method, []).append(_row(s))
-                print(split, method, seed, out[split][method][-1], flush=True)
-    return out
+    return {split: run_methods(ROOT / f"configs/fedsc/digits_canvas_{split}.toml", METHODS, seeds, split)
+            for split in splits}
+
+
+def table(results: dict) -> list[str]:
+    """Markdown rows ``| method | probe | kNN | floor | s / run |`` of :func:`run_methods`' results."""
+    return [f"| {method} | {fmt([r['final_linear_probe_accuracy'] for r in rows])} | "
+            f"{fmt([r['final_knn_accuracy'] for r in rows])} | "
+            f"{fmt([r['initial_linear_probe_accuracy'] for r in rows])} | "
+            f"{statistics.mean(r['wall_time_s'] for r in rows):.1f} |" for method, rows in results.items()]
 
 
 LATE = ["recipe.share_from=31", "recipe.share_every=2", "recipe.delta=1e-2"]
@@ -166,11 +178,7 @@ def main() -> None:
              "| split | method | linear probe (backbone) | kNN (projector) | random-init probe | s / run |",
              "|---|---|---|---|---|---|"]
     for split, by_method in acc.items():
-        for method, rows in by_method.items():
-            lines.append(f"| {split} | {method} | {fmt([r['final_linear_probe_accuracy'] for r in rows])} | "
-                         f"{fmt([r['final_knn_accuracy'] for r in rows])} | "
-                         f"{fmt([r['initial_linear_probe_accuracy'] for r in rows])} | "
-                         f"{statistics.mean(r['wall_time_s'] for r in rows):.1f} |")
+        lines += [f"| {split} | {row[2:]}" for row in table(by_method)]
     if dp:
         lines += ["", "## DP-protected matrices (2class split, late sharing: t = 31, 33, …, 59, T_j = 15, δ = 1e-2)",
                   "", "| setting | linear probe (backbone) | kNN (projector) | ε spent (max over clients) |",

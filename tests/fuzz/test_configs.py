@@ -256,7 +256,9 @@ class Generator:
         own = data.get("algorithm", "fedavg")
         foreign = {"fedprox": "mu", "cafcor": "threat_model", "robust_hdp": "eps_list", "quafl": "lr_scaling",
                    "fedbuff": "variant", "fednova": "deadline", "fedasync": "alpha"}
-        algo, key = self.rng.choice(sorted((a, k) for a, k in foreign.items() if a != own))
+        from trustfl.recipes import fedsc  # the spectral recipes have a `mu` of their own (FedSC's clip)
+        own_keys = {"fedsc": fedsc.FEDSC, "fedavg_sc": fedsc.COMMON, "centralized_sc": fedsc.COMMON}.get(own, ())
+        algo, key = self.rng.choice(sorted((a, k) for a, k in foreign.items() if a != own and k not in own_keys))
         data.setdefault("recipe", {})[key] = {"mu": 0.1, "threat_model": "ldp", "eps_list": "dist1",
                                               "lr_scaling": "code", "variant": "code", "deadline": 1.0,
                                               "alpha": 0.5}[key]
@@ -357,14 +359,15 @@ def test_config_errors_are_config_errors(fuzz_results):
 
 
 SMALL_DATA = {"max_train": 500, "max_test": 200}
+BUNDLED = ("digits", "digits_canvas", "breast_cancer", "diabetes")  # shipped with scikit-learn, all take SMALL_DATA
 
 
 def test_some_accepted_mutants_train_one_round(fuzz_results, tmp_path):
-    """Up to 5 accepted mutants on the bundled digits data train one round (small data, no checkpoint)."""
+    """Up to 5 accepted mutants on bundled data train one round (small data, no checkpoint)."""
     from trustfl.experiment import run_experiment
 
     accepted = [(case, cfg) for case, outcome, cfg in fuzz_results
-                if outcome == "built" and case.data is not None and cfg.data.dataset == "digits"
+                if outcome == "built" and case.data is not None and cfg.data.dataset in BUNDLED
                 and not cfg.data.options and _largest_int(case.data) <= 10_000]  # no 2**31 local epochs
     rng = random.Random(SEED)
     sample = rng.sample(accepted, min(5, len(accepted)))

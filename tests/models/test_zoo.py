@@ -104,7 +104,7 @@ def test_he_initialisation_has_zero_biases_he_variance_and_comes_from_the_seed(n
     assert layers and all(torch.count_nonzero(m.bias) == 0 for m in layers)
     for m in layers:
         fan_in = m.weight[0].numel()
-        std = float(m.weight.double().std())
+        std = float(m.weight.detach().double().std())
         # sampling error of the std of n normal draws is about std/√(2n); 6 of those bound it
         assert abs(std / (2 / fan_in) ** 0.5 - 1) < 6 / (2 * m.weight.numel()) ** 0.5 + 1e-3, (m, std)
     assert torch.equal(_flat(he), _flat(build_model(name, shape, 10, 5, init="he")))
@@ -113,3 +113,11 @@ def test_he_initialisation_has_zero_biases_he_variance_and_comes_from_the_seed(n
     assert any(torch.count_nonzero(m.bias) > 0 for m in default.modules() if isinstance(m, nn.Linear))
     with pytest.raises(ConfigError, match="model.init"):
         build_model(name, shape, 10, 5, init="xavier")
+
+
+def test_an_added_head_does_not_change_the_he_initialised_encoder():
+    plain = build_model("sc_mlp", (1, 10, 10), 10, 3, init="he")
+    with_head = build_model("sc_mlp", (1, 10, 10), 10, 3, init="he", predictor=[16])
+    shared = dict(plain.named_parameters())
+    assert len(dict(with_head.named_parameters())) == len(shared) + 4
+    assert all(torch.equal(p, shared[n]) for n, p in with_head.named_parameters() if not n.startswith("predictor."))

@@ -446,7 +446,7 @@ def coupled_losses(model: nn.Module, objective: AbstractObjective, params_stacke
     """``(m,)`` losses of a batch-coupled objective: ``client_loss`` of each client's own padded batch, mask and
     personal downlink, under ``vmap`` over clients (one client's rows never meet another's)."""
     def one(p: Params, bi: Batch, wi: torch.Tensor, pi: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return objective.client_loss(objective.forward(model, p, bi), bi, wi, pi)
+        return objective.client_loss(objective.client_outputs(model, p, bi, pi), bi, wi, pi)
     return vmap(one)(dict(params_stacked), dict(batch), mask, dict(personal))
 
 

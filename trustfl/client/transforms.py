@@ -38,6 +38,13 @@ class AbstractGradientTransform(abc.ABC):
     """
 
     privacy_noise: ClassVar[bool] = False
+    personalizes: ClassVar[bool] = False
+    """``True`` when :meth:`personalize` chooses where a client starts (FedU, FedEMA)."""
+
+    def personalize(self, start: torch.Tensor, cohort: CohortContext) -> torch.Tensor:
+        """Each client's flat starting model ``(m, d)`` from ``start`` (the received model, or what an earlier
+        transform chose) and its own state; the message stays ``θ_local − θ_received``. Default: ``start``."""
+        return start
 
     def client_state_defaults(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-client entries this transform keeps between rounds, with the value of a client never seen;
@@ -228,6 +235,19 @@ class LocalChain:
         own = lambda d: {k[len(pre):]: v for k, v in d.items() if k.startswith(pre)}  # noqa: E731
         return dataclasses.replace(cohort, client_state=own(cohort.client_state),
                                    received={"model": cohort.received["model"], **own(cohort.received)})
+
+    @property
+    def personalizes(self) -> bool:
+        return any(t.personalizes for _, t in self.transforms)
+
+    def personalize(self, received: torch.Tensor, cohort: CohortContext) -> torch.Tensor:
+        """The clients' flat starting models ``(m, d)``: the received model as each personalizing transform
+        leaves it, in chain order."""
+        start = received.unsqueeze(0).expand(cohort.size, -1)
+        for name, t in self.transforms:
+            if t.personalizes:
+                start = t.personalize(start, self._view(name, cohort))
+        return start
 
     def init(self, params: Params, cohort: CohortContext) -> dict[str, Any]:
         views = {n: self._view(n, cohort) for n, _ in self.transforms}

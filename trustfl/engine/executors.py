@@ -8,7 +8,9 @@ batches are masked (a masked step leaves parameters and transform state untouche
 row ``i`` of every batched tensor is computed from client ``i``'s data, state and generators only.
 
 Each client starts from its own parameters when it has them (``start`` stacked ``(m, ...)``), else from the
-received model; the update is the progress ``θ_local − θ_start`` (``θ_received`` by default).
+received model, or where a personalizing gradient transform puts it (FedU, FedEMA); the update is the progress
+``θ_local − θ_start`` (``θ_received`` unless ``start`` is given). An objective with local state (BYOL's target
+network) gets it initialised from the starting parameters and updated after every step.
 """
 from __future__ import annotations
 
@@ -129,7 +131,9 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans], device=device) \
         if any(p.flip_labels for p in plans) else False
 
-    if start is None:
+    if start is None and job.chain.personalizes:  # FedU / FedEMA: each client mixes the global with its own model
+        params = {k: v.clone() for k, v in layout.unflatten(job.chain.personalize(received, cohort)).items()}
+    elif start is None:
         params = {k: v.detach().unsqueeze(0).repeat(m, *([1] * v.dim())) for k, v in layout.unflatten(received).items()}
     else:
         params = {k: v.detach().clone() for k, v in start.items()}
@@ -141,11 +145,13 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     masks = pos >= 0  # (steps, m, widest), and every step's rows into the data, computed once
     all_rows = torch.gather(own_rows.expand(total_steps, m, longest), 2, pos.clamp(min=0))
     augment_state = None if job.augment is None else job.augment.init(cohort)
+    local = job.objective.local_state_init(params, cohort)  # e.g. BYOL's target network, read through `personal`
     for s in range(total_steps):
         batch = job.data.gather(all_rows[s], flip)
         if job.augment is not None:
             batch = job.augment.apply(batch, augment_state)
-        grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], cohort, full[s])
+        step_cohort = replace(cohort, personal={**cohort.personal, **local}) if local else cohort
+        grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], step_cohort, full[s])
         if states is None:
             params = _like_gradients(params, grads)
             states = chain.init(params, cohort)
@@ -155,6 +161,8 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             loss_sum += torch.where(has_step[s], losses.detach().double(), 0.0)
         with torch.no_grad():
             chain.step(grads, states, params, None if everyone[s] else has_step[s])
+            if local:
+                local = job.objective.local_state_update(local, params, None if everyone[s] else has_step[s])
     if states is None:
         states = chain.init(params, cohort)
     end_flat = layout.flatten(params, batch_dims=1)

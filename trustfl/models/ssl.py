@@ -2,7 +2,8 @@
 
 ``forward(x)`` returns the projector output z = g(f(x)) ∈ ℝ^H, on which the spectral contrastive loss and the shared
 correlation matrices are computed; ``forward(x, output="backbone")`` returns the backbone features f(x), which the
-linear probe reads (the FedSC paper's evaluation). Both models ignore ``num_classes`` (there is no classifier head).
+linear probe reads (the FedSC paper's evaluation). With ``predictor`` (a list of hidden widths) the model also has
+BYOL's predictor q (Linear–ReLU–Linear, H → H) and ``forward(x, output="predictor")`` returns q(g(f(x))). Both models ignore ``num_classes`` (there is no classifier head).
 
 - ``sc_mlp``: flatten → MLP backbone (ReLU after every layer) → projector Linear–ReLU–Linear.
 - ``sc_cnn``: a small CNN for grey-scale images of any side >= 4 (10×10 canvases, 28×28 MNIST): three 3×3
@@ -25,7 +26,7 @@ from torch import nn
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 
-OUTPUTS = ("projector", "backbone")
+OUTPUTS = ("projector", "backbone", "predictor")
 INITS = ("default", "he")
 """``model.init``: PyTorch's default initialisation, or He-normal weights (fan-in, ReLU gain) with zero biases."""
 
@@ -57,7 +58,12 @@ def _check_init(init: str) -> str:
 class _EncoderProjector(nn.Module):
     backbone: nn.Module
     projector: nn.Module
+    predictor: nn.Module | None
     init: str = "default"
+
+    def _add_predictor(self, predictor: Sequence[int] | None, dim: int) -> None:
+        """BYOL's predictor H → hidden… → H after the projector (registered last: its parameters come last)."""
+        self.predictor = None if predictor is None else _projector(dim, _sizes("predictor", predictor, True), dim)
 
     def init_weights(self, generator: torch.Generator) -> None:
         """With ``init = "he"``: every Linear/Conv weight ~ N(0, 2/fan_in), every bias 0 (drawn from ``generator``
@@ -76,9 +82,12 @@ class _EncoderProjector(nn.Module):
         h = self.backbone(x)
         if output == "backbone":
             return h
-        if output != "projector":
-            raise ConfigError(f"`output` must be one of {OUTPUTS}, found {output!r}.")
-        return self.projector(h)
+        if output == "projector":
+            return self.projector(h)
+        if output == "predictor" and self.predictor is not None:
+            return self.predictor(self.projector(h))
+        raise ConfigError(f"`output` must be one of {OUTPUTS if self.predictor is not None else OUTPUTS[:2]}, "
+                          f"found {output!r}.")
 
 
 @register("model", "sc_mlp")
@@ -89,10 +98,12 @@ class SCMLP(_EncoderProjector):
       hidden: the backbone's layer widths (the last is the feature size; default 256, 128).
       projector: the projector's hidden widths (default 128). dim: H (default 64).
       init: ``"default"`` (PyTorch's) or ``"he"`` (He-normal weights, zero biases; :data:`INITS`).
+      predictor: BYOL's predictor hidden widths (e.g. ``[128]``); ``None``: no predictor.
     """
 
     def __init__(self, input_shape: Sequence[int], num_classes: int = 0, hidden: Sequence[int] = (256, 128),
-                 projector: Sequence[int] = (128,), dim: int = 64, init: str = "default") -> None:
+                 projector: Sequence[int] = (128,), dim: int = 64, init: str = "default",
+                 predictor: Sequence[int] | None = None) -> None:
         super().__init__()
         self.init = _check_init(init)
         sizes = [int(math.prod(input_shape)), *_sizes("hidden", hidden)]
@@ -101,6 +112,7 @@ class SCMLP(_EncoderProjector):
             layers += [nn.Linear(a, b), nn.ReLU()]
         self.backbone = nn.Sequential(*layers)
         self.projector = _projector(sizes[-1], _sizes("projector", projector, True), dim)
+        self._add_predictor(predictor, dim)
 
 
 class _MeanPool(nn.Module):
@@ -118,12 +130,12 @@ class SCCNN(_EncoderProjector):
     Args:
       channels: (c₁, c₂) (default 32, 64). features: the backbone's output size (default 128).
       projector: the projector's hidden widths (default 128). dim: H (default 64).
-      init: ``"default"`` or ``"he"`` (:data:`INITS`).
+      init: ``"default"`` or ``"he"`` (:data:`INITS`). predictor: as for ``sc_mlp``.
     """
 
     def __init__(self, input_shape: Sequence[int], num_classes: int = 0, channels: Sequence[int] = (32, 64),
                  features: int = 128, projector: Sequence[int] = (128,), dim: int = 64,
-                 init: str = "default") -> None:
+                 init: str = "default", predictor: Sequence[int] | None = None) -> None:
         super().__init__()
         self.init = _check_init(init)
         shape = tuple(input_shape)
@@ -139,3 +151,4 @@ class SCCNN(_EncoderProjector):
             nn.Conv2d(c2, c2, 3, stride=2, padding=1), nn.ReLU(),
             _MeanPool(), nn.Linear(c2, feat), nn.ReLU())
         self.projector = _projector(feat, _sizes("projector", projector, True), dim)
+        self._add_predictor(predictor, dim)

@@ -166,7 +166,7 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: i
     draws, in the same order, as PyTorch's constructors make from ``torch.manual_seed(seed)``, so the weights are
     those of a model built under that seed (for models that register their layers in the order they create them,
     as every model here does). A model with an ``init_weights(generator)`` method then re-draws what it chooses
-    from the same generator. A model with a layer type outside :data:`_DEFAULT_INIT` holding
+    from a generator of its own seeded with ``seed``. A model with a layer type outside :data:`_DEFAULT_INIT` holding
     parameters or buffers is built on the CPU under ``seed`` inside ``torch.random.fork_rng`` (same values; the
     global CPU RNG is restored afterwards).
     """
@@ -186,19 +186,20 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: i
         generator = torch.Generator(device="cpu").manual_seed(seed)
         for module in stateful:
             _reset_with(module, generator)
-        _custom_init(model, generator)
+        _custom_init(model, seed)
         return model
     with torch.random.fork_rng(devices=[]):  # other layer types: their own constructors draw from the seed
         torch.default_generator.manual_seed(seed)
         model = make()
-        _custom_init(model, torch.default_generator)
-        return model
+    _custom_init(model, seed)
+    return model
 
 
-def _custom_init(model: nn.Module, generator: torch.Generator) -> None:
-    """A model's own initialisation, if it has one: ``model.init_weights(generator)`` runs after the default
-    draws, from the same generator (so it is as reproducible from ``seed`` as they are)."""
+def _custom_init(model: nn.Module, seed: int) -> None:
+    """A model's own initialisation, if it has one: ``model.init_weights(generator)`` after the default draws,
+    from a CPU generator of its own seeded with ``seed`` (so layers it draws first, e.g. an encoder, get the same
+    weights whatever heads the model adds after them)."""
     init_weights = getattr(model, "init_weights", None)
     if callable(init_weights):
         with torch.no_grad():
-            init_weights(generator)
+            init_weights(torch.Generator(device="cpu").manual_seed(seed))

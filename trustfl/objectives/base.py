@@ -58,6 +58,26 @@ class AbstractObjective(abc.ABC):
         outputs = self.forward(model, params, batch)
         return self.losses(outputs, batch), outputs
 
+    def client_outputs(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
+                       personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """One client's outputs for :meth:`client_loss` (batch-coupled objectives): :meth:`forward` by default; an
+        objective that also reads what the client holds beside its parameters (``personal``: the server's personal
+        downlink and the objective's own local state, e.g. BYOL's target network) overrides it. Runs under
+        ``vmap`` over clients."""
+        return self.forward(model, params, batch)
+
+    def local_state_init(self, params: Mapping[str, torch.Tensor], cohort: Any) -> dict[str, torch.Tensor]:
+        """State the objective keeps during one round's local steps, stacked ``(m, ...)`` from the cohort's
+        starting parameters ``params``; the executor passes it to :meth:`client_outputs` inside ``personal`` (so
+        its keys must not collide with the downlink's). Default: none."""
+        return {}
+
+    def local_state_update(self, state: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor],
+                           active: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The state after a local step that left the parameters at ``params``; rows with ``active`` False (no
+        step) must keep theirs. Default: unchanged."""
+        return state
+
     def client_loss(self, outputs: torch.Tensor, batch: Batch, mask: torch.Tensor,
                     personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """One client's batch loss (a scalar) from its outputs ``(B, ...)``, its batch and ``mask`` ``(B,)``

@@ -59,6 +59,39 @@ def _number(rec: dict[str, Any], key: str, default: Any, **bounds: Any) -> Any:
     return check_number(f"recipe.{key}", rec.get(key, default), **bounds)
 
 
+def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm: str, objective: str,
+                           privacy: str) -> Any:
+    """The client table of a self-supervised recipe: ``recipe.views`` / ``recipe.augment`` as the ``views``
+    augmentation, checked: no other objective, no DP-SGD (``privacy`` says what protects the run instead), no
+    client statistics of the user's."""
+    views = _number(rec, "views", 1, integer=True, low=1)
+    augment = rec.get("augment", {})
+    if not isinstance(augment, dict) or set(augment) - set(AUGMENT_KEYS):
+        bad = sorted(set(augment) - set(AUGMENT_KEYS)) if isinstance(augment, dict) else [augment]
+        raise ConfigError(f"`recipe.augment` must be a table of {', '.join(AUGMENT_KEYS)}; found {bad[0]!r}.")
+    if cfg.objective.name not in ("auto", objective):
+        raise ConfigError(f"`objective.name` is {cfg.objective.name!r}; algorithm {algorithm!r} trains the "
+                          f"{objective!r} objective (set its `recipe.*` keys instead).")
+    if cfg.client.dp.mode != "off":
+        raise ConfigError(f"`client.dp.mode` must be \"off\" with algorithm {algorithm!r}: its loss is not a mean "
+                          f"of per-example losses; {privacy}.")
+    if cfg.client.statistics:
+        raise ConfigError(f"`client.statistics` is set by algorithm {algorithm!r}; remove it.")
+    client = dataclasses.replace(cfg.client, statistics=[])
+    if cfg.client.augment.name == "none":
+        client = dataclasses.replace(client, augment=Component("views", {"num_views": views, **augment}))
+    return client
+
+
+def self_supervised_run(cfg: ExperimentConfig, objective: Component, client: Any, **changes: Any) -> ExperimentConfig:
+    """``cfg`` with the objective and client table, the representation evaluators (linear probe, kNN) unless set,
+    the initial network evaluated (the random-init floor) and uniform averaging (Algorithm 1, line 23)."""
+    evaluators = cfg.evaluators or [Component("linear_probe"), Component("knn")]
+    return dataclasses.replace(cfg, objective=objective, client=client, evaluators=evaluators,
+                               server=dataclasses.replace(cfg.server, weighting="uniform"),
+                               engine=dataclasses.replace(cfg.engine, eval_initial=True), **changes)
+
+
 class SpectralRecipe(AbstractRecipe):
     """FedSC (``share = True``) or FedAvg+SC; ``centralized``: one client holding all the data."""
 
@@ -69,22 +102,8 @@ class SpectralRecipe(AbstractRecipe):
         rec = recipe_keys(cfg, self.algorithm, FEDSC if self.share else COMMON)
         mu = _number(rec, "mu", 4.0, low=0, low_open=True, finite=True)
         scale = _number(rec, "scale", 1.0, low=0, low_open=True, finite=True)
-        views = _number(rec, "views", 1, integer=True, low=1)
-        augment = rec.get("augment", {})
-        if not isinstance(augment, dict) or set(augment) - set(AUGMENT_KEYS):
-            bad = sorted(set(augment) - set(AUGMENT_KEYS)) if isinstance(augment, dict) else [augment]
-            raise ConfigError(f"`recipe.augment` must be a table of {', '.join(AUGMENT_KEYS)}; found {bad[0]!r}.")
-        if cfg.objective.name not in ("auto", "spectral_contrastive"):
-            raise ConfigError(f"`objective.name` is {cfg.objective.name!r}; algorithm {self.algorithm!r} trains "
-                              f"the spectral contrastive objective (set `recipe.mu` / `recipe.scale` instead).")
-        if cfg.client.dp.mode != "off":
-            raise ConfigError(f"`client.dp.mode` must be \"off\" with algorithm {self.algorithm!r}: the SC loss is "
-                              f"not a mean of per-example losses; FedSC's privacy is DP-CalR (`recipe.epsilon`).")
-        if cfg.client.statistics:
-            raise ConfigError(f"`client.statistics` is set by algorithm {self.algorithm!r}; remove it.")
-        client = dataclasses.replace(cfg.client, statistics=[])
-        if cfg.client.augment.name == "none":
-            client = dataclasses.replace(client, augment=Component("views", {"num_views": views, **augment}))
+        client = self_supervised_client(cfg, rec, self.algorithm, "spectral_contrastive",
+                                        "FedSC's privacy is DP-CalR (`recipe.epsilon`)")
         data, cohort = cfg.data, cfg.cohort
         if self.centralized:
             data = dataclasses.replace(cfg.data, num_clients=1, partition=Component("iid"))
@@ -94,11 +113,8 @@ class SpectralRecipe(AbstractRecipe):
                 raise ConfigError(f"`data.num_clients` must be >= 2 for FedSC (R̃_(-j) averages the other "
                                   f"clients), found {cfg.data.num_clients}; use algorithm = \"centralized_sc\".")
             client = dataclasses.replace(client, statistics=[Component("fedsc_correlation", self._share(rec, mu))])
-        evaluators = cfg.evaluators or [Component("linear_probe"), Component("knn")]
-        return dataclasses.replace(
-            cfg, objective=Component("spectral_contrastive", {"mu": mu, "scale": scale}), client=client, data=data,
-            cohort=cohort, evaluators=evaluators, server=dataclasses.replace(cfg.server, weighting="uniform"),
-            engine=dataclasses.replace(cfg.engine, eval_initial=True))
+        return self_supervised_run(cfg, Component("spectral_contrastive", {"mu": mu, "scale": scale}), client,
+                                   data=data, cohort=cohort)
 
     def _share(self, rec: dict[str, Any], mu: float) -> dict[str, Any]:
         out = {"mu": mu, "views": _number(rec, "share_views", 5, integer=True, low=1),

@@ -1,0 +1,79 @@
+"""The FedSC paper's BYOL-family baselines (Table 2): FedAvg+BYOL, FedU and FedEMA, each a recipe.
+
+Pipeline: augmentation ``views`` (two views per image) → objective ``byol`` (online backbone + projector +
+predictor against a target network that follows them by a moving average every local step, reset to the client's
+starting weights every round as the FedSC authors' code does) → plain local SGD → uniform averaging of the whole
+online network, predictor included. FedU and FedEMA add one gradient transform each that chooses where a client
+starts (:mod:`trustfl.client.divergence_aware`); the target network and a client's local model never leave it.
+
+- ``algorithm = "fedavg_byol"``: every client starts from the global model.
+- ``algorithm = "fedu"``: global encoder; the client's own predictor unless the divergence is below
+  ``recipe.threshold`` (0.4).
+- ``algorithm = "fedema"``: encoder and predictor start at μ·W_l + (1 − μ)·W_g, μ = min(λ‖W_g − W_l‖, 1),
+  λ = ``recipe.tau``/d at the first divergence (τ = 0.7).
+
+``[recipe]`` keys: ``ema`` (τ of the target, 0.99), ``views`` (must stay 1: two views), ``augment`` (the views'
+kernel, as for FedSC), ``threshold`` (FedU), ``tau`` (FedEMA). The model must be ``sc_mlp`` or ``sc_cnn``; it gets
+a predictor ``[128]`` unless ``model.predictor`` is set. Evaluation: linear probe on the backbone, kNN on the
+projector, the random-init floor (as FedSC).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.core.registry import register
+from trustfl.errors import ConfigError
+from trustfl.recipes.base import AbstractRecipe, recipe_keys
+from trustfl.recipes.fedsc import _number, self_supervised_client, self_supervised_run
+
+COMMON = ("ema", "views", "augment")
+EXTRA = {"fedavg_byol": (), "fedu": ("threshold",), "fedema": ("tau",)}
+MODELS = ("sc_mlp", "sc_cnn")
+
+
+class BYOLRecipe(AbstractRecipe):
+    """FedAvg+BYOL, with FedU's or FedEMA's start transform (``transform``: its registered name, or ``None``)."""
+
+    def __init__(self, algorithm: str, transform: str | None = None) -> None:
+        self.algorithm, self.transform = algorithm, transform
+
+    def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        rec = recipe_keys(cfg, self.algorithm, COMMON + EXTRA[self.algorithm])
+        ema = _number(rec, "ema", 0.99, low=0, high=1, high_open=True)
+        if _number(rec, "views", 1, integer=True, low=1) != 1:
+            raise ConfigError(f"`recipe.views` must be 1 with algorithm {self.algorithm!r}: BYOL's loss pairs two "
+                              f"views of every image.")
+        if cfg.model.name not in MODELS:
+            raise ConfigError(f"`model.name` is {cfg.model.name!r}; algorithm {self.algorithm!r} needs an encoder "
+                              f"with a projector and a predictor: one of {MODELS}.")
+        model = cfg.model
+        if "predictor" not in model.params:
+            model = dataclasses.replace(model, params={**model.params, "predictor": [128]})
+        client = self_supervised_client(cfg, rec, self.algorithm, "byol", "the BYOL baselines are not private")
+        if self.transform is not None:
+            if any(c.name == self.transform for c in cfg.client.transforms):
+                raise ConfigError(f"`client.transforms` already holds {self.transform!r}; algorithm "
+                                  f"{self.algorithm!r} adds it.")
+            params = {}
+            if self.algorithm == "fedu":
+                params["threshold"] = _number(rec, "threshold", 0.4, low=0, low_open=True, finite=True)
+            if self.algorithm == "fedema":
+                params["tau"] = _number(rec, "tau", 0.7, low=0, low_open=True, finite=True)
+            client = dataclasses.replace(client, transforms=[*client.transforms, Component(self.transform, params)])
+        return self_supervised_run(cfg, Component("byol", {"ema": ema}), client, model=model)
+
+
+@register("algorithm", "fedavg_byol")
+def fedavg_byol() -> AbstractRecipe:
+    return BYOLRecipe("fedavg_byol")
+
+
+@register("algorithm", "fedu")
+def fedu() -> AbstractRecipe:
+    return BYOLRecipe("fedu", "fedu")
+
+
+@register("algorithm", "fedema")
+def fedema() -> AbstractRecipe:
+    return BYOLRecipe("fedema", "fedema")
