@@ -34,7 +34,7 @@ def main() -> None:
              f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc_fashion.py --seeds {args.seeds}`", "",
              "Config: configs/fedsc/fashion_mnist_2class.toml (5 clients × 2 classes, a stratified 2,500-image "
              "training subset, 2,000 test images; sc_cnn 16/32 channels, 64 features, H = 32, He init; 30 rounds of "
-             "2 local epochs, B = 64, lr 0.05 cosine, momentum 0.9, wd 5e-4; views: shift ±2 by cropping, flip, "
+             "2 local epochs, B = 64, lr 0.01 cosine, momentum 0.9, wd 5e-4; views: shift ±2 by cropping, flip, "
              "brightness, dropout, noise). "
              f"Seeds {seeds}; final test accuracy (%), mean ± std.", "",
              "| method | linear probe (backbone) | kNN (projector) | random-init probe | s / run |",

@@ -169,3 +169,16 @@ def test_bad_input_is_refused_with_its_key(over, key):
 def test_mixing_parameters_are_checked(algorithm, key):
     with pytest.raises(ConfigError, match=f"recipe.{key}"):
         build_federation(_cfg(algorithm=algorithm, recipe={key: -1.0}), quiet=True)
+
+
+def test_a_personalizing_transform_with_clients_that_keep_their_models_is_refused_by_name(one_torch_thread):
+    """QuAFL's clients continue from their own models: FedEMA's start cannot apply, and says so."""
+    from trustfl.config.build import resolve_engine
+    from trustfl.config.load import load_config
+
+    cfg = load_config("configs/quafl/quafl.toml", ['client.transforms=[{name="fedema"}]', "rounds=2",
+                                                   'data.dataset="digits"'])
+    fed = build_federation(cfg, quiet=True)
+    engine = resolve_engine(cfg)
+    with pytest.raises(ConfigError, match=r"engine\.kind"):
+        engine.run_round(fed, engine.initial_state(fed))

@@ -135,6 +135,10 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         params = {k: v.clone() for k, v in layout.unflatten(job.chain.personalize(received, cohort)).items()}
     elif start is None:
         params = {k: v.detach().unsqueeze(0).repeat(m, *([1] * v.dim())) for k, v in layout.unflatten(received).items()}
+    elif job.chain.personalizes:
+        raise ConfigError(f"`client.transforms`: {[n for n, t in job.chain.transforms if t.personalizes]} choose "
+                          f"where a client starts each round, but this engine's clients continue from their own "
+                          f"models; use `engine.kind = \"sync\"`.")
     else:
         params = {k: v.detach().clone() for k, v in start.items()}
     # Where each client started, flat: the received model broadcast (no copy) unless clients have their own.
