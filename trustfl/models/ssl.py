@@ -3,7 +3,8 @@
 ``forward(x)`` returns the projector output z = g(f(x)) ∈ ℝ^H, on which the spectral contrastive loss and the shared
 correlation matrices are computed; ``forward(x, output="backbone")`` returns the backbone features f(x), which the
 linear probe reads (the FedSC paper's evaluation). With ``predictor`` (a list of hidden widths) the model also has
-BYOL's predictor q (Linear–ReLU–Linear, H → H) and ``forward(x, output="predictor")`` returns q(g(f(x))). Both models ignore ``num_classes`` (there is no classifier head).
+BYOL's predictor q (Linear–ReLU–Linear, H → H) and ``forward(x, output="predictor")`` returns q(g(f(x))). Both
+models ignore ``num_classes`` (there is no classifier head).
 
 - ``sc_mlp``: flatten → MLP backbone (ReLU after every layer) → projector Linear–ReLU–Linear.
 - ``sc_cnn``: a small CNN for grey-scale images of any side >= 4 (10×10 canvases, 28×28 MNIST): three 3×3
@@ -69,7 +70,7 @@ class _EncoderProjector(nn.Module):
         """With ``init = "he"``: every Linear/Conv weight ~ N(0, 2/fan_in), every bias 0 (drawn from ``generator``
         in registration order; called by :func:`trustfl.models.zoo.build_model`). Without a centred input, the
         default initialisation's biases make z(x) almost the same vector for every input, the SC loss's trivial
-        stationary point (docs/papers/fedsc.md, "Initialisation")."""
+        stationary point (docs/papers/fedsc.md, "Results")."""
         if self.init != "he":
             return
         for module in self.modules():
