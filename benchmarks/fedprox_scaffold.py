@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cached import run_cached  # noqa: E402
+from cached import run_cached  # noqa: E402  (this directory; opacus ships a top-level `benchmarks` package)
 from trustfl.config.load import load_config  # noqa: E402
 from trustfl.report.plots import plot_comparison  # noqa: E402
 

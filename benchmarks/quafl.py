@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cached import run_cached  # noqa: E402
+from cached import run_cached  # noqa: E402  (this directory; opacus ships a top-level `benchmarks` package)
 from trustfl.config.load import load_config  # noqa: E402
 from trustfl.report.plots import plot_comparison  # noqa: E402
 
@@ -67,6 +67,9 @@ SKEW = ['data.partition={name="class_groups", classes=[0, 1, 2], share=0.25}',
         'evaluators=[{name="accuracy"}, {name="loss"}, {name="class_accuracy", classes=[0, 1, 2]}]']
 SKEWED = {  # the label-skew scenario (QuAFL Fig. 4): slow clients 0-4 own classes 0-2
     "QuAFL, lattice b=14 (label skew)": ("configs/quafl/quafl_label_skew.toml", []),
+    "QuAFL weighted (η_i by speed), lattice b=14 (label skew)": ("configs/quafl/quafl_label_skew.toml",
+                                                                 ["recipe.speed_weights=true",
+                                                                  "name=quafl-weighted-label-skew"]),
     "FedAvg (label skew)": ("configs/quafl/fedavg.toml", SKEW + ["name=fedavg-label-skew"]),
     "FedBuff (label skew)": ("configs/quafl/fedbuff.toml", SKEW + ["name=fedbuff-label-skew"]),
 }

@@ -104,7 +104,7 @@ def torchrun_worker(ranks: int, rounds: int) -> dict:
 
 def worker(model: str, cohort: int, method: str, samples: int, chunk: int, rounds: int, device: str) -> dict:
     import torch
-    from benchmarks.engine_throughput import _plain_round
+    from engine_throughput import _plain_round  # this directory (opacus ships a `benchmarks` package)
     from trustfl.engine.sync import initial_state, run_round
 
     fed = _federation(model, cohort, samples, chunk, device)
