@@ -9,7 +9,8 @@ Every figure is measured in fresh processes (median of ``--repeats``, default 5)
   rounds' cohorts differ, so their work differs: round 1's cohort takes 26 local steps, the median round 16);
   (b) timing hooks in one process: round 1 cold, then the same round 1 again on a second, identical federation
   (the same work, warm), and rounds 2–20; the same for the quickstart with DP-SGD (per-example clipping, ghost
-  norms) and with CafCor's batch clipping, whose ``torch.func`` transform imports ``torch._dynamo`` on first use;
+  norms) and with CafCor's batch clipping (plain autograd since 2026-11-26; before, its ``torch.func.grad`` imported
+  ``torch._dynamo`` on first use);
 - end to end, process start to final accuracy: ``run_experiment`` on FedAvg, 20 rounds, 10 of 100 clients per round
   (IID, 600 samples each), MLP 784-200-200-10, batch 32, one local epoch, evaluated once at the end, no
   checkpoints; against a plain per-client PyTorch loop in this file (``nn.Module`` + ``torch.optim.SGD`` per client,
@@ -307,8 +308,8 @@ def main() -> None:
         f"Final accuracy: trustfl {statistics.median(accuracy['trustfl']):.4f}, plain loop "
         f"{statistics.median(accuracy['plain']):.4f} (medians). The quickstart's DP variants set "
         f"`client.dp.mode` and `client.dp.noise_multiplier = 1.0` (DP-SGD with Poisson batches); their cold round "
-        f"also computes the RDP of each client's event for the privacy ledger, once per process (cached), and batch "
-        f"clipping's `torch.func.grad` imports `torch._dynamo` on its first call.",
+        f"also computes the RDP of each client's event for the privacy ledger, once per process (cached). A row "
+        f"marked \"imports torch._dynamo\" paid that import (seconds) in its first round.",
     ]
     text = "\n".join(lines) + "\n"
     print("\n" + text)

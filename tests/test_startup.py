@@ -95,3 +95,19 @@ def test_lazy_namespaces_resolve_every_public_name(package):
         assert name in dir(module)
     with pytest.raises(AttributeError):
         getattr(module, "no_such_name")
+
+
+def test_batch_clipping_never_imports_dynamo(tmp_path):
+    """CafCor's gradient method (mini-batch clipping) takes the per-client mean gradients by plain autograd: its
+    first round costs what a later one does (torch.func.grad's first call would import torch._dynamo)."""
+    _ok(_run("""
+        import torch
+        from trustfl.client.per_example import clipped_batch_mean
+        from trustfl.models.zoo import build_model
+        model = build_model("mlp", (6,), 3, 0, hidden=[4])
+        params = {k: v.detach().unsqueeze(0).repeat(2, *([1] * v.dim())) for k, v in model.named_parameters()}
+        batch = {"x": torch.randn(2, 5, 6), "y": torch.randint(0, 3, (2, 5))}
+        clipped, norms = clipped_batch_mean(model, params, batch, torch.ones(2, 5), 0.5)
+        assert bool((norms > 0).all())
+        assert "torch._dynamo" not in sys.modules
+    """))

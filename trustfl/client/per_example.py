@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.func import functional_call, grad, vmap
 
 from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward
@@ -364,19 +364,9 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
       gradients before clipping; ``(clipped, norms, losses)`` with ``return_loss``.
     """
     params, batch, keep = _prepare(params_stacked, batch, mask, max_norm)
-    x = batch[objective.input_key]
-    weights = keep.to(x.dtype if x.is_floating_point() else next(iter(params.values())).dtype)
-
-    def mean_loss(p: Params, bi: Batch, wi: torch.Tensor) -> torch.Tensor:
-        losses = objective.losses(objective.forward(model, p, bi), bi)
-        return (losses * wi).sum() / wi.sum().clamp(min=1)
-
-    if keep.shape[0] == 1:  # one client: no vmap machinery
-        g, losses = grad_and_value(mean_loss)({k: v[0] for k, v in params.items()},
-                                              {k: v[0] for k, v in batch.items()}, weights[0])
-        g, losses = {k: v.unsqueeze(0) for k, v in g.items()}, losses.unsqueeze(0)
-    else:
-        g, losses = vmap(grad_and_value(mean_loss))(params, batch, weights)
+    # the per-client mean gradients by plain autograd on the stacked leaves (no torch.func.grad, whose first call
+    # imports torch._dynamo: about a second of the first round)
+    g, losses = batched_mean_grad(model, objective, params, batch, keep)
     norms = sum(v.flatten(1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
     clipped = {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}
