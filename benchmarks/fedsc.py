@@ -42,17 +42,22 @@ ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("fedsc", "fedavg_sc", "fedavg_byol", "fedu", "fedema", "centralized_sc")
 
 
-def run_methods(config: Path, methods: tuple[str, ...], seeds: list[int], label: str = "") -> dict:
-    """``{method: [summary row per seed]}`` of ``config`` run with each ``algorithm`` and seed."""
+def run_settings(config: Path, settings: dict[str, list[str]], seeds: list[int], label: str = "") -> dict:
+    """``{name: [summary row per seed]}`` of ``config`` run with each setting's overrides and each seed."""
     out: dict = {}
-    for method in methods:
+    for name, overrides in settings.items():
         for seed in seeds:
-            cfg = load_config(config, [f'algorithm="{method}"', f"seed={seed}"])
+            cfg = load_config(config, [*overrides, f"seed={seed}"])
             with tempfile.TemporaryDirectory() as tmp:
                 s = run_experiment(cfg, Path(tmp) / "run", progress=False, plots=False).summary
-            out.setdefault(method, []).append(_row(s))
-            print(label, method, seed, out[method][-1], flush=True)
+            out.setdefault(name, []).append(_row(s))
+            print(label, name, seed, out[name][-1], flush=True)
     return out
+
+
+def run_methods(config: Path, methods: tuple[str, ...], seeds: list[int], label: str = "") -> dict:
+    """``{method: [summary row per seed]}`` of ``config`` run with each ``algorithm`` and seed."""
+    return run_settings(config, {m: [f'algorithm="{m}"'] for m in methods}, seeds, label)
 
 
 def accuracy(splits: list[str], seeds: list[int]) -> dict:
@@ -83,15 +88,7 @@ def privacy(epsilons: list[float], seeds: list[int]) -> dict:
     """FedSC on the 2class split with late sharing, at each ε (and without noise), beside FedAvg+SC."""
     settings = {f"fedsc ε={e:g}": ['algorithm="fedsc"', *LATE, f"recipe.epsilon={e}"] for e in epsilons}
     settings["fedsc ε=∞ (same late sharing, no noise)"] = ['algorithm="fedsc"', *LATE]
-    out: dict = {}
-    for name, overrides in settings.items():
-        for seed in seeds:
-            cfg = load_config(ROOT / "configs/fedsc/digits_canvas_2class.toml", [*overrides, f"seed={seed}"])
-            with tempfile.TemporaryDirectory() as tmp:
-                out.setdefault(name, []).append(_row(run_experiment(cfg, Path(tmp) / "run", progress=False,
-                                                                    plots=False).summary))
-            print("dp", name, seed, out[name][-1], flush=True)
-    return out
+    return run_settings(ROOT / "configs/fedsc/digits_canvas_2class.toml", settings, seeds, "dp")
 
 
 def loop_round(fed, params_flat: torch.Tensor, r: int, store: dict) -> torch.Tensor:

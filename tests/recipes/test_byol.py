@@ -12,7 +12,7 @@ from trustfl.client.divergence_aware import FedEMAStart, FedUPredictorUpdate, en
 from trustfl.config.build import build_federation
 from trustfl.config.load import config_from_dict
 from trustfl.core.rng import make_generator
-from trustfl.engine.local import batch_schedule
+from trustfl.engine.local import ClientPlan, batch_schedule
 from trustfl.engine.sync import initial_state, run_round
 from trustfl.errors import ConfigError
 from trustfl.objectives.byol import BYOL, TARGET, byol_losses
@@ -89,7 +89,6 @@ def test_one_client_round_equals_a_hand_written_byol_loop(one_torch_thread):
 
 
 def _plan(fed):
-    from trustfl.engine.local import ClientPlan
     return ClientPlan(0, fed.client_rows[0], fed.batch_sizes[0])
 
 

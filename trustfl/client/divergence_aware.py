@@ -32,6 +32,7 @@ import torch
 from trustfl.client.transforms import AbstractGradientTransform
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
+from trustfl.models.ssl import in_encoder
 from trustfl.types import CohortContext, ParamLayout
 
 __all__ = ["FedEMAStart", "FedUPredictorUpdate", "encoder_mask", "layer_divergence"]
@@ -39,7 +40,7 @@ __all__ = ["FedEMAStart", "FedUPredictorUpdate", "encoder_mask", "layer_divergen
 
 def encoder_mask(layout: ParamLayout, device: torch.device) -> torch.Tensor:
     """``(d,)`` bool: the flat coordinates of the encoder (every parameter not named ``predictor.*``)."""
-    parts = [torch.full((math.prod(s),), not n.startswith("predictor."), dtype=torch.bool)
+    parts = [torch.full((math.prod(s),), in_encoder(n), dtype=torch.bool)
              for n, s in zip(layout.names, layout.shapes)]
     return torch.cat(parts).to(device)
 
@@ -47,7 +48,7 @@ def encoder_mask(layout: ParamLayout, device: torch.device) -> torch.Tensor:
 def layer_divergence(layout: ParamLayout, global_: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``(m,)`` mean over the encoder's weight matrices (parameters of 2 or more dimensions) of ‖W_g − W_l‖₂."""
     g, l_ = layout.unflatten(global_), layout.unflatten(local)
-    names = [n for n, s in zip(layout.names, layout.shapes) if len(s) >= 2 and not n.startswith("predictor.")]
+    names = [n for n, s in zip(layout.names, layout.shapes) if len(s) >= 2 and in_encoder(n)]
     norms = [torch.linalg.vector_norm((l_[n] - g[n]).flatten(1), dim=1) for n in names]
     return torch.stack(norms, dim=1).mean(1)
 

@@ -28,6 +28,8 @@ from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 
 OUTPUTS = ("projector", "backbone", "predictor")
+PREDICTOR = "predictor."
+"""Prefix of the predictor's parameter names; every other parameter belongs to the encoder (backbone, projector)."""
 INITS = ("default", "he")
 """``model.init``: PyTorch's default initialisation, or He-normal weights (fan-in, ReLU gain) with zero biases."""
 
@@ -48,6 +50,11 @@ def _projector(width: int, hidden: Sequence[int], dim: int) -> nn.Sequential:
         layers += [nn.Linear(a, b), nn.ReLU()]
     layers.append(nn.Linear(([width, *hidden])[-1], dim))
     return nn.Sequential(*layers)
+
+
+def in_encoder(name: str) -> bool:
+    """Whether parameter ``name`` of an encoder + projector (+ predictor) model belongs to the encoder."""
+    return not name.startswith(PREDICTOR)
 
 
 def _check_init(init: str) -> str:

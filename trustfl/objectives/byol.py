@@ -35,6 +35,7 @@ from torch.func import functional_call
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
+from trustfl.models.ssl import in_encoder
 from trustfl.objectives.base import AbstractObjective, Batch
 
 __all__ = ["BYOL", "TARGET", "byol_losses"]
@@ -47,10 +48,6 @@ def byol_losses(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     """Per-image symmetric BYOL losses ``(B,)`` from online predictions and target projections ``(B, 2, H)``."""
     p, z = F.normalize(predictions, dim=-1), F.normalize(targets.detach(), dim=-1)
     return (2 - 2 * (p[:, 0] * z[:, 1]).sum(-1)) + (2 - 2 * (p[:, 1] * z[:, 0]).sum(-1))
-
-
-def _is_target(name: str) -> bool:
-    return not name.startswith("predictor.")
 
 
 @register("objective", "byol")
@@ -93,8 +90,7 @@ class BYOL(AbstractObjective):
         """``(2, B, 2, H)``: online predictions and target projections of both views. Without a target in
         ``personal`` (outside local training) the online weights stand in for it."""
         online = self._views(model, params, batch, "predictor")
-        target = {n: (personal.get(TARGET + n, v)).detach() for n, v in params.items() if _is_target(n)}
-        target.update({n: v.detach() for n, v in params.items() if not _is_target(n)})  # unused by "projector"
+        target = {n: (personal.get(TARGET + n, v) if in_encoder(n) else v).detach() for n, v in params.items()}
         with torch.no_grad():
             projected = self._views(model, target, batch, "projector")
         return torch.stack([online, projected])
@@ -105,18 +101,12 @@ class BYOL(AbstractObjective):
                               f"target projections, (2, B, 2, H)), found shape {tuple(outputs.shape)}.")
         return byol_losses(outputs[0], outputs[1])
 
-    def client_loss(self, outputs: torch.Tensor, batch: Batch, mask: torch.Tensor,
-                    personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        losses = self.losses(outputs, batch)
-        w = mask.to(losses.dtype)
-        return (losses * w).sum() / w.sum().clamp(min=1)
-
     def local_state_init(self, params: Mapping[str, torch.Tensor], cohort: Any) -> dict[str, torch.Tensor]:
         """The target network ξ: a copy of each client's starting backbone and projector ``(m, ...)``."""
-        if not any(n.startswith("predictor.") for n in params):
+        if all(in_encoder(n) for n in params):
             raise ConfigError("objective 'byol' needs a model with a predictor (e.g. `model.predictor = [128]` for "
                               "sc_mlp / sc_cnn); the model has no `predictor.*` parameters.")
-        return {TARGET + n: v.detach().clone() for n, v in params.items() if _is_target(n)}
+        return {TARGET + n: v.detach().clone() for n, v in params.items() if in_encoder(n)}
 
     def local_state_update(self, state: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor],
                            active: torch.Tensor | None) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,3 +51,9 @@ def recipe_choice(rec: dict[str, Any], key: str, default: str, allowed: Sequence
     if value not in allowed:
         raise ConfigError(f"`recipe.{key}` must be one of {', '.join(map(repr, allowed))}, found {value!r}.")
     return value
+
+
+def recipe_number(rec: dict[str, Any], key: str, default: Any, **bounds: Any) -> Any:
+    """``rec[key]`` (or ``default``) checked by :func:`trustfl.core.checks.check_number` (``bounds``), naming
+    ``recipe.<key>``."""
+    return check_number(f"recipe.{key}", rec.get(key, default), **bounds)

@@ -24,11 +24,12 @@ import dataclasses
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.recipes.base import AbstractRecipe, recipe_keys
-from trustfl.recipes.fedsc import _number, self_supervised_client, self_supervised_run
+from trustfl.recipes.base import AbstractRecipe, recipe_keys, recipe_number
+from trustfl.recipes.fedsc import self_supervised_client, self_supervised_run
 
 COMMON = ("ema", "views", "augment")
-EXTRA = {"fedavg_byol": (), "fedu": ("threshold",), "fedema": ("tau",)}
+EXTRA = {"fedavg_byol": {}, "fedu": {"threshold": 0.4}, "fedema": {"tau": 0.7}}
+"""Each algorithm's own ``[recipe]`` keys and defaults, passed to its start transform (all numbers > 0)."""
 MODELS = ("sc_mlp", "sc_cnn")
 
 
@@ -39,9 +40,9 @@ class BYOLRecipe(AbstractRecipe):
         self.algorithm, self.transform = algorithm, transform
 
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
-        rec = recipe_keys(cfg, self.algorithm, COMMON + EXTRA[self.algorithm])
-        ema = _number(rec, "ema", 0.99, low=0, high=1, high_open=True)
-        if _number(rec, "views", 1, integer=True, low=1) != 1:
+        rec = recipe_keys(cfg, self.algorithm, COMMON + tuple(EXTRA[self.algorithm]))
+        ema = recipe_number(rec, "ema", 0.99, low=0, high=1, high_open=True)
+        if recipe_number(rec, "views", 1, integer=True, low=1) != 1:
             raise ConfigError(f"`recipe.views` must be 1 with algorithm {self.algorithm!r}: BYOL's loss pairs two "
                               f"views of every image.")
         if cfg.model.name not in MODELS:
@@ -55,11 +56,8 @@ class BYOLRecipe(AbstractRecipe):
             if any(c.name == self.transform for c in cfg.client.transforms):
                 raise ConfigError(f"`client.transforms` already holds {self.transform!r}; algorithm "
                                   f"{self.algorithm!r} adds it.")
-            params = {}
-            if self.algorithm == "fedu":
-                params["threshold"] = _number(rec, "threshold", 0.4, low=0, low_open=True, finite=True)
-            if self.algorithm == "fedema":
-                params["tau"] = _number(rec, "tau", 0.7, low=0, low_open=True, finite=True)
+            params = {key: recipe_number(rec, key, default, low=0, low_open=True, finite=True)
+                      for key, default in EXTRA[self.algorithm].items()}
             client = dataclasses.replace(client, transforms=[*client.transforms, Component(self.transform, params)])
         return self_supervised_run(cfg, Component("byol", {"ema": ema}), client, model=model)
 

@@ -38,12 +38,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from trustfl.config.schema import Component, ExperimentConfig
-from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.analysis.fedsc import calibrate_fedsc_sigma, fedsc_epsilon, release_event
-from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
+from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys, recipe_number
 from trustfl.selfsup.share import ALPHA_MODES
 
 if TYPE_CHECKING:
@@ -55,16 +54,12 @@ FEDSC = COMMON + ("share_views", "alpha", "alpha_start", "alpha_end", "alpha_end
 AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip", "shift_mode")
 
 
-def _number(rec: dict[str, Any], key: str, default: Any, **bounds: Any) -> Any:
-    return check_number(f"recipe.{key}", rec.get(key, default), **bounds)
-
-
 def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm: str, objective: str,
                            privacy: str) -> Any:
     """The client table of a self-supervised recipe: ``recipe.views`` / ``recipe.augment`` as the ``views``
     augmentation, checked: no other objective, no DP-SGD (``privacy`` says what protects the run instead), no
     client statistics of the user's."""
-    views = _number(rec, "views", 1, integer=True, low=1)
+    views = recipe_number(rec, "views", 1, integer=True, low=1)
     augment = rec.get("augment", {})
     if not isinstance(augment, dict) or set(augment) - set(AUGMENT_KEYS):
         bad = sorted(set(augment) - set(AUGMENT_KEYS)) if isinstance(augment, dict) else [augment]
@@ -100,8 +95,8 @@ class SpectralRecipe(AbstractRecipe):
 
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, self.algorithm, FEDSC if self.share else COMMON)
-        mu = _number(rec, "mu", 4.0, low=0, low_open=True, finite=True)
-        scale = _number(rec, "scale", 1.0, low=0, low_open=True, finite=True)
+        mu = recipe_number(rec, "mu", 4.0, low=0, low_open=True, finite=True)
+        scale = recipe_number(rec, "scale", 1.0, low=0, low_open=True, finite=True)
         client = self_supervised_client(cfg, rec, self.algorithm, "spectral_contrastive",
                                         "FedSC's privacy is DP-CalR (`recipe.epsilon`)")
         data, cohort = cfg.data, cfg.cohort
@@ -117,22 +112,22 @@ class SpectralRecipe(AbstractRecipe):
                                    data=data, cohort=cohort)
 
     def _share(self, rec: dict[str, Any], mu: float) -> dict[str, Any]:
-        out = {"mu": mu, "views": _number(rec, "share_views", 5, integer=True, low=1),
+        out = {"mu": mu, "views": recipe_number(rec, "share_views", 5, integer=True, low=1),
                "alpha_mode": recipe_choice(rec, "alpha", "schedule", ALPHA_MODES),
-               "alpha_start": _number(rec, "alpha_start", 1.0, low=0, high=1),
-               "alpha_end": _number(rec, "alpha_end", 0.2, low=0, high=1),
-               "share_from": _number(rec, "share_from", 1, integer=True, low=1),
-               "share_every": _number(rec, "share_every", 1, integer=True, low=1),
+               "alpha_start": recipe_number(rec, "alpha_start", 1.0, low=0, high=1),
+               "alpha_end": recipe_number(rec, "alpha_end", 0.2, low=0, high=1),
+               "share_from": recipe_number(rec, "share_from", 1, integer=True, low=1),
+               "share_every": recipe_number(rec, "share_every", 1, integer=True, low=1),
                "weighting": recipe_choice(rec, "weighting", "num_samples", ("num_samples", "uniform")),
                "neighboring": recipe_choice(rec, "neighboring", "replace_one", ("replace_one", "zero_out")),
-               "sigma": _number(rec, "sigma", 0.0, low=0, finite=True)}
+               "sigma": recipe_number(rec, "sigma", 0.0, low=0, finite=True)}
         endpoint = rec.get("alpha_endpoint", False)
         if not isinstance(endpoint, bool):
             raise ConfigError(f"`recipe.alpha_endpoint` must be true or false, found {endpoint!r}.")
         out["alpha_endpoint"] = endpoint
         if "epsilon" in rec:
-            _number(rec, "epsilon", None, low=0, low_open=True, finite=True)
-        _number(rec, "delta", 1e-4, low=0, high=1, low_open=True, high_open=True)
+            recipe_number(rec, "epsilon", None, low=0, low_open=True, finite=True)
+        recipe_number(rec, "delta", 1e-4, low=0, high=1, low_open=True, high_open=True)
         return out
 
     def finalize(self, fed: "Federation", cfg: ExperimentConfig) -> None:
