@@ -56,6 +56,7 @@ def build_component(kind: str, comp: Component, path: str, **extra: Any) -> Any:
         if key not in allowed and not accepts_any:
             raise ConfigError(f"Unknown key `{path}.{key}` for {kind} {comp.name!r}; allowed: "
                               f"{', '.join(allowed) or '(none)'}.")
+    extra = {k: v for k, v in extra.items() if accepts_any or k in sig.parameters}  # context it declares only
     try:
         return factory(**extra, **comp.params)
     except (TrustFLError, TypeError, ValueError) as err:
