@@ -166,7 +166,8 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         with torch.no_grad():
             chain.step(grads, states, params, None if everyone[s] else has_step[s])
             if local:
-                local = job.objective.local_state_update(local, params, None if everyone[s] else has_step[s])
+                local = job.objective.local_state_update(local, params, None if everyone[s] else has_step[s],
+                                                         batch, masks[s])
     if states is None:
         states = chain.init(params, cohort)
     end_flat = layout.flatten(params, batch_dims=1)

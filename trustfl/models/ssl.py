@@ -27,7 +27,7 @@ from torch import nn
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 
-OUTPUTS = ("projector", "backbone", "predictor")
+OUTPUTS = ("projector", "backbone", "predictor", "projector_predictor")
 PREDICTOR = "predictor."
 """Prefix of the predictor's parameter names; every other parameter belongs to the encoder (backbone, projector)."""
 INITS = ("default", "he")
@@ -94,6 +94,9 @@ class _EncoderProjector(nn.Module):
             return self.projector(h)
         if output == "predictor" and self.predictor is not None:
             return self.predictor(self.projector(h))
+        if output == "projector_predictor" and self.predictor is not None:  # (…, 2H): z and q(z) in one pass
+            z = self.projector(h)
+            return torch.cat([z, self.predictor(z)], dim=-1)
         raise ConfigError(f"`output` must be one of {OUTPUTS if self.predictor is not None else OUTPUTS[:2]}, "
                           f"found {output!r}.")
 

@@ -73,9 +73,11 @@ class AbstractObjective(abc.ABC):
         return {}
 
     def local_state_update(self, state: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor],
-                           active: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """The state after a local step that left the parameters at ``params``; rows with ``active`` False (no
-        step) must keep theirs. Default: unchanged."""
+                           active: torch.Tensor | None, batch: Batch | None = None,
+                           mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The state after a local step that left the parameters at ``params``, on the step's cohort ``batch``
+        (``(m, B, ...)`` per entry, ``mask`` ``(m, B)``: real rows); rows with ``active`` False (no step) must keep
+        theirs. Default: unchanged."""
         return state
 
     def client_loss(self, outputs: torch.Tensor, batch: Batch, mask: torch.Tensor,

@@ -109,7 +109,7 @@ class BYOL(AbstractObjective):
         return {TARGET + n: v.detach().clone() for n, v in params.items() if in_encoder(n)}
 
     def local_state_update(self, state: dict[str, torch.Tensor], params: Mapping[str, torch.Tensor],
-                           active: torch.Tensor | None) -> dict[str, torch.Tensor]:
+                           active: torch.Tensor | None, batch: Any = None, mask: Any = None) -> dict[str, torch.Tensor]:
         """ξ ← τξ + (1 − τ)θ for the rows that stepped."""
         out = {}
         for key, xi in state.items():
