@@ -2,12 +2,17 @@
 
 Usage (from the repository root)::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py            # 3 seeds, both splits, timing
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py --workers 2   # tuning, 3 seeds, both splits, timing
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py --seeds 0 --splits 1class
 
 Accuracy: configs/fedsc/digits_canvas_{1class,2class}.toml run with ``algorithm`` = fedsc, fedavg_sc, fedavg_byol,
-fedu, fedema and centralized_sc for each seed, every method with the config's client settings (no per-method tuning); the table reports the final linear probe (backbone) and kNN (projector) test accuracy,
+fedu, fedema, fedx, fedca (the FedCA paper's joint softmax, and the FedSC authors' 0.8/0.2 mixture as a second row) and
+centralized_sc for each seed; the table reports the final linear probe (backbone) and kNN (projector) test accuracy,
 mean ± std over seeds, and the random-init network's probe (``initial_linear_probe_accuracy``, the floor).
+
+Tuning (first, per split): every method's local lr on one common grid (:func:`tune`: seeds 100 and 101, disjoint
+from the record's; score = final linear-probe accuracy; the grid grows by a half-decade at an edge that holds some
+method's optimum); every other client setting is the config's. The DP section runs at FedSC's tuned lr.
 
 DP (Table 6 style): FedSC on the 2class split sharing only in late rounds (t = 31, 33, …, 59: T_j = 15 releases),
 σ_j calibrated per client for ε ∈ ``--epsilons`` at δ = 1e-2, beside the same late schedule without noise (ε = ∞)
@@ -25,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -38,36 +44,93 @@ from trustfl.experiment import run_experiment  # noqa: E402
 from trustfl.objectives.spectral import fedsc_loss, norm_clip  # noqa: E402
 from trustfl.selfsup.augment import DEFAULT, make_views  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own helpers
+from tuning import best_lrs, grow  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("fedsc", "fedavg_sc", "fedavg_byol", "fedu", "fedema", "centralized_sc")
+METHODS = {**{m: [f'algorithm="{m}"'] for m in ("fedsc", "fedavg_sc", "fedavg_byol", "fedu", "fedema")},
+           "fedx": ['algorithm="fedx"'],
+           "fedca": ['algorithm="fedca"'],
+           "fedca (authors' code loss)": ['algorithm="fedca"', 'recipe.dictionary_loss="code"'],
+           "centralized_sc": ['algorithm="centralized_sc"']}
+"""Each method's overrides of the config; its local learning rate is tuned on a common grid (:func:`tune`)."""
+TUNE_GRID = [0.003, 0.01, 0.03, 0.1]   # half-decade steps, grown at an edge (benchmarks/tuning.py)
+TUNE_SEEDS = [100, 101]                # disjoint from the record's seeds
+GRID_LIMITS = (1e-4, 1.0)
 
 
-def run_settings(config: Path, settings: dict[str, list[str]], seeds: list[int], label: str = "") -> dict:
-    """``{name: [summary row per seed]}`` of ``config`` run with each setting's overrides and each seed."""
+def _run_one(job: tuple[str, list[str]]) -> dict:
+    config, overrides = job
+    cfg = load_config(Path(config), overrides)
+    with tempfile.TemporaryDirectory() as tmp:
+        return _row(run_experiment(cfg, Path(tmp) / "run", progress=False, plots=False).summary)
+
+
+def run_settings(config: Path, settings: dict[str, list[str]], seeds: list[int], label: str = "",
+                 workers: int = 1) -> dict:
+    """``{name: [summary row per seed]}`` of ``config`` run with each setting's overrides and each seed
+    (``workers`` processes, one thread each)."""
+    keys = [(name, seed) for name in settings for seed in seeds]
+    jobs = [(str(config), [*settings[name], f"seed={seed}"]) for name, seed in keys]
     out: dict = {}
-    for name, overrides in settings.items():
-        for seed in seeds:
-            cfg = load_config(config, [*overrides, f"seed={seed}"])
-            with tempfile.TemporaryDirectory() as tmp:
-                s = run_experiment(cfg, Path(tmp) / "run", progress=False, plots=False).summary
-            out.setdefault(name, []).append(_row(s))
-            print(label, name, seed, out[name][-1], flush=True)
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            rows = list(pool.map(_run_one, jobs))
+    else:
+        rows = [_run_one(job) for job in jobs]
+    for (name, seed), row in zip(keys, rows):
+        out.setdefault(name, []).append(row)
+        print(label, name, seed, row, flush=True)
     return out
 
 
-def run_methods(config: Path, methods: tuple[str, ...], seeds: list[int], label: str = "") -> dict:
-    """``{method: [summary row per seed]}`` of ``config`` run with each ``algorithm`` and seed."""
-    return run_settings(config, {m: [f'algorithm="{m}"'] for m in methods}, seeds, label)
+def tune(config: Path, label: str, workers: int = 1) -> dict:
+    """Every method's local lr on one common grid: each method runs at every lr with every seed of
+    ``TUNE_SEEDS``; its score at an lr is the mean final linear-probe accuracy; the grid grows by a half-decade on
+    a side while some method's best lr sits at that edge (every method then runs at the new lr too)."""
+    grid, todo = list(TUNE_GRID), list(TUNE_GRID)
+    scores: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
+    while todo:
+        settings = {f"{m}@{lr:g}": [*over, f"client.lr={lr}"] for lr in todo for m, over in METHODS.items()}
+        for name, rows in run_settings(config, settings, TUNE_SEEDS, f"tune {label}", workers).items():
+            m, lr = name.rsplit("@", 1)
+            scores[m][lr] = [r["final_linear_probe_accuracy"] for r in rows]
+        best = best_lrs(grid, scores)
+        todo = grow(grid, best, GRID_LIMITS)
+        grid = sorted(grid + todo)
+    return {"grid": grid, "seeds": TUNE_SEEDS, "scores": scores, "chosen": best,
+            "at_edge": {m: best[m] in (min(grid), max(grid)) for m in METHODS}}
 
 
-def accuracy(splits: list[str], seeds: list[int]) -> dict:
-    return {split: run_methods(ROOT / f"configs/fedsc/digits_canvas_{split}.toml", METHODS, seeds, split)
-            for split in splits}
+def tuning_table(record: dict) -> list[str]:
+    grid = record["grid"]
+    lines = ["| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen | at grid edge |",
+             "|---|" + "---|" * (len(grid) + 2)]
+    for m, by_lr in record["scores"].items():
+        cells = [f"{100 * statistics.mean(by_lr[f'{lr:g}']):.1f}" for lr in grid]
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {record['chosen'][m]:g} | "
+                     f"{'**yes**' if record['at_edge'][m] else 'no'} |")
+    return lines
 
 
-def table(results: dict) -> list[str]:
-    """Markdown rows ``| method | probe | kNN | floor | s / run |`` of :func:`run_methods`' results."""
-    return [f"| {method} | {fmt([r['final_linear_probe_accuracy'] for r in rows])} | "
+def run_methods(config: Path, methods: dict[str, list[str]], seeds: list[int], label: str = "",
+                lrs: dict[str, float] | None = None, workers: int = 1) -> dict:
+    """``{method: [summary row per seed]}`` of ``config`` run with each method's overrides (and its lr from
+    ``lrs``, else the config's) and each seed."""
+    settings = {m: [*over, *([f"client.lr={lrs[m]}"] if lrs else [])] for m, over in methods.items()}
+    return run_settings(config, settings, seeds, label, workers)
+
+
+def accuracy(splits: list[str], seeds: list[int], tuned: dict, workers: int) -> dict:
+    return {split: run_methods(ROOT / f"configs/fedsc/digits_canvas_{split}.toml", METHODS, seeds, split,
+                               tuned[split]["chosen"] if split in tuned else None, workers) for split in splits}
+
+
+def table(results: dict, lrs: dict[str, float] | None = None) -> list[str]:
+    """Markdown rows ``| method | probe | kNN | floor | s / run |`` of :func:`run_methods`' results (the method
+    with its lr when ``lrs`` are given)."""
+    name = (lambda m: f"{m} (lr {lrs[m]:g})") if lrs else (lambda m: m)  # noqa: E731
+    return [f"| {name(method)} | {fmt([r['final_linear_probe_accuracy'] for r in rows])} | "
             f"{fmt([r['final_knn_accuracy'] for r in rows])} | "
             f"{fmt([r['initial_linear_probe_accuracy'] for r in rows])} | "
             f"{statistics.mean(r['wall_time_s'] for r in rows):.1f} |" for method, rows in results.items()]
@@ -84,11 +147,12 @@ def _row(summary: dict) -> dict:
     return row
 
 
-def privacy(epsilons: list[float], seeds: list[int]) -> dict:
-    """FedSC on the 2class split with late sharing, at each ε (and without noise), beside FedAvg+SC."""
-    settings = {f"fedsc ε={e:g}": ['algorithm="fedsc"', *LATE, f"recipe.epsilon={e}"] for e in epsilons}
-    settings["fedsc ε=∞ (same late sharing, no noise)"] = ['algorithm="fedsc"', *LATE]
-    return run_settings(ROOT / "configs/fedsc/digits_canvas_2class.toml", settings, seeds, "dp")
+def privacy(epsilons: list[float], seeds: list[int], lr: float | None, workers: int) -> dict:
+    """FedSC on the 2class split with late sharing, at each ε (and without noise), at FedSC's tuned ``lr``."""
+    base = ['algorithm="fedsc"', *LATE, *([f"client.lr={lr}"] if lr else [])]
+    settings = {f"fedsc ε={e:g}": [*base, f"recipe.epsilon={e}"] for e in epsilons}
+    settings["fedsc ε=∞ (same late sharing, no noise)"] = base
+    return run_settings(ROOT / "configs/fedsc/digits_canvas_2class.toml", settings, seeds, "dp", workers)
 
 
 def loop_round(fed, params_flat: torch.Tensor, r: int, store: dict) -> torch.Tensor:
@@ -159,25 +223,39 @@ def main() -> None:
     parser.add_argument("--splits", default="1class,2class")
     parser.add_argument("--epsilons", default="3,6", help="DP section's ε values ('' to skip it)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/fedsc.md"))
+    parser.add_argument("--workers", type=int, default=1, help="processes (one thread each)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    acc = accuracy(args.splits.split(","), seeds)
-    dp = privacy([float(e) for e in args.epsilons.split(",") if e], seeds)
+    splits = args.splits.split(",")
+    start = time.perf_counter()
+    tuned = {split: tune(ROOT / f"configs/fedsc/digits_canvas_{split}.toml", split, args.workers) for split in splits}
+    tuned_s = time.perf_counter() - start
+    acc = accuracy(splits, seeds, tuned, args.workers)
+    dp_lr = tuned["2class"]["chosen"]["fedsc"] if "2class" in tuned else None
+    dp = privacy([float(e) for e in args.epsilons.split(",") if e], seeds, dp_lr, args.workers)
     tim = timing()
     lines = ["# FedSC on digits in 10×10 canvases", "",
              f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py --seeds {args.seeds} "
-             f"--splits {args.splits} --epsilons {args.epsilons}`", "",
+             f"--splits {args.splits} --epsilons {args.epsilons} --workers {args.workers}`", "",
              "Configs: configs/fedsc/digits_canvas_{1class,2class}.toml (60 rounds, 5 local epochs, B = 64, "
-             "lr 0.05 cosine, momentum 0.9, wd 5e-4, μ = 4, V_share = 5, α 1 → 0.2, σ = 0, full participation; "
+             "cosine lr, momentum 0.9, wd 5e-4, μ = 4, V_share = 5, α 1 → 0.2, σ = 0, full participation; "
              "MLP 100-256-128 → 128 → 64 with He-normal weights and zero biases; views shift the digit inside its "
-             "canvas without cutting it off). "
-             f"Seeds {seeds}; final test accuracy (%), mean ± std.", "",
-             "| split | method | linear probe (backbone) | kNN (projector) | random-init probe | s / run |",
+             "canvas without cutting it off). Every method's local lr is tuned on the same grid (below), seeds "
+             f"{TUNE_SEEDS}, the rest of the config shared. Seeds {seeds}; final test accuracy (%), mean ± std.", "",
+             "| split | method (tuned lr) | linear probe (backbone) | kNN (projector) | random-init probe | s / run |",
              "|---|---|---|---|---|---|"]
     for split, by_method in acc.items():
-        lines += [f"| {split} | {row[2:]}" for row in table(by_method)]
+        lines += [f"| {split} | {row[2:]}" for row in table(by_method, tuned[split]["chosen"])]
+    for split, record in tuned.items():
+        lines += ["", f"## Learning-rate tuning, {split} split (final linear probe %, mean over seeds {TUNE_SEEDS})",
+                  "", *tuning_table(record), "",
+                  f"Any optimum at a grid edge: **{any(record['at_edge'].values())}**."]
+    lines += ["", f"Tuning took {tuned_s / 60:.0f} min ({args.workers} process(es)); the grid started at {TUNE_GRID} "
+              f"and grows by a half-decade on a side while some method's best lr is at that edge (limits "
+              f"{GRID_LIMITS[0]:g}–{GRID_LIMITS[1]:g}); the tuning runs are written to benchmarks/fedsc.json."]
     if dp:
-        lines += ["", "## DP-protected matrices (2class split, late sharing: t = 31, 33, …, 59, T_j = 15, δ = 1e-2)",
+        lines += ["", f"## DP-protected matrices (2class split, late sharing: t = 31, 33, …, 59, T_j = 15, δ = 1e-2; "
+                  f"FedSC's tuned lr {dp_lr:g})",
                   "", "| setting | linear probe (backbone) | kNN (projector) | ε spent (max over clients) |",
                   "|---|---|---|---|"]
         base = acc.get("2class", {}).get("fedavg_sc")
@@ -195,7 +273,8 @@ def main() -> None:
               f"| trustfl sync engine (vectorized over clients, DP-CalR included) | {tim['trustfl_vectorized_s']:.3f} |",
               f"| per-client Python loop of the same work (this script) | {tim['per_client_loop_s']:.3f} |", ""]
     Path(args.out).write_text("\n".join(lines))
-    (Path(args.out).with_suffix(".json")).write_text(json.dumps({"accuracy": acc, "privacy": dp, "timing": tim}, indent=1))
+    (Path(args.out).with_suffix(".json")).write_text(json.dumps({"tuning": tuned, "accuracy": acc, "privacy": dp,
+                                                                    "timing": tim}, indent=1))
     print("\n".join(lines))
 
 

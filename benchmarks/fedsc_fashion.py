@@ -4,8 +4,8 @@ Usage (from the repository root, after ``make data``)::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc_fashion.py            # 3 seeds → benchmarks/fedsc_fashion.md
 
-configs/fedsc/fashion_mnist_2class.toml run with ``algorithm`` = fedsc, fedavg_sc, fedavg_byol, fedu, fedema and
-centralized_sc for each seed, all with the config's client settings (no per-method tuning); the table reports the
+configs/fedsc/fashion_mnist_2class.toml run with ``algorithm`` = fedsc, fedavg_sc, fedavg_byol, fedu, fedema, fedx,
+fedca (both losses) and centralized_sc for each seed, all with the config's client settings (no per-method tuning); the table reports the
 final linear probe (backbone) and kNN (projector) test accuracy, mean ± std over seeds, and the random-init
 network's probe (the floor).
 """

@@ -37,7 +37,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +52,9 @@ from trustfl.experiment import run_experiment  # noqa: E402
 from trustfl.privacy.analysis.rhdp import compute_z  # noqa: E402
 from trustfl.privacy.budgets import RHDP_FIXED_LISTS  # noqa: E402
 from trustfl.report.plots import plot_comparison  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own helpers (before any installed
+from tuning import best_lrs, grow  # noqa: E402            # package of the same name)
 
 OUT = ROOT / "benchmarks"
 CONFIG = ROOT / "configs" / "robust_hdp" / "mnist.toml"
@@ -442,15 +444,6 @@ TUNE_LAST = 5                                   # score: mean test accuracy over
 GRID_LIMITS = (1e-5, 3.0)
 
 
-def _next_lr(lr: float, up: bool) -> float:
-    """The neighbour of ``lr`` on the 1-3-10 half-decade ladder."""
-    mantissa, exponent = f"{lr:.0e}".split("e")
-    e = int(exponent)
-    if up:
-        return float(f"3e{e}") if mantissa == "1" else float(f"1e{e + 1}")
-    return float(f"3e{e - 1}") if mantissa == "1" else float(f"1e{e}")
-
-
 def _score(curve: list[tuple[int, float]]) -> float:
     return statistics.mean(acc for _, acc in curve[-TUNE_LAST:])
 
@@ -478,13 +471,9 @@ def tune(args) -> dict[str, Any]:
             print(f"tuning: {len(jobs)} runs at lr {todo}", file=sys.stderr, flush=True)
             for r in _run_all([[job] for job in jobs], args.workers):
                 scores[r["method"]].setdefault(f"{r['lr_tried']:g}", []).append(_score(r["curve"]))
-            todo = []
-            best = {m: max(grid, key=lambda lr: statistics.mean(scores[m][f"{lr:g}"])) for m in TUNE_METHODS}
+            best = best_lrs(grid, scores)
             # the grid grows where an optimum sits at its edge; the loop ends when none does (best is then final)
-            if any(b == min(grid) for b in best.values()) and _next_lr(min(grid), False) >= GRID_LIMITS[0]:
-                todo.append(_next_lr(min(grid), False))
-            if any(b == max(grid) for b in best.values()) and _next_lr(max(grid), True) <= GRID_LIMITS[1]:
-                todo.append(_next_lr(max(grid), True))
+            todo = grow(grid, best, GRID_LIMITS)
             grid = sorted(grid + todo)
     record = {
         "setting": f"{args.main_dist.capitalize()}, {args.rounds} rounds, configs/robust_hdp/mnist.toml; tuning "

@@ -3,8 +3,9 @@
 ``forward(x)`` returns the projector output z = g(f(x)) ∈ ℝ^H, on which the spectral contrastive loss and the shared
 correlation matrices are computed; ``forward(x, output="backbone")`` returns the backbone features f(x), which the
 linear probe reads (the FedSC paper's evaluation). With ``predictor`` (a list of hidden widths) the model also has
-BYOL's predictor q (Linear–ReLU–Linear, H → H) and ``forward(x, output="predictor")`` returns q(g(f(x))). Both
-models ignore ``num_classes`` (there is no classifier head).
+a predictor q (Linear–ReLU–Linear, H → H; BYOL's and FedX's) and ``forward(x, output="predictor")`` returns
+q(g(f(x))), ``output="projector_predictor"`` both z and q(z) concatenated ``(…, 2H)`` in one pass. Both models
+ignore ``num_classes`` (there is no classifier head).
 
 - ``sc_mlp``: flatten → MLP backbone (ReLU after every layer) → projector Linear–ReLU–Linear.
 - ``sc_cnn``: a small CNN for grey-scale images of any side >= 4 (10×10 canvases, 28×28 MNIST): three 3×3

@@ -1,7 +1,8 @@
 """Objectives: what a client minimises, as per-example losses (the only place a loss function is named).
 
 Registered as ``("objective", name)``: ``cross_entropy`` (classification), ``mse`` (regression), ``bce`` (binary /
-multi-label); self-supervised: ``spectral_contrastive`` (FedSC) and ``byol`` (the BYOL baselines). A user's own
+multi-label); self-supervised: ``spectral_contrastive`` (FedSC), ``byol`` (the BYOL baselines), ``fedx`` (FedX's
+cross knowledge distillation) and ``info_nce`` (InfoNCE with a dictionary of negatives, FedCA). A user's own
 objective is a function ``fn(outputs, batch) -> per-example losses`` registered with :func:`register_objective` from
 their module (name the module in the config's ``plugins``).
 """

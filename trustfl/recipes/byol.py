@@ -25,12 +25,11 @@ from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.recipes.base import AbstractRecipe, recipe_keys, recipe_number
-from trustfl.recipes.fedsc import self_supervised_client, self_supervised_run
+from trustfl.recipes.fedsc import self_supervised_client, self_supervised_run, two_view_model
 
 COMMON = ("ema", "views", "augment")
 EXTRA = {"fedavg_byol": {}, "fedu": {"threshold": 0.4}, "fedema": {"tau": 0.7}}
 """Each algorithm's own ``[recipe]`` keys and defaults, passed to its start transform (all numbers > 0)."""
-MODELS = ("sc_mlp", "sc_cnn")
 
 
 class BYOLRecipe(AbstractRecipe):
@@ -42,15 +41,7 @@ class BYOLRecipe(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, self.algorithm, COMMON + tuple(EXTRA[self.algorithm]))
         ema = recipe_number(rec, "ema", 0.99, low=0, high=1, high_open=True)
-        if recipe_number(rec, "views", 1, integer=True, low=1) != 1:
-            raise ConfigError(f"`recipe.views` must be 1 with algorithm {self.algorithm!r}: BYOL's loss pairs two "
-                              f"views of every image.")
-        if cfg.model.name not in MODELS:
-            raise ConfigError(f"`model.name` is {cfg.model.name!r}; algorithm {self.algorithm!r} needs an encoder "
-                              f"with a projector and a predictor: one of {MODELS}.")
-        model = cfg.model
-        if "predictor" not in model.params:
-            model = dataclasses.replace(model, params={**model.params, "predictor": [128]})
+        model = two_view_model(cfg, rec, self.algorithm, predictor=True)
         client = self_supervised_client(cfg, rec, self.algorithm, "byol", "the BYOL baselines are not private")
         if self.transform is not None:
             if any(c.name == self.transform for c in cfg.client.transforms):

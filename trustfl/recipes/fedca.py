@@ -27,21 +27,15 @@ from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.objectives.contrastive import DICTIONARY_LOSSES
 from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys, recipe_number
-from trustfl.recipes.fedsc import self_supervised_client, self_supervised_run
+from trustfl.recipes.fedsc import self_supervised_client, self_supervised_run, two_view_model
 
 KEYS = ("temperature", "dictionary_loss", "dictionary_views", "dictionary_ema", "views", "augment")
-MODELS = ("sc_mlp", "sc_cnn")
 
 
 class FedCARecipe(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, "fedca", KEYS)
-        if recipe_number(rec, "views", 1, integer=True, low=1) != 1:
-            raise ConfigError("`recipe.views` must be 1 with algorithm 'fedca': its loss pairs two views of every "
-                              "image.")
-        if cfg.model.name not in MODELS:
-            raise ConfigError(f"`model.name` is {cfg.model.name!r}; algorithm 'fedca' needs an encoder with a "
-                              f"projector: one of {MODELS}.")
+        model = two_view_model(cfg, rec, "fedca", predictor=False)
         if cfg.data.num_clients < 2:
             raise ConfigError(f"`data.num_clients` must be >= 2 for FedCA (each client's negatives come from the "
                               f"others), found {cfg.data.num_clients}.")
@@ -53,7 +47,7 @@ class FedCARecipe(AbstractRecipe):
         client = self_supervised_client(cfg, rec, "fedca", "info_nce",
                                         "FedCA shares per-sample representations unprotected")
         client = dataclasses.replace(client, statistics=[Component("fedca_dictionary", share)])
-        return self_supervised_run(cfg, objective, client)
+        return self_supervised_run(cfg, objective, client, model=model)
 
 
 @register("algorithm", "fedca")

@@ -78,6 +78,24 @@ def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm
     return client
 
 
+SSL_MODELS = ("sc_mlp", "sc_cnn")
+
+
+def two_view_model(cfg: ExperimentConfig, rec: dict[str, Any], algorithm: str, predictor: bool) -> Any:
+    """The model table of a recipe whose loss pairs two views of every image: ``recipe.views`` must be 1 and the
+    model an encoder with a projector (:data:`SSL_MODELS`); with ``predictor`` it gets ``[128]`` unless
+    ``model.predictor`` is set."""
+    if recipe_number(rec, "views", 1, integer=True, low=1) != 1:
+        raise ConfigError(f"`recipe.views` must be 1 with algorithm {algorithm!r}: its loss pairs two views of "
+                          f"every image.")
+    if cfg.model.name not in SSL_MODELS:
+        raise ConfigError(f"`model.name` is {cfg.model.name!r}; algorithm {algorithm!r} needs an encoder with a "
+                          f"projector{' and a predictor' if predictor else ''}: one of {SSL_MODELS}.")
+    if predictor and "predictor" not in cfg.model.params:
+        return dataclasses.replace(cfg.model, params={**cfg.model.params, "predictor": [128]})
+    return cfg.model
+
+
 def self_supervised_run(cfg: ExperimentConfig, objective: Component, client: Any, **changes: Any) -> ExperimentConfig:
     """``cfg`` with the objective and client table, the representation evaluators (linear probe, kNN) unless set,
     the initial network evaluated (the random-init floor) and uniform averaging (Algorithm 1, line 23)."""

@@ -11,30 +11,18 @@ and global relational losses against the received model, kept frozen on the clie
 """
 from __future__ import annotations
 
-import dataclasses
-
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError
 from trustfl.recipes.base import AbstractRecipe, recipe_keys, recipe_number
-from trustfl.recipes.fedsc import self_supervised_client, self_supervised_run
+from trustfl.recipes.fedsc import self_supervised_client, self_supervised_run, two_view_model
 
 KEYS = ("temperature", "target_temperature", "views", "augment")
-MODELS = ("sc_mlp", "sc_cnn")
 
 
 class FedXRecipe(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, "fedx", KEYS)
-        if recipe_number(rec, "views", 1, integer=True, low=1) != 1:
-            raise ConfigError("`recipe.views` must be 1 with algorithm 'fedx': its losses pair two views of every "
-                              "image.")
-        if cfg.model.name not in MODELS:
-            raise ConfigError(f"`model.name` is {cfg.model.name!r}; algorithm 'fedx' needs an encoder with a "
-                              f"projector and a predictor: one of {MODELS}.")
-        model = cfg.model
-        if "predictor" not in model.params:
-            model = dataclasses.replace(model, params={**model.params, "predictor": [128]})
+        model = two_view_model(cfg, rec, "fedx", predictor=True)
         objective = Component("fedx", {
             "temperature": recipe_number(rec, "temperature", 0.1, low=0, low_open=True, finite=True),
             "target_temperature": recipe_number(rec, "target_temperature", 0.01, low=0, low_open=True,

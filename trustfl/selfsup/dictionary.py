@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from trustfl.client.statistics import AbstractClientStatistic
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
-from trustfl.selfsup.augment import DEFAULT, make_views_cohort
+from trustfl.selfsup.views import view_representations
 
 __all__ = ["FedCADictionary"]
 
@@ -93,17 +93,9 @@ class FedCADictionary(AbstractClientStatistic):
 
     # -- client half -----------------------------------------------------------------------------------------
     def compute(self, represent, x, mask, client_ids, generator, augment=None):
-        m, n = mask.shape
         views_gen = [generator(c, "views") for c in client_ids]
-        parts = []
-        for start in range(0, n, self.chunk):
-            xs = x[:, start:start + self.chunk]
-            k = xs.shape[1]
-            views = augment.views(xs, self.views, views_gen) if augment is not None \
-                else make_views_cohort(xs, self.views, views_gen, DEFAULT)
-            z = represent(views.reshape(m * k * self.views, *views.shape[3:]))
-            parts.append(z.view(m, k, self.views, -1).mean(2))
-        values = torch.cat(parts, dim=1)
+        values = torch.cat([z.mean(2) for _, z in view_representations(represent, x, self.views, views_gen,
+                                                                      augment, self.chunk)], dim=1)
         return torch.where(mask.unsqueeze(-1), values, 0.0)   # padding rows carry nothing
 
 

@@ -33,7 +33,7 @@ from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.objectives.spectral import alpha_schedule, norm_clip
 from trustfl.privacy.analysis.fedsc import NEIGHBORINGS, release_event
-from trustfl.selfsup.augment import DEFAULT, make_views_cohort
+from trustfl.selfsup.views import view_representations
 from trustfl.selfsup.correlation import CorrelationStore, add_matrix_noise, client_weights
 
 __all__ = ["FedSCCorrelation"]
@@ -160,17 +160,11 @@ class FedSCCorrelation(AbstractClientStatistic):
 
     # -- client half -----------------------------------------------------------------------------------------
     def compute(self, represent, x, mask, client_ids, generator, augment=None):
-        m, n = mask.shape
         views_gen = [generator(c, "views") for c in client_ids]
         total = None
-        for start in range(0, n, self.chunk):
-            xs = x[:, start:start + self.chunk]
-            k = xs.shape[1]
-            views = augment.views(xs, self.views, views_gen) if augment is not None \
-                else make_views_cohort(xs, self.views, views_gen, DEFAULT)
-            z = represent(views.reshape(m * k * self.views, *views.shape[3:]))
-            z = norm_clip(z, math.sqrt(self.mu)).view(m, k, self.views, -1)
-            w = mask[:, start:start + k].to(z.dtype)
+        for start, z in view_representations(represent, x, self.views, views_gen, augment, self.chunk):
+            z = norm_clip(z, math.sqrt(self.mu))
+            w = mask[:, start:start + z.shape[1]].to(z.dtype)
             part = torch.einsum("jn,jnvh,jnvk->jhk", w, z, z)
             total = part if total is None else total + part
         count = (mask.to(total.dtype).sum(1) * self.views).clamp(min=1)

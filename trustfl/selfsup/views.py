@@ -18,17 +18,17 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.selfsup.augment import Augmentation, make_views_cohort
+from trustfl.selfsup.augment import DEFAULT, Augmentation, make_views_cohort
 from trustfl.types import CohortContext
 
-__all__ = ["CohortViews"]
+__all__ = ["CohortViews", "view_representations"]
 
 
 @register("augmentation", "views")
@@ -74,3 +74,19 @@ class CohortViews:
         """``num_views`` views ``(m, N, num_views, C, H, W)`` of ``x`` ``(m, N, C, H, W)`` with this kernel (e.g. for
         DP-CalR's V sharing views)."""
         return make_views_cohort(x, num_views, generators, self.kernel)
+
+
+def view_representations(represent: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, num_views: int,
+                         generators: Sequence[torch.Generator], augment: CohortViews | None = None,
+                         chunk: int = 256) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, z)`` for each chunk of ``chunk`` samples of every client: ``z`` ``(m, k, num_views, H)`` the
+    representations of ``num_views`` views of ``x[:, start:start + k]`` (``x`` ``(m, N, C, H, W)``), client ``i``'s
+    views from ``generators[i]`` with ``augment``'s kernel (the default kernel without one). For client statistics
+    computed at the received model (FedSC's DP-CalR, FedCA's dictionary)."""
+    m = x.shape[0]
+    for start in range(0, x.shape[1], chunk):
+        xs = x[:, start:start + chunk]
+        k = xs.shape[1]
+        views = augment.views(xs, num_views, generators) if augment is not None \
+            else make_views_cohort(xs, num_views, generators, DEFAULT)
+        yield start, represent(views.reshape(m * k * num_views, *views.shape[3:])).view(m, k, num_views, -1)
