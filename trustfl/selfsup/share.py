@@ -33,8 +33,8 @@ from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.objectives.spectral import alpha_schedule, norm_clip
 from trustfl.privacy.analysis.fedsc import NEIGHBORINGS, release_event
-from trustfl.selfsup.views import view_representations
 from trustfl.selfsup.correlation import CorrelationStore, add_matrix_noise, client_weights
+from trustfl.selfsup.views import view_representations
 
 __all__ = ["FedSCCorrelation"]
 
