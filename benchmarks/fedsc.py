@@ -84,25 +84,30 @@ def run_settings(config: Path, settings: dict[str, list[str]], seeds: list[int],
     return out
 
 
-def tune(config: Path, label: str, workers: int = 1) -> dict:
-    """Every method's local lr on one common grid: each method runs at every lr with every seed of
-    ``TUNE_SEEDS``; its score at an lr is the mean final linear-probe accuracy; the grid grows by a half-decade on
-    a side while some method's best lr sits at that edge (every method then runs at the new lr too)."""
-    grid, todo = list(TUNE_GRID), list(TUNE_GRID)
+def tune(config: Path, label: str, workers: int = 1, grid: list[float] | None = None,
+         seeds: list[int] | None = None, limits: tuple[float, float] = GRID_LIMITS) -> dict:
+    """Every method's local lr on one common grid (default ``TUNE_GRID``): each method runs at every lr with every
+    seed (default ``TUNE_SEEDS``); its score at an lr is the mean final linear-probe accuracy; the grid grows by a
+    half-decade on a side while some method's best lr sits at that edge, within ``limits`` (every method then runs
+    at the new lr too)."""
+    grid = list(grid or TUNE_GRID)
+    seeds = list(seeds or TUNE_SEEDS)
+    todo = list(grid)
     scores: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
     while todo:
         settings = {f"{m}@{lr:g}": [*over, f"client.lr={lr}"] for lr in todo for m, over in METHODS.items()}
-        for name, rows in run_settings(config, settings, TUNE_SEEDS, f"tune {label}", workers).items():
+        for name, rows in run_settings(config, settings, seeds, f"tune {label}", workers).items():
             m, lr = name.rsplit("@", 1)
             scores[m][lr] = [r["final_linear_probe_accuracy"] for r in rows]
         best = best_lrs(grid, scores)
-        todo = grow(grid, best, GRID_LIMITS)
+        todo = grow(grid, best, limits)
         grid = sorted(grid + todo)
-    return {"grid": grid, "seeds": TUNE_SEEDS, "scores": scores, "chosen": best,
+    return {"grid": grid, "seeds": seeds, "scores": scores, "chosen": best,
             "at_edge": {m: best[m] in (min(grid), max(grid)) for m in METHODS}}
 
 
 def tuning_table(record: dict) -> list[str]:
+    """Markdown table of :func:`tune`'s scores per method and lr, the chosen lr and whether it is at an edge."""
     grid = record["grid"]
     lines = ["| method | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen | at grid edge |",
              "|---|" + "---|" * (len(grid) + 2)]
