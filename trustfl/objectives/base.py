@@ -167,3 +167,21 @@ def match_targets(outputs: torch.Tensor, targets: torch.Tensor, who: str) -> tor
 def flat_batch(batch: Batch, leading: int) -> dict[str, Any]:
     """Merge the first ``leading`` dimensions of every batch tensor (``(m, B, ...)`` → ``(m·B, ...)``)."""
     return {k: v.flatten(0, leading - 1) for k, v in batch.items()}
+
+
+def view_pair(objective: str, batch: Batch, key: str = "views") -> torch.Tensor:
+    """The batch's two views of every image, ``(B, 2, ...)`` under ``key`` (a ConfigError names ``objective``)."""
+    views = batch[key]
+    if views.dim() < 3 or views.shape[1] != 2:
+        raise ConfigError(f"objective {objective!r} needs two views per image, (B, 2, ...) under {key!r}, found "
+                          f"shape {tuple(views.shape)} (set `recipe.views` = 1).")
+    return views
+
+
+def view_pair_outputs(objective: str, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
+                      key: str = "views", **kwargs: Any) -> torch.Tensor:
+    """The model's outputs ``(B, 2, ...)`` on both views of every image (:func:`view_pair`), in one call on the
+    2B images; ``kwargs`` go to the model (e.g. ``output="predictor"``)."""
+    views = view_pair(objective, batch, key)
+    b = views.shape[0]
+    return functional_call(model, dict(params), (views.reshape(2 * b, *views.shape[2:]),), kwargs).reshape(b, 2, -1)

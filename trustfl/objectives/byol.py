@@ -36,7 +36,7 @@ from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.models.ssl import in_encoder
-from trustfl.objectives.base import AbstractObjective, Batch
+from trustfl.objectives.base import AbstractObjective, Batch, view_pair_outputs
 
 __all__ = ["BYOL", "TARGET", "byol_losses"]
 
@@ -73,26 +73,16 @@ class BYOL(AbstractObjective):
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         if self.input_key not in batch:
             return functional_call(model, dict(params), (batch["x"],))
-        return self._views(model, params, batch, "predictor")
-
-    def _views(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
-               output: str) -> torch.Tensor:
-        views = batch[self.input_key]
-        if views.dim() < 3 or views.shape[1] != 2:
-            raise ConfigError(f"objective 'byol' needs two views per image, (B, 2, ...) under {self.input_key!r}, "
-                              f"found shape {tuple(views.shape)} (set `recipe.views` = 1).")
-        b = views.shape[0]
-        out = functional_call(model, dict(params), (views.reshape(2 * b, *views.shape[2:]),), {"output": output})
-        return out.reshape(b, 2, -1)
+        return view_pair_outputs("byol", model, params, batch, self.input_key, output="predictor")
 
     def client_outputs(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
                        personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``(2, B, 2, H)``: online predictions and target projections of both views. Without a target in
         ``personal`` (outside local training) the online weights stand in for it."""
-        online = self._views(model, params, batch, "predictor")
+        online = view_pair_outputs("byol", model, params, batch, self.input_key, output="predictor")
         target = {n: (personal.get(TARGET + n, v) if in_encoder(n) else v).detach() for n, v in params.items()}
         with torch.no_grad():
-            projected = self._views(model, target, batch, "projector")
+            projected = view_pair_outputs("byol", model, target, batch, self.input_key, output="projector")
         return torch.stack([online, projected])
 
     def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:

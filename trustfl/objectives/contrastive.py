@@ -38,18 +38,20 @@ from torch.func import functional_call
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.objectives.base import AbstractObjective, Batch
+from trustfl.objectives.base import AbstractObjective, Batch, view_pair_outputs
 
-__all__ = ["DICTIONARY_LOSSES", "InfoNCE", "info_nce_losses"]
+__all__ = ["DICTIONARY_LOSSES", "InfoNCE", "info_nce_losses", "masked_logits"]
 
 DICTIONARY_LOSSES = ("joint", "code")
 CODE_WEIGHT = 0.2
 """The dictionary term's weight in the authors' ``Client_CA`` (the batch term has 1 − 0.2)."""
 
 
-def _fill(temperature: float) -> float:
-    """A logit that no softmax of cosines at ``temperature`` can feel: e^{fill − max} underflows to 0."""
-    return -(2.0 / temperature + 1e4)
+def masked_logits(logits: torch.Tensor, keep: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Cosine logits at ``temperature`` with the entries where ``keep`` is False set to a finite value that no
+    softmax can feel (e^{fill − max} underflows to 0): masked entries drop out without −inf (no NaN gradient when a
+    whole row is masked)."""
+    return torch.where(keep, logits, -(2.0 / temperature + 1e4))
 
 
 def info_nce_losses(outputs: torch.Tensor, temperature: float = 0.1, mask: Optional[torch.Tensor] = None,
@@ -65,16 +67,15 @@ def info_nce_losses(outputs: torch.Tensor, temperature: float = 0.1, mask: Optio
     u, w = F.normalize(outputs[:, 0], dim=-1), F.normalize(outputs[:, 1], dim=-1)
     b = u.shape[0]
     rows = torch.ones(b, dtype=torch.bool, device=u.device) if mask is None else mask.bool()
-    fill = _fill(temperature)
     positive = (u * w).sum(-1) / temperature
-    batch_logits = torch.where(rows.unsqueeze(0), u @ w.T / temperature, fill)               # (B, B)
+    batch_logits = masked_logits(u @ w.T / temperature, rows.unsqueeze(0), temperature)      # (B, B)
     if dictionary is None:
         losses = torch.logsumexp(batch_logits, dim=1) - positive
         return torch.where(rows, losses, 0.0)
     d = F.normalize(dictionary, dim=-1)
     valid = torch.ones(d.shape[0], dtype=torch.bool, device=d.device) if dictionary_mask is None \
         else dictionary_mask.bool()
-    dict_logits = torch.where(valid.unsqueeze(0), u @ d.T / temperature, fill)              # (B, K)
+    dict_logits = masked_logits(u @ d.T / temperature, valid.unsqueeze(0), temperature)     # (B, K)
     if mode == "joint":
         losses = torch.logsumexp(torch.cat([batch_logits, dict_logits], dim=1), dim=1) - positive
         return torch.where(rows, losses, 0.0)
@@ -116,12 +117,7 @@ class InfoNCE(AbstractObjective):
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         if self.input_key not in batch:
             return functional_call(model, dict(params), (batch["x"],))
-        views = batch[self.input_key]
-        if views.dim() < 3 or views.shape[1] != 2:
-            raise ConfigError(f"objective 'info_nce' needs two views per image, (B, 2, ...) under "
-                              f"{self.input_key!r}, found shape {tuple(views.shape)} (set `recipe.views` = 1).")
-        b = views.shape[0]
-        return functional_call(model, dict(params), (views.reshape(2 * b, *views.shape[2:]),)).reshape(b, 2, -1)
+        return view_pair_outputs("info_nce", model, params, batch, self.input_key)
 
     def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         if outputs.dim() != 3 or outputs.shape[1] != 2:

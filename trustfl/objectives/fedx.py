@@ -16,9 +16,9 @@ relational target):
 
 This is the local loss of the FedSC authors' FedX baseline (their ``Client_X``: τ = 0.1, τ₂ = 0.01; the global term
 of NT-Xent is one-sided, p₁ against z^G₂ only). The anchors: FedX draws an independent random batch of the client's
-data every step; here they are the first view of the client's *previous* batch of the round (its own data, drawn by its own
-sampler), and in a round's first step its current batch. Padding rows are no anchors, no negatives and carry no
-loss.
+data every step; here they are the first view of the client's *previous* batch of the round (its own data, drawn
+by its own sampler), and in a round's first step its current batch. Padding rows are no anchors, no negatives and
+carry no loss.
 
 References:
   Han et al., *FedX: Unsupervised Federated Learning with Cross Knowledge Distillation*, ECCV 2022.
@@ -39,7 +39,8 @@ from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.models.ssl import in_encoder
-from trustfl.objectives.base import AbstractObjective, Batch
+from trustfl.objectives.base import AbstractObjective, Batch, view_pair, view_pair_outputs
+from trustfl.objectives.contrastive import masked_logits
 
 __all__ = ["FedX", "GLOBAL", "ANCHOR", "nt_xent_losses", "relational_losses"]
 
@@ -49,18 +50,14 @@ ANCHOR = "fedx_anchor/"
 """``personal`` keys of the anchor images (``ANCHOR + "x"``) and their mask (``ANCHOR + "mask"``)."""
 
 
-def _masked(logits: torch.Tensor, keep: torch.Tensor, temperature: float) -> torch.Tensor:
-    return torch.where(keep, logits, -(2.0 / temperature + 1e4))   # e^{fill − max} underflows to 0
-
-
 def nt_xent_losses(x: torch.Tensor, y: torch.Tensor, temperature: float, mask: torch.Tensor) -> torch.Tensor:
     """Per-image NT-Xent ``(B,)`` (the mean of the image's two terms), padding rows (``mask`` False) 0."""
     b = x.shape[0]
     v = F.normalize(torch.cat([x, y]), dim=-1)                                        # (2B, H)
     real = torch.cat([mask, mask]).bool()
     eye = torch.eye(2 * b, dtype=torch.bool, device=v.device)
-    logits = _masked(v @ v.T / temperature, real.unsqueeze(0) & ~eye, temperature)
-    pair = torch.cat([torch.arange(b, 2 * b), torch.arange(b)]).to(v.device)
+    logits = masked_logits(v @ v.T / temperature, real.unsqueeze(0) & ~eye, temperature)
+    pair = torch.arange(2 * b, device=v.device).roll(b)                              # i ↔ i ± B
     positive = (v * v[pair]).sum(-1) / temperature
     per = torch.logsumexp(logits, dim=1) - positive
     return torch.where(mask.bool(), 0.5 * (per[:b] + per[b:]), 0.0)
@@ -72,10 +69,10 @@ def relational_losses(x: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, a
     a = F.normalize(anchors, dim=-1)
     sx, sy = F.normalize(x, dim=-1) @ a.T, F.normalize(y, dim=-1) @ a.T               # (B, A)
     keep = anchor_mask.bool().unsqueeze(0)
-    log_px = torch.log_softmax(_masked(sx / temperature, keep, temperature), dim=1)
-    log_py = torch.log_softmax(_masked(sy / temperature, keep, temperature), dim=1)
-    log_tx = torch.log_softmax(_masked(sx / target_temperature, keep, target_temperature), dim=1)
-    log_ty = torch.log_softmax(_masked(sy / target_temperature, keep, target_temperature), dim=1)
+    log_px = torch.log_softmax(masked_logits(sx / temperature, keep, temperature), dim=1)
+    log_py = torch.log_softmax(masked_logits(sy / temperature, keep, temperature), dim=1)
+    log_tx = torch.log_softmax(masked_logits(sx / target_temperature, keep, target_temperature), dim=1)
+    log_ty = torch.log_softmax(masked_logits(sy / target_temperature, keep, target_temperature), dim=1)
     log_target = torch.logaddexp(log_tx, log_ty) - math.log(2.0)   # finite where T underflows: no 0·log 0
     target = log_target.exp()
     entropy = (target * log_target).sum(1)
@@ -106,23 +103,14 @@ class FedX(AbstractObjective):
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         if self.input_key not in batch:
             return functional_call(model, dict(params), (batch["x"],))
-        views = self._views(batch)
-        b = views.shape[0]
-        return functional_call(model, dict(params), (views.reshape(2 * b, *views.shape[2:]),)).reshape(b, 2, -1)
-
-    def _views(self, batch: Batch) -> torch.Tensor:
-        views = batch[self.input_key]
-        if views.dim() < 3 or views.shape[1] != 2:
-            raise ConfigError(f"objective 'fedx' needs two views per image, (B, 2, ...) under {self.input_key!r}, "
-                              f"found shape {tuple(views.shape)} (set `recipe.views` = 1).")
-        return views
+        return view_pair_outputs("fedx", model, params, batch, self.input_key)
 
     def client_outputs(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
                        personal: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``(2B + A, 3H)``: for both views and the anchors, the local projection, the local prediction and the
         received model's projection (no gradient). Without the received model in ``personal`` (outside local
         training) the local weights stand in for it."""
-        views = self._views(batch)
+        views = view_pair("fedx", batch, self.input_key)
         b = views.shape[0]
         anchors = personal.get(ANCHOR + "x", views[:, 0])
         inputs = torch.cat([views.reshape(2 * b, *views.shape[2:]), anchors])
