@@ -45,7 +45,7 @@ from trustfl.objectives.spectral import fedsc_loss, norm_clip  # noqa: E402
 from trustfl.selfsup.augment import DEFAULT, make_views  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own helpers
-from tuning import best_lrs, grow  # noqa: E402
+from tuning import search  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {**{m: [f'algorithm="{m}"'] for m in ("fedsc", "fedavg_sc", "fedavg_byol", "fedu", "fedema")},
@@ -90,20 +90,17 @@ def tune(config: Path, label: str, workers: int = 1, grid: list[float] | None = 
     seed (default ``TUNE_SEEDS``); its score at an lr is the mean final linear-probe accuracy; the grid grows by a
     half-decade on a side while some method's best lr sits at that edge, within ``limits`` (every method then runs
     at the new lr too)."""
-    grid = list(grid or TUNE_GRID)
     seeds = list(seeds or TUNE_SEEDS)
-    todo = list(grid)
-    scores: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
-    while todo:
-        settings = {f"{m}@{lr:g}": [*over, f"client.lr={lr}"] for lr in todo for m, over in METHODS.items()}
+
+    def run(lrs: list[float]) -> dict[str, dict[str, list[float]]]:
+        settings = {f"{m}@{lr:g}": [*over, f"client.lr={lr}"] for lr in lrs for m, over in METHODS.items()}
+        scores: dict[str, dict[str, list[float]]] = {m: {} for m in METHODS}
         for name, rows in run_settings(config, settings, seeds, f"tune {label}", workers).items():
             m, lr = name.rsplit("@", 1)
             scores[m][lr] = [r["final_linear_probe_accuracy"] for r in rows]
-        best = best_lrs(grid, scores)
-        todo = grow(grid, best, limits)
-        grid = sorted(grid + todo)
-    return {"grid": grid, "seeds": seeds, "scores": scores, "chosen": best,
-            "at_edge": {m: best[m] in (min(grid), max(grid)) for m in METHODS}}
+        return scores
+
+    return {**search(grid or TUNE_GRID, limits, run), "seeds": seeds}
 
 
 def tuning_table(record: dict) -> list[str]:
@@ -128,7 +125,7 @@ def run_methods(config: Path, methods: dict[str, list[str]], seeds: list[int], l
 
 def accuracy(splits: list[str], seeds: list[int], tuned: dict, workers: int) -> dict:
     return {split: run_methods(ROOT / f"configs/fedsc/digits_canvas_{split}.toml", METHODS, seeds, split,
-                               tuned[split]["chosen"] if split in tuned else None, workers) for split in splits}
+                               tuned[split]["chosen"], workers) for split in splits}
 
 
 def table(results: dict, lrs: dict[str, float] | None = None) -> list[str]:
@@ -259,8 +256,9 @@ def main() -> None:
               f"and grows by a half-decade on a side while some method's best lr is at that edge (limits "
               f"{GRID_LIMITS[0]:g}–{GRID_LIMITS[1]:g}); the tuning runs are written to benchmarks/fedsc.json."]
     if dp:
+        at = f"FedSC's tuned lr {dp_lr:g}" if dp_lr else "the config's lr (the 2class split was not tuned)"
         lines += ["", f"## DP-protected matrices (2class split, late sharing: t = 31, 33, …, 59, T_j = 15, δ = 1e-2; "
-                  f"FedSC's tuned lr {dp_lr:g})",
+                  f"{at})",
                   "", "| setting | linear probe (backbone) | kNN (projector) | ε spent (max over clients) |",
                   "|---|---|---|---|"]
         base = acc.get("2class", {}).get("fedavg_sc")

@@ -54,7 +54,7 @@ from trustfl.privacy.budgets import RHDP_FIXED_LISTS  # noqa: E402
 from trustfl.report.plots import plot_comparison  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own helpers (before any installed
-from tuning import best_lrs, grow  # noqa: E402            # package of the same name)
+from tuning import search  # noqa: E402                    # package of the same name)
 
 OUT = ROOT / "benchmarks"
 CONFIG = ROOT / "configs" / "robust_hdp" / "mnist.toml"
@@ -458,31 +458,27 @@ def tune(args) -> dict[str, Any]:
     grows by one half-decade on that side and *every* method runs at the new lr (the grid stays common), up to
     ``GRID_LIMITS``.
     """
-    grid = list(TUNE_GRID)
-    scores: dict[str, dict[str, list[float]]] = {m: {} for m in TUNE_METHODS}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as root:
-        todo = list(grid)
-        while todo:
+        def run(lrs: list[float]) -> dict[str, dict[str, list[float]]]:
             jobs = [{"kind": "grid", "id": f"tune-{m}-{lr:g}-s{seed}", "dist": args.main_dist, "method": m,
                      "seed": seed, "rounds": args.rounds, "root": root, "lr_tried": lr,
                      "extra": [f"recipe.lrs.{m}={lr}"]}
-                    for lr in todo for m in TUNE_METHODS for seed in TUNE_SEEDS]
-            print(f"tuning: {len(jobs)} runs at lr {todo}", file=sys.stderr, flush=True)
+                    for lr in lrs for m in TUNE_METHODS for seed in TUNE_SEEDS]
+            print(f"tuning: {len(jobs)} runs at lr {lrs}", file=sys.stderr, flush=True)
+            scores: dict[str, dict[str, list[float]]] = {m: {} for m in TUNE_METHODS}
             for r in _run_all([[job] for job in jobs], args.workers):
                 scores[r["method"]].setdefault(f"{r['lr_tried']:g}", []).append(_score(r["curve"]))
-            best = best_lrs(grid, scores)
-            # the grid grows where an optimum sits at its edge; the loop ends when none does (best is then final)
-            todo = grow(grid, best, GRID_LIMITS)
-            grid = sorted(grid + todo)
+            return scores
+
+        tuned = search(TUNE_GRID, GRID_LIMITS, run)
     record = {
         "setting": f"{args.main_dist.capitalize()}, {args.rounds} rounds, configs/robust_hdp/mnist.toml; tuning "
                    f"seeds {TUNE_SEEDS} (the benchmark's seeds are 0, 1, 2); score = mean over the tuning seeds of "
                    f"the test accuracy averaged over the last {TUNE_LAST} rounds",
         "command": "python benchmarks/robust_hdp.py",
-        "grid": grid, "seeds": TUNE_SEEDS, "scores": scores, "chosen": best,
-        "at_edge": {m: best[m] in (min(grid), max(grid)) for m in TUNE_METHODS},
-        "seconds": time.perf_counter() - start,
+        "grid": tuned["grid"], "seeds": TUNE_SEEDS, "scores": tuned["scores"], "chosen": tuned["chosen"],
+        "at_edge": tuned["at_edge"], "seconds": time.perf_counter() - start,
     }
     (OUT / "robust_hdp_lr.json").write_text(json.dumps(record, indent=1))
     return record

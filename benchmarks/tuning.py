@@ -3,7 +3,7 @@ side while some method's best value sits at that edge, so no reported optimum is
 from __future__ import annotations
 
 import statistics
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 def next_lr(lr: float, up: bool) -> float:
@@ -28,3 +28,24 @@ def grow(grid: Sequence[float], best: Mapping[str, float], limits: tuple[float, 
     if any(b == max(grid) for b in best.values()) and next_lr(max(grid), True) <= limits[1]:
         todo.append(next_lr(max(grid), True))
     return todo
+
+
+def search(grid: Sequence[float], limits: tuple[float, float],
+           run: Callable[[list[float]], Mapping[str, Mapping[str, list[float]]]]) -> dict[str, Any]:
+    """Tune every method on one common grid: ``run(lrs)`` runs every method at each of ``lrs`` and returns its
+    scores ``{method: {f"{lr:g}": [one per seed]}}``; while some method's best lr sits at an edge of the grid, the
+    grid grows by a half-decade on that side (within ``limits``) and every method runs at the new lr.
+
+    Returns ``{"grid", "scores", "chosen", "at_edge"}``: the final grid, every score, each method's best lr and
+    whether it is the grid's smallest or largest.
+    """
+    grid, todo = sorted(grid), sorted(grid)
+    scores: dict[str, dict[str, list[float]]] = {}
+    while todo:
+        for method, by_lr in run(todo).items():
+            scores.setdefault(method, {}).update(by_lr)
+        best = best_lrs(grid, scores)
+        todo = grow(grid, best, limits)  # the loop ends when no optimum sits at an edge it may still move
+        grid = sorted(grid + todo)
+    return {"grid": grid, "scores": scores, "chosen": best,
+            "at_edge": {m: b in (min(grid), max(grid)) for m, b in best.items()}}
