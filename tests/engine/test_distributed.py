@@ -7,7 +7,6 @@ Every process here rendezvous on the loopback interface (127.0.0.1) or a file st
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.child_run import child_env
 from trustfl.config.load import load_config
 from trustfl.engine.distributed import Ranks, gather_results, ranks_from_env, share
 from trustfl.engine.executors import ClientResults
@@ -76,10 +76,7 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return env
+    return child_env(drop=("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"), OMP_NUM_THREADS="1")
 
 
 def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:

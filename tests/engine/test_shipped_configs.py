@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from tests.engine.shipped_configs import CONFIGS, VOLATILE, fixture_path, overrides, write_fake_mnist
+from tests.engine.shipped_configs import CONFIGS, VOLATILE, fixture_path, overrides, write_fake_idx
 from trustfl.config.load import load_config
 from trustfl.experiment import run_experiment
 
@@ -33,7 +33,7 @@ from trustfl.experiment import run_experiment
 @pytest.fixture(scope="module")
 def fake_mnist(tmp_path_factory):
     path = tmp_path_factory.mktemp("data")
-    write_fake_mnist(path)
+    write_fake_idx(path)
     return path
 
 

@@ -18,7 +18,6 @@ import dataclasses
 import datetime
 import logging
 import math
-import os
 import random
 import re
 import subprocess
@@ -30,7 +29,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from tests.engine.shipped_configs import ROOT, write_fake_mnist
+from tests.child_run import child_env
+from tests.engine.shipped_configs import IDX_SETS, ROOT, write_fake_idx
 from trustfl.config.build import build_federation
 from trustfl.config.load import config_from_dict, dump_toml, load_config
 from trustfl.errors import BudgetExceededError, ConfigError, RegistryError, TrustFLError
@@ -139,7 +139,7 @@ class Generator:
         self.parsed = {}
         for name in SHIPPED:
             data = tomllib.loads((ROOT / name).read_text())
-            if data.get("data", {}).get("dataset") == "mnist":  # the fake MNIST, never a real download
+            if data.get("data", {}).get("dataset") in IDX_SETS:  # the fake images, never a real download
                 data["data"]["data_dir"] = str(mnist_dir)
                 options = {**data["data"].get("options", {}), "verify": False}
                 for key, cap in (("max_train", FAKE_TRAIN), ("max_test", FAKE_TEST)):  # subsets within the fake
@@ -323,7 +323,7 @@ def quiet_accounting():
 def fuzz_results(tmp_path_factory, quiet_accounting):
     tmp = tmp_path_factory.mktemp("fuzz")
     mnist = tmp / "data"
-    write_fake_mnist(mnist, train=FAKE_TRAIN, test=FAKE_TEST)
+    write_fake_idx(mnist, train=FAKE_TRAIN, test=FAKE_TEST)
     gen = Generator(SEED, mnist, tmp / "files")
     (tmp / "files").mkdir()
     gen.buildable = [name for name in BUILDABLE if _builds(gen.parsed[name])]
@@ -416,7 +416,7 @@ def _cli_cases(tmp: Path) -> list[tuple[list[str], str]]:
 
 
 def test_cli_processes_print_one_line_and_exit_2(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     pending = []
     results = []
     for args, fragment in _cli_cases(tmp_path):  # two at a time: the CI machines have 2 cores
