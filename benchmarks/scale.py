@@ -7,7 +7,9 @@ Setting: FedAvg, one local epoch, batch 32, lr 0.01, on the generated population
 population takes part in every round (cohort = population). trustfl is the synchronous engine with the vectorized
 executor (``engine.max_clients_per_batch`` = ``--chunk`` above that many clients); the plain loop is
 ``benchmarks/engine_throughput.py``'s ``nn.Module`` + ``torch.optim.SGD`` per client, on the same clients, data
-and batches. Both generate their clients' data inside the round (the data column gives that share).
+and batches. With ``--data generated`` (the default) both generate their clients' data on the CPU inside the round
+(the data column gives that share); with ``--data resident`` every client's examples are generated once, at build,
+and held on the device (as a GPU user holds a data set that fits), so a round measures training alone.
 
 Each (model, cohort, method) runs in its own process (peak RSS, VmHWM, is its own; on CUDA also
 ``torch.cuda.max_memory_allocated``); ``--repeats`` runs every cell that many times, interleaved, and reports the
@@ -16,8 +18,9 @@ linearly from the same model and method at the next smaller cohort, would exceed
 A cohort of ``--large-cohort`` clients or more uses ``--large-samples`` examples per client. Also measured: one
 round of a population of 1,000,000 clients with 100 per round (configs/scale/synthetic_million.toml).
 
-Run: ``.venv/bin/python benchmarks/scale.py [--device cpu|cuda|auto] [--cohorts 10,100,1000,10000] [--out FILE]``.
-The record benchmarks/scale.md is written with the command at its top.
+Run: ``.venv/bin/python benchmarks/scale.py [--device cpu|cuda|auto] [--data generated|resident] [--cohorts
+10,100,1000,10000] [--out FILE]``. The records benchmarks/scale.md (CPU) and benchmarks/scale_gpu.md (GPU,
+``--device cuda --data resident --no-million``) are written with the command at their top.
 """
 from __future__ import annotations
 
@@ -41,6 +44,12 @@ MESSAGE_COPIES = 2.0
 are written once into one matrix that the server screens and aggregates in place, beside one chunk of clients in
 training (``"auto"`` chunks take half of what is left). Before that change (three copies), 10,000 MLP clients
 (7.4 GiB of messages) were killed by the kernel at a max RSS of 23.9 GB on a 24 GiB machine."""
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child process: this checkout first on PYTHONPATH, the caller's entries kept after it."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                **extra)
 
 
 def _available_gib() -> float:
@@ -67,12 +76,22 @@ def _config(model: str, cohort: int, samples: int, chunk: int, device: str = "cp
                    "max_clients_per_batch": chunk if chunk and cohort > chunk else "auto"}}
 
 
-def _federation(model: str, cohort: int, samples: int, chunk: int, device: str):
+def _federation(model: str, cohort: int, samples: int, chunk: int, device: str, resident: bool = False):
+    """The benchmark's federation; ``resident``: every client's examples generated once, at build, and held on
+    ``device`` (a dense training set whose rows are the population's virtual rows), instead of generated on the CPU
+    inside every round."""
+    import dataclasses
+
     from trustfl.config.build import build_federation
     from trustfl.config.load import config_from_dict
+    from trustfl.engine.local import TrainData
 
     fed = build_federation(config_from_dict(_config(model, cohort, samples, chunk, device)), quiet=True)
     assert set(fed.client_rows.sizes()) == {samples}
+    if resident:  # client k's rows offsets[k] .. offsets[k+1] index the concatenation of clients 0 .. N-1
+        population = fed.train_data.population
+        tensors = {k: v.to(fed.test_data["x"].device) for k, v in population.materialise(range(cohort)).items()}
+        fed = dataclasses.replace(fed, train_data=TrainData(tensors, fed.train_data.num_classes))
     return fed
 
 
@@ -91,7 +110,7 @@ def torchrun_worker(ranks: int, rounds: int) -> dict:
             run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                    *run[1:]]
         threads = max(1, (os.cpu_count() or 1) // ranks)
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads))
+        env = _child_env(OMP_NUM_THREADS=str(threads))
         out = subprocess.run(run, capture_output=True, text=True, env=env, cwd=ROOT)
         if out.returncode != 0:
             return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1][:200]}
@@ -102,12 +121,15 @@ def torchrun_worker(ranks: int, rounds: int) -> dict:
             "accuracy": rows[-1].get("accuracy")}
 
 
-def worker(model: str, cohort: int, method: str, samples: int, chunk: int, rounds: int, device: str) -> dict:
+def worker(model: str, cohort: int, method: str, samples: int, chunk: int, rounds: int, device: str,
+           resident: bool = False) -> dict:
     import torch
     from engine_throughput import _plain_round  # this directory (opacus ships a `benchmarks` package)
     from trustfl.engine.sync import initial_state, run_round
 
-    fed = _federation(model, cohort, samples, chunk, device)
+    start = time.perf_counter()
+    fed = _federation(model, cohort, samples, chunk, device, resident)
+    build_s = time.perf_counter() - start
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     state = initial_state(fed)
     times = []
@@ -123,9 +145,12 @@ def worker(model: str, cohort: int, method: str, samples: int, chunk: int, round
         if r:
             times.append(time.perf_counter() - start)
     start = time.perf_counter()  # the share of a round spent generating the cohort's data (both methods do it)
-    for i in range(0, cohort, max(chunk, 1)):
-        fed.train_data.population.materialise(range(i, min(i + chunk, cohort)))
-    out = {"seconds_per_round": statistics.median(times), "data_s": time.perf_counter() - start,
+    if not resident:
+        step = chunk or cohort
+        for i in range(0, cohort, step):
+            fed.train_data.population.materialise(range(i, min(i + step, cohort)))
+    out = {"seconds_per_round": statistics.median(times),
+           "data_s": build_s if resident else time.perf_counter() - start,
            "peak_rss_mb": _peak_rss_mb(), "finite": bool(torch.isfinite(state.params).all())}
     if device == "cuda":
         out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -148,7 +173,7 @@ def million_worker() -> dict:
 
 
 def _spawn(args: list[str], threads: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = _child_env()
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -179,6 +204,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300, help="skip a cell extrapolated to run longer")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per run (after one warm-up round)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of every cell; median reported")
+    parser.add_argument("--data", choices=("generated", "resident"), default="generated",
+                        help="generated: each round generates its cohort's examples on the CPU (both methods); "
+                             "resident: generated once at build and held on the device")
     parser.add_argument("--threads", type=int, default=0, help="OMP/torch threads of the workers (0: default)")
     parser.add_argument("--no-million", action="store_true", help="skip the 1,000,000-client population")
     parser.add_argument("--out", help="also write the record (markdown) to this file")
@@ -191,7 +219,8 @@ def main() -> None:
         return
     if args.worker:
         model, cohort, method, samples = args.worker
-        print(json.dumps(worker(model, int(cohort), method, int(samples), args.chunk, args.rounds, device)))
+        print(json.dumps(worker(model, int(cohort), method, int(samples), args.chunk, args.rounds, device,
+                                args.data == "resident")))
         return
 
     command = " ".join([".venv/bin/python", "benchmarks/scale.py"] + sys.argv[1:])
@@ -225,7 +254,8 @@ def main() -> None:
                             skipped[key] = f"extrapolated {guess:.0f} s > --budget-s {args.budget_s:.0f}"
                             continue
                     res = _spawn(["--worker", model, str(cohort), method, str(samples_of[cohort]), "--chunk",
-                                  str(args.chunk), "--rounds", str(args.rounds), "--device", device], args.threads)
+                                  str(args.chunk), "--rounds", str(args.rounds), "--device", device,
+                                  "--data", args.data], args.threads)
                     if "error" in res:
                         skipped[key] = f"failed: {res['error']}"
                         continue
@@ -267,8 +297,11 @@ def _record(command, args, device, models, cohorts, samples_of, runs, skipped, m
              f"client ({args.large_samples} from {args.large_cohort} clients per round on); batch 32, 1 local "
              f"epoch. trustfl: vectorized executor, engine.max_clients_per_batch = "
              f"{args.chunk or chr(34) + 'auto' + chr(34)}. Peak = the process's max RSS (VmHWM)"
-             + (", GPU = torch.cuda.max_memory_allocated" if device == "cuda" else "") + ". data s = generating "
-             "the cohort's examples once (inside every round, for both methods).", "",
+             + (", GPU = torch.cuda.max_memory_allocated" if device == "cuda" else "") + ". data s = "
+             + ("generating the cohort's examples once (inside every round, for both methods)."
+                if args.data == "generated" else
+                "building the federation, every client's examples generated once and held on the device "
+                "(--data resident: not inside the rounds, for both methods)."), "",
              "| model | clients/round | examples/client | trustfl s/round | plain s/round | plain/trustfl | "
              "trustfl rounds/s | data s | peak MB trustfl / plain" + (" | GPU MB trustfl / plain" if device == "cuda"
                                                                       else "") + " |",
