@@ -131,3 +131,20 @@ def test_registry_and_accounting() -> None:
     assert {name: s.accounting for name, s in built.items()} == {
         "shuffle": "shuffle", "fixed": "without_replacement", "poisson": "poisson"}
     assert all(isinstance(s, AbstractBatchSampler) for s in built.values())
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("n,b,count", [(64, 32, {"epochs": 1}), (70, 32, {"epochs": 2}), (25, 10, {"num_steps": 7}),
+                                       (5, 5, {"epochs": 3}), (40, 3, {"num_steps": 1}), (300, 4, {"epochs": 1})])
+def test_step_matrix_rows_are_the_batches_of_steps(sampler: AbstractBatchSampler, n: int, b: int, count: dict) -> None:
+    """The stacked form the vectorized executor reads holds the same draws as the list: row s = batch s, then -1s."""
+    batches = sampler.steps(n, b, _gen(11), **count)
+    matrix = sampler.step_matrix(n, b, _gen(11), **count)
+    assert matrix.dtype == torch.int64 and matrix.shape == (len(batches), max(1, max(x.numel() for x in batches)))
+    for row, batch in zip(matrix, batches):
+        assert torch.equal(row[:batch.numel()], batch) and bool((row[batch.numel():] == -1).all())
+
+
+def test_shuffle_matrix_with_a_batch_larger_than_the_data_is_one_full_row_per_epoch() -> None:
+    matrix = ShuffleSampler().step_matrix(4, 32, _gen(1), epochs=2)
+    assert matrix.shape == (2, 4) and all(sorted(row.tolist()) == [0, 1, 2, 3] for row in matrix)

@@ -68,6 +68,19 @@ class AbstractBatchSampler:
         Raises:
           ConfigError: an invalid size or count, or not exactly one of ``epochs`` / ``num_steps``.
         """
+        return self._draw(*self._count(num_samples, batch_size, epochs, num_steps), generator)
+
+    def step_matrix(self, num_samples: int, batch_size: int, generator: torch.Generator, *,
+                    epochs: int | None = None, num_steps: int | None = None) -> torch.Tensor:
+        """The batches of :meth:`steps` (the same draws from ``generator``) as one int64 matrix ``(steps, width)``:
+        row ``s`` holds step ``s``'s indices followed by −1 pads; ``width`` is the largest batch (at least 1).
+
+        A cohort's schedules are stacked from these without one tensor per batch (the simulator's hot path)."""
+        return self._draw_matrix(*self._count(num_samples, batch_size, epochs, num_steps), generator)
+
+    def _count(self, num_samples: int, batch_size: int, epochs: int | None,
+               num_steps: int | None) -> tuple[int, int, int]:
+        """``(n, b, total steps)`` after checking the arguments of :meth:`steps`."""
         n, b = self._check(num_samples, batch_size)
         if (epochs is None) == (num_steps is None):
             raise ConfigError(f"Give exactly one of `epochs` and `num_steps`, found epochs={epochs!r}, "
@@ -75,7 +88,7 @@ class AbstractBatchSampler:
         per_epoch = math.ceil(n / b)
         total = per_epoch * _positive_int("epochs", epochs) if epochs is not None \
             else _positive_int("num_steps", num_steps)
-        return self._draw(n, b, total, generator)
+        return n, b, total
 
     def sample_rate(self, num_samples: int, batch_size: int) -> float:
         """The sampling rate q = b/n (capped at 1 where b > n is allowed)."""
@@ -92,6 +105,9 @@ class AbstractBatchSampler:
 
     def _draw(self, n: int, b: int, total: int, generator: torch.Generator) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def _draw_matrix(self, n: int, b: int, total: int, generator: torch.Generator) -> torch.Tensor:
+        return padded_rows(self._draw(n, b, total, generator))
 
 
 @register("batch_sampler", "shuffle")
@@ -111,6 +127,17 @@ class ShuffleSampler(AbstractBatchSampler):
         while len(batches) < total:
             batches.extend(torch.randperm(n, generator=generator).split(b))
         return batches[:total]
+
+    def _draw_matrix(self, n: int, b: int, total: int, generator: torch.Generator) -> torch.Tensor:
+        width, per_epoch = min(b, n), math.ceil(n / b)
+        epochs = math.ceil(total / per_epoch)
+        if n % width == 0:  # no batch is short: the permutations themselves, cut into rows
+            perms = [torch.randperm(n, generator=generator) for _ in range(epochs)]
+            return (perms[0] if epochs == 1 else torch.cat(perms)).view(-1, width)[:total]
+        out = torch.full((epochs, per_epoch * width), -1, dtype=torch.long)
+        for e in range(epochs):  # the permutations of _draw, in order; an epoch's last batch padded
+            out[e, :n] = torch.randperm(n, generator=generator)
+        return out.view(epochs * per_epoch, width)[:total]
 
 
 @register("batch_sampler", "fixed")
@@ -143,6 +170,14 @@ class PoissonSampler(AbstractBatchSampler):
 
     def _draw(self, n: int, b: int, total: int, generator: torch.Generator) -> list[torch.Tensor]:
         return [_bernoulli_indices(n, b / n, generator) for _ in range(total)]
+
+
+def padded_rows(batches: list[torch.Tensor]) -> torch.Tensor:
+    """``batches`` (1-D int64) as the rows of one matrix, each followed by −1 pads (at least one column)."""
+    width = max((int(x.numel()) for x in batches), default=0)
+    if width == 0:
+        return torch.full((len(batches), 1), -1, dtype=torch.long)
+    return torch.nn.utils.rnn.pad_sequence(batches, batch_first=True, padding_value=-1)
 
 
 def _distinct_uniform(n: int, b: int, generator: torch.Generator) -> torch.Tensor:

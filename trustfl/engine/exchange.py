@@ -61,8 +61,8 @@ def exchange(fed: Federation, state: EngineState, r: int, plans: list[ClientPlan
         ids = stat.uploaders(r, cohort, st, fed.num_clients)
         events = {c: stat.release(c) for c in ids}
         if fed.ledger is not None:
-            over = [c for c in ids if events[c] is not None and c in fed.ledger
-                    and fed.ledger[c].would_exceed(events[c])]
+            over = {c for c in ids if events[c] is not None and c in fed.ledger
+                    and fed.ledger[c].would_exceed(events[c])}
             ids = [c for c in ids if c not in over]
             metrics[f"{name}/out_of_budget"] = len(over)
         if ids:

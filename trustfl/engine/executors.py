@@ -25,7 +25,7 @@ from trustfl.client.gradients import PerExampleClipped
 from trustfl.client.transforms import LocalChain
 from trustfl.core.registry import register
 from trustfl.engine import chunking
-from trustfl.engine.local import ClientPlan, LocalTraining, TrainData, batch_schedule
+from trustfl.engine.local import ClientPlan, LocalTraining, TrainData, batch_matrix
 from trustfl.errors import ConfigError
 from trustfl.objectives.base import AbstractObjective
 from trustfl.types import CohortContext, Params
@@ -90,43 +90,35 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     layout = cohort.layout
     received = cohort.received["model"]
     device = cohort.device
-    schedules = [batch_schedule(job.training, p, cohort.seed, cohort.round) for p in plans]
-    num_steps = [len(s) for s in schedules]
+    schedules = [batch_matrix(job.training, p, cohort.seed, cohort.round) for p in plans]
+    num_steps = [int(x.shape[0]) for x in schedules]
     total_steps = max(num_steps, default=0)
-    widest = max((int(b.numel()) for s in schedules for b in s), default=1) or 1
-    # (steps, m, widest) positions into each client's own rows, -1 pads: one scatter of every batch
-    sizes = [int(b.numel()) for sched in schedules for b in sched]
-    step_of = [s for sched in schedules for s in range(len(sched))]
-    client_of = [i for i, sched in enumerate(schedules) for _ in sched]
-    pos = torch.full((total_steps, m, widest), -1, dtype=torch.long)
-    if sum(sizes):
-        counts = torch.tensor(sizes)
-        starts = torch.cumsum(counts, 0) - counts
-        column = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
-        pos[torch.repeat_interleave(torch.tensor(step_of), counts), torch.repeat_interleave(torch.tensor(client_of),
-            counts), column] = torch.cat([b for sched in schedules for b in sched])
+    # (steps, m, widest) positions into each client's own rows, -1 pads: one copy per client, not per batch
+    widest = max((int(x.shape[1]) for x in schedules if x.shape[0]), default=1)
+    if m and all(x.shape == (total_steps, widest) for x in schedules):
+        pos = torch.stack(schedules, 1)
+    else:
+        pos = torch.full((total_steps, m, widest), -1, dtype=torch.long)
+        for i, x in enumerate(schedules):
+            pos[:x.shape[0], i, :x.shape[1]] = x
+    sizes = (pos >= 0).sum(2)  # (steps, m) examples per batch, 0 where a client has no step (on the CPU, host-known)
     # The group's data and each client's rows into it: dense data as they are, a generated population's clients
     # materialised here, once per group (memory follows the cohort, not the population).
     data, rows = job.data.for_cohort([p.rows for p in plans], device)
     job = replace(job, data=data)
     longest = max(int(r.numel()) for r in rows) or 1
-    own_rows = torch.zeros((m, longest), dtype=torch.long)
-    for i, r in enumerate(rows):
-        own_rows[i, :r.numel()] = r
+    # (m, longest) each client's rows, 0 pads (a last all-zero row of the full width keeps one column if all are empty)
+    own_rows = torch.nn.utils.rnn.pad_sequence([*rows, torch.zeros(longest, dtype=torch.long)], batch_first=True)[:m]
     pos, own_rows = pos.to(device), own_rows.to(device)  # schedules are drawn on the CPU, indices live with the data
     # Which rows step, known from the schedules before any computation (no host sync inside the loop): every
     # scheduled step counts for a method that steps on empty batches (DP-SGD), only non-empty ones otherwise.
     has_step = torch.arange(total_steps).unsqueeze(1) < torch.tensor(num_steps).unsqueeze(0)  # (steps, m)
-    if job.chain.method.skips_empty_batches and 0 in sizes:
-        empty = [k for k, size in enumerate(sizes) if size == 0]
-        has_step[[step_of[k] for k in empty], [client_of[k] for k in empty]] = False
-    everyone = has_step.all(1).tolist()
+    if job.chain.method.skips_empty_batches:
+        has_step &= sizes > 0
+    everyone = has_step.all(1)
     # Steps at which no client's batch is padded (host-known): the gradient method may skip the mask arithmetic.
-    full = [True] * total_steps
-    for k, size in enumerate(sizes):
-        if size != widest:
-            full[step_of[k]] = False
-    full = [f and e for f, e in zip(full, everyone)]
+    full = (everyone & (sizes == widest).all(1)).tolist()
+    everyone = everyone.tolist()
     has_step = has_step.to(device)
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans], device=device) \
         if any(p.flip_labels for p in plans) else False

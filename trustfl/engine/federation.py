@@ -35,6 +35,8 @@ class ClientRows(Sequence[torch.Tensor]):
 
     def __init__(self, indices: torch.Tensor | None, offsets: torch.Tensor) -> None:
         self.indices, self.offsets = indices, offsets
+        self._bounds = offsets.numpy()  # the same memory, read without a tensor index per lookup (a round reads every
+        # client's)
 
     @classmethod
     def contiguous(cls, offsets: torch.Tensor) -> "ClientRows":
@@ -56,9 +58,10 @@ class ClientRows(Sequence[torch.Tensor]):
         if not -len(self) <= i < len(self):
             raise IndexError(f"client {i} out of range for {len(self)} clients")
         i %= len(self)
+        start, stop = int(self._bounds[i]), int(self._bounds[i + 1])
         if self.indices is None:
-            return torch.arange(int(self.offsets[i]), int(self.offsets[i + 1]), dtype=torch.long)
-        return self.indices[int(self.offsets[i]):int(self.offsets[i + 1])]
+            return torch.arange(start, stop, dtype=torch.long)
+        return self.indices[start:stop]
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return (self[i] for i in range(len(self)))

@@ -122,20 +122,38 @@ class TrainData:
         return batch
 
 
-def batch_schedule(training: LocalTraining, plan: ClientPlan, seed: int, round_: int) -> list[torch.Tensor]:
-    """The client's batches for this round, as indices into its own rows (from its own "batches" stream).
+def batch_matrix(training: LocalTraining, plan: ClientPlan, seed: int, round_: int) -> torch.Tensor:
+    """The client's batches for this round as a ``(steps, width)`` matrix of indices into its own rows, −1 pads
+    (from its own "batches" stream; ``width`` is the largest batch, at least 1).
 
     A step budget truncates the schedule: a straggler completes the first ``max_steps`` planned steps.
     """
     n = int(plan.rows.numel())
     if n == 0:
+        return torch.full((0, 1), -1, dtype=torch.long)
+    gen, count = _stream(training, plan, seed, round_)
+    matrix = training.sampler.step_matrix(n, plan.batch_size, gen, **count)
+    if plan.max_steps is None or plan.max_steps >= matrix.shape[0]:
+        return matrix
+    kept = matrix[:plan.max_steps]  # as wide as the batches that remain
+    return kept[:, :max(1, int((kept >= 0).sum(1).max())) if kept.shape[0] else 1]
+
+
+def batch_schedule(training: LocalTraining, plan: ClientPlan, seed: int, round_: int) -> list[torch.Tensor]:
+    """The batches of :func:`batch_matrix` (the same draws) as a list of index tensors, for a loop over one client's
+    steps."""
+    n = int(plan.rows.numel())
+    if n == 0:
         return []
-    gen = make_generator(seed, round_, plan.client_id, "batches")
-    if training.steps > 0:
-        schedule = training.sampler.steps(n, plan.batch_size, gen, num_steps=training.steps)
-    else:
-        schedule = training.sampler.steps(n, plan.batch_size, gen, epochs=training.epochs)
+    gen, count = _stream(training, plan, seed, round_)
+    schedule = training.sampler.steps(n, plan.batch_size, gen, **count)
     return schedule if plan.max_steps is None else schedule[:plan.max_steps]
+
+
+def _stream(training: LocalTraining, plan: ClientPlan, seed: int, round_: int) -> tuple[torch.Generator, dict]:
+    """The client's "batches" generator of the round and how many steps it draws (``epochs`` or ``num_steps``)."""
+    count = {"num_steps": training.steps} if training.steps > 0 else {"epochs": training.epochs}
+    return make_generator(seed, round_, plan.client_id, "batches"), count
 
 
 def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | None:

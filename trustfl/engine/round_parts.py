@@ -140,7 +140,8 @@ def admit(fed: Federation, r: int, cohort: list[int], metrics: dict[str, Any],
     Budgets are never silently exceeded: a client whose round would overspend sits the round out.
     """
     trainers = [c for c in cohort if c not in fed.byzantine or (fed.attack is not None and fed.attack.data_level)]
-    crafted = [c for c in cohort if c not in trainers]
+    training = set(trainers)
+    crafted = [c for c in cohort if c not in training]
     plans = [make_plan(fed, c, r, None if max_steps is None else max_steps[c]) for c in trainers]
     if fed.ledger is not None:
         ledger = fed.ledger
@@ -243,7 +244,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
             view = uplink.to_server(view, trainers)[0]
     if crafted:
         # The adversary sees the honest messages the server would accept (a diverged client's NaN row is not one).
-        honest_rows = [trainers.index(c) for c in trainers if c not in fed.byzantine]
+        honest_rows = [i for i, c in enumerate(trainers) if c not in fed.byzantine]
         if honest_rows:
             finite = torch.isfinite(view[honest_rows]).all(1).tolist()
             honest_rows = [i for i, ok in zip(honest_rows, finite) if ok]
