@@ -329,8 +329,8 @@ def _record(command, args, device, models, cohorts, samples_of, runs, skipped, m
                       f"without copying it, and the executor trains the cohort in chunks sized to the memory left "
                       f"(\"auto\"). The CNN's messages at that scale would be {big[-1] * 431_080 * 4 / 2**30:.1f} GiB."]
     if device != "cuda":
-        lines += ["", "## GPU", "", "pending: no GPU on this machine; run the same command with `--device cuda` where "
-                  "one is available."]
+        lines += ["", "## GPU", "", "Not on this machine: the GPU rows are benchmarks/scale_gpu.md (`--device cuda "
+                  "--data resident --no-million` where a GPU is available)."]
     if ranks:
         lines += ["", "## torchrun: 1 rank vs 2 ranks", "",
                   f"`trustfl run` of the MLP on 100 clients × 600 examples (every client every round), "
