@@ -29,6 +29,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
+TIMED_ROUNDS = r"""
+state = initial_state(fed)
+times = []
+for r in range(ROUNDS):  # the first round warms up
+    t = time.process_time()
+    state, _ = run_round(fed, state)
+    if r:
+        times.append(time.process_time() - t)
+print(json.dumps({"seconds_per_round": sorted(times)[len(times) // 2]}))
+"""
+"""The end of a worker script: median process CPU time of rounds 1 .. ROUNDS-1 of ``fed``."""
+
 DP_WORKER = r"""
 import json, resource, sys, time
 import torch
@@ -45,15 +57,8 @@ cfg = config_from_dict({"name": "b", "seed": 0, "rounds": 13, "data": {"dataset"
                "dp": {"mode": mode, "clip": 1.0, "noise_multiplier": 1.0}},
     "engine": {"checkpoint_every": 0}})
 fed = build_federation(cfg, quiet=True)
-state = initial_state(fed)
-times = []
-for r in range(13):
-    t = time.process_time()
-    state, _ = run_round(fed, state)
-    if r:
-        times.append(time.process_time() - t)
-print(json.dumps({"seconds_per_round": sorted(times)[len(times) // 2]}))
-"""
+ROUNDS = 13
+""" + TIMED_ROUNDS
 
 HOST_WORKER = r"""
 import dataclasses, json, sys, time
@@ -72,21 +77,19 @@ cfg = config_from_dict({"name": "h", "seed": 0, "rounds": 7,
 fed = build_federation(cfg, quiet=True)
 data = fed.train_data.population.materialise(range(cohort))  # held in memory: the round's host work alone
 fed = dataclasses.replace(fed, train_data=TrainData(data, fed.train_data.num_classes))
-state = initial_state(fed)
-times = []
-for r in range(6):
-    t = time.process_time()
-    state, _ = run_round(fed, state)
-    if r:
-        times.append(time.process_time() - t)
-print(json.dumps({"seconds_per_round": sorted(times)[len(times) // 2]}))
-"""
+ROUNDS = 6
+""" + TIMED_ROUNDS
+
+
+def _script(tree: Path, code: str, *args: object) -> float:
+    """``seconds_per_round`` printed by a worker script run with ``tree`` as the only trustfl on the path."""
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=True, capture_output=True, text=True,
+                         cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
 
 
 def _host(tree: Path, cohort: int, samples: int) -> float:
-    out = subprocess.run([sys.executable, "-c", HOST_WORKER, str(cohort), str(samples)], check=True,
-                         capture_output=True, text=True, cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-    return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
+    return _script(tree, HOST_WORKER, cohort, samples)
 
 
 def _engine(tree: Path, method: str, cohort: int) -> float:
@@ -98,9 +101,7 @@ def _engine(tree: Path, method: str, cohort: int) -> float:
 
 
 def _dpsgd(tree: Path, mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", DP_WORKER, mode], check=True, capture_output=True, text=True,
-                         cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
-    return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
+    return _script(tree, DP_WORKER, mode)
 
 
 def main() -> None:
