@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,10 +82,17 @@ ROUNDS = 6
 """ + TIMED_ROUNDS
 
 
+def _env(tree: Path) -> dict[str, str]:
+    """A minimal environment whose trustfl is ``tree``'s: the tree first on PYTHONPATH (the caller's entries after
+    it, where an environment's dependencies may live)."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
+            "PATH": "/usr/bin:/bin"}
+
+
 def _script(tree: Path, code: str, *args: object) -> float:
     """``seconds_per_round`` printed by a worker script run with ``tree`` as the only trustfl on the path."""
     out = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=True, capture_output=True, text=True,
-                         cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+                         cwd=tree, env=_env(tree))
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
 
 
@@ -96,7 +104,7 @@ def _engine(tree: Path, method: str, cohort: int) -> float:
     cmd = [sys.executable, str(tree / "benchmarks" / "engine_throughput.py"), "--worker", method, "--cohort",
            str(cohort), "--rounds", "3", "--threads", "1", "--clock", "cpu", "--mallopt", "--synthetic"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tree,
-                         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+                         env=_env(tree))
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
 
 
