@@ -4,7 +4,8 @@ examples per client held on the device, batch 32, one epoch) under ``torch.profi
 Prints the round's wall time (after two warm-up rounds), the operators by device time (CUDA) or host time (CPU),
 and the host synchronisations seen.
 
-Run: ``.venv/bin/python benchmarks/profile_round.py [--device cpu|cuda] [--clients 100] [--rows 30]``.
+Run: ``.venv/bin/python benchmarks/profile_round.py [--device cpu|cuda] [--clients 100] [--rows 30]
+[--sync-debug]``.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--samples-per-client", type=int, default=600)
     parser.add_argument("--rows", type=int, default=30, help="operators listed per table")
+    parser.add_argument("--sync-debug", action="store_true",
+                        help="CUDA: run one more round with torch.cuda.set_sync_debug_mode('warn'), which prints where "
+                             "each host synchronisation comes from")
     args = parser.parse_args()
 
     import torch
@@ -51,6 +55,10 @@ def main() -> None:
     for event in table:
         if "Synchronize" in event.key or event.key in ("aten::item", "aten::_local_scalar_dense"):
             print(f"host sync: {event.key} x {event.count}")
+    if args.sync_debug and args.device == "cuda":
+        torch.cuda.set_sync_debug_mode("warn")
+        state, _ = run_round(fed, state)
+        torch.cuda.set_sync_debug_mode("default")
 
 
 if __name__ == "__main__":
