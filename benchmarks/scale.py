@@ -39,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 MODELS = {"mlp": ("mlp", {"hidden": [200, 200]}, "MLP 784-200-200-10"), "cnn": ("cnn_cafcor", {}, "CNN cnn_cafcor")}
 METHODS = ("trustfl", "plain")
 NUM_PARAMS = {"mlp": 199_210, "cnn": 431_080}
+RESIDENT_DISTINCT = 1000
+"""``--data resident``: clients with examples of their own; the others repeat them (see ``_federation``)."""
 MESSAGE_COPIES = 2.0
 """Peak memory of a trustfl round in units of its stacked message matrix (clients × parameters × 4 B): the messages
 are written once into one matrix that the server screens and aggregates in place, beside one chunk of clients in
@@ -79,7 +81,9 @@ def _config(model: str, cohort: int, samples: int, chunk: int, device: str = "cp
 def _federation(model: str, cohort: int, samples: int, chunk: int, device: str, resident: bool = False):
     """The benchmark's federation; ``resident``: every client's examples generated once, at build, and held on
     ``device`` (a dense training set whose rows are the population's virtual rows), instead of generated on the CPU
-    inside every round."""
+    inside every round. Beyond :data:`RESIDENT_DISTINCT` clients, client ``k`` holds the examples of client ``k mod
+    RESIDENT_DISTINCT`` (every client has the same size): the round's work is the same, the build does not spend
+    minutes generating examples on the CPU."""
     import dataclasses
 
     from trustfl.config.build import build_federation
@@ -89,8 +93,11 @@ def _federation(model: str, cohort: int, samples: int, chunk: int, device: str, 
     fed = build_federation(config_from_dict(_config(model, cohort, samples, chunk, device)), quiet=True)
     assert set(fed.client_rows.sizes()) == {samples}
     if resident:  # client k's rows offsets[k] .. offsets[k+1] index the concatenation of clients 0 .. N-1
-        population = fed.train_data.population
-        tensors = {k: v.to(fed.test_data["x"].device) for k, v in population.materialise(range(cohort)).items()}
+        distinct = min(cohort, RESIDENT_DISTINCT)
+        made = fed.train_data.population.materialise(range(distinct))
+        reps = -(-cohort // distinct)
+        tensors = {k: v.to(fed.test_data["x"].device).repeat(reps, *[1] * (v.dim() - 1))[:cohort * samples]
+                   for k, v in made.items()}
         fed = dataclasses.replace(fed, train_data=TrainData(tensors, fed.train_data.num_classes))
     return fed
 
