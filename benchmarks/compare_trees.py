@@ -89,10 +89,16 @@ def _env(tree: Path) -> dict[str, str]:
             "PATH": "/usr/bin:/bin"}
 
 
+ISOLATED = ("import runpy, sys\n"
+            "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]\n")
+"""Prefix of every worker: drops the import hook of an editable install of this checkout, which would otherwise
+serve the other tree any ``trustfl.<module>`` it lacks (a plugin package added since) from this checkout."""
+
+
 def _script(tree: Path, code: str, *args: object) -> float:
     """``seconds_per_round`` printed by a worker script run with ``tree`` as the only trustfl on the path."""
-    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=True, capture_output=True, text=True,
-                         cwd=tree, env=_env(tree))
+    out = subprocess.run([sys.executable, "-c", ISOLATED + code, *map(str, args)], check=True, capture_output=True,
+                         text=True, cwd=tree, env=_env(tree))
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
 
 
@@ -101,11 +107,9 @@ def _host(tree: Path, cohort: int, samples: int) -> float:
 
 
 def _engine(tree: Path, method: str, cohort: int) -> float:
-    cmd = [sys.executable, str(tree / "benchmarks" / "engine_throughput.py"), "--worker", method, "--cohort",
-           str(cohort), "--rounds", "3", "--threads", "1", "--clock", "cpu", "--mallopt", "--synthetic"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tree,
-                         env=_env(tree))
-    return json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_round"]
+    run = "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+    return _script(tree, run, tree / "benchmarks" / "engine_throughput.py", "--worker", method, "--cohort", cohort,
+                   "--rounds", 3, "--threads", 1, "--clock", "cpu", "--mallopt", "--synthetic")
 
 
 def _dpsgd(tree: Path, mode: str) -> float:
