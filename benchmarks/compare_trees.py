@@ -133,17 +133,26 @@ def main() -> None:
     lines = ["| round | before s (median) | after s (median) | after / before |", "|---|---|---|---|"]
     for label, fn in [c for c in cases if args.only in c[0]]:
         before, after = [], []
-        for _ in range(args.repeats):
-            before.append(fn(args.base.resolve()))
-            after.append(fn(ROOT))
+        try:
+            for _ in range(args.repeats):
+                before.append(fn(args.base.resolve()))
+                after.append(fn(ROOT))
+        except subprocess.CalledProcessError as err:  # e.g. a case the older tree cannot run: said, not fatal
+            tree = "base" if len(before) == len(after) else "this tree"
+            last = (err.stderr or "").strip().splitlines()[-1:] or [f"exit {err.returncode}"]
+            lines.append(f"| {label} | — | — | failed on {tree}: {last[0][:120]} |")
+            print(lines[-1], flush=True)
+            continue
         b, a = statistics.median(before), statistics.median(after)
         lines.append(f"| {label} | {b:.4f} | {a:.4f} | {a / b:.3f} |")
         print(lines[-1], flush=True)
     print("\n".join(lines))
     if args.out is not None:
         command = "`.venv/bin/python benchmarks/compare_trees.py " + " ".join(sys.argv[1:]) + "`"
-        args.out.write_text(f"Command: {command} (base: {args.base}; one torch thread, process CPU time, medians of "
-                            f"{args.repeats} alternating runs).\n\n" + "\n".join(lines) + "\n")
+        commit = subprocess.run(["git", "-C", str(args.base), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip() or "?"
+        args.out.write_text(f"Command: {command} (base: {args.base} at commit {commit}; one torch thread, process "
+                            f"CPU time, medians of {args.repeats} alternating runs).\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
