@@ -35,8 +35,8 @@ class ClientRows(Sequence[torch.Tensor]):
 
     def __init__(self, indices: torch.Tensor | None, offsets: torch.Tensor) -> None:
         self.indices, self.offsets = indices, offsets
-        self._bounds = offsets.numpy()  # the same memory, read without a tensor index per lookup (a round reads every
-        # client's)
+        # the offsets' own memory as NumPy: a round looks up every client's rows, a tensor index per lookup costs more
+        self._bounds = offsets.numpy()
 
     @classmethod
     def contiguous(cls, offsets: torch.Tensor) -> "ClientRows":
