@@ -1,18 +1,23 @@
 """Runs on a CUDA device (``engine.device = "cuda"``): end to end, DP-SGD, CafCor's correlated noise, robust
-aggregators against their CPU results, and a checkpoint written on the GPU resumed on the CPU.
+aggregators against their CPU results, a checkpoint written on the GPU resumed on the CPU, and two rounds of every
+shipped config (every algorithm and engine; the vertical one refuses the device by name).
 
 Each check is a ``check_*(device)`` function the tests call with ``"cuda"``; the same functions run on the CPU in
 ``tests/engine/test_device.py``'s spirit (``python -c "from tests.cuda.test_cuda import *; check_...('cpu')"``).
 """
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 import trustfl
+from tests.engine.shipped_configs import CONFIGS, overrides, write_fake_idx
 from trustfl.config.load import config_from_dict, load_config
+from trustfl.errors import ConfigError
 from trustfl.experiment import run_experiment
 from trustfl.privacy.correlated import correlated_noise
 from trustfl.types import ParamLayout, RoundContext
@@ -111,6 +116,30 @@ def check_checkpoint_moves_to_cpu(device: str, tmp_path: Path) -> None:
     assert torch.allclose(full.params.cpu(), resumed.params, atol=0.05)  # other kernels, other noise: close
 
 
+def check_shipped_config(device: str, config: str, tmp_path: Path, data_dir: Path) -> None:
+    """A shipped config's 2-round run (the fixture test's overrides, fake IDX images) on ``device``: parameters
+    there and finite, one row per round, every metric a finite number. The vertical engine refuses a non-CPU device
+    by name instead."""
+    cfg = load_config(config, overrides(config, data_dir) + [f'engine.device="{device}"'])
+    if cfg.engine.kind == "vertical" and device != "cpu":
+        with pytest.raises(ConfigError, match="engine.device"):
+            run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+        return
+    result = run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+    assert result.params.device.type == device and bool(torch.isfinite(result.params).all()), config
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2], config
+    bad = {k: v for r in rows for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
+    assert not bad, f"{config}: non-finite metrics {bad}"
+
+
+@pytest.fixture(scope="module")
+def fake_idx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data")
+    write_fake_idx(path)
+    return path
+
+
 def test_quickstart_on_cuda(tmp_path):
     check_quickstart("cuda", tmp_path)
 
@@ -134,3 +163,8 @@ def test_robust_aggregator_on_cuda_equals_cpu(name, params):
 
 def test_checkpoint_written_on_cuda_resumes_on_cpu(tmp_path):
     check_checkpoint_moves_to_cpu("cuda", tmp_path)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_shipped_config_runs_on_cuda(config, tmp_path, fake_idx):
+    check_shipped_config("cuda", config, tmp_path, fake_idx)
