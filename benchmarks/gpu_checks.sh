@@ -18,7 +18,7 @@ echo "CUDA tests: exit $?"; tail -3 "$out/cuda_tests.log"
 
 timeout 300 "$py" benchmarks/scale.py --device cuda --data resident --no-million --out benchmarks/scale_gpu.md \
     > "$out/scale.log" 2>&1
-echo "scale rows: exit $?"; grep -E "s/round" "$out/scale.log"
+echo "scale rows: exit $?"; grep -E "s/round" "$out/scale.log"; cp benchmarks/scale_gpu.md "$out/" 2>/dev/null
 
 timeout 150 "$py" benchmarks/scale.py --device cuda --data resident --no-million --models mlp --cohorts 10000 \
     --large-samples 600 --max-plain-clients 0 --out "$out/scale_10k_600.md" > "$out/scale_10k_600.log" 2>&1
