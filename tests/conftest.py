@@ -53,3 +53,14 @@ def _devices() -> list[str]:
 def device(request):
     """Every device a test should run on: the CPU, and CUDA when this machine has it (``engine.device``)."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def fake_idx(tmp_path_factory):
+    """A data directory with small seeded fake MNIST and Fashion-MNIST IDX files, for the shipped configs that read
+    them (``tests.engine.shipped_configs.overrides`` points them here)."""
+    from tests.engine.shipped_configs import write_fake_idx
+
+    path = tmp_path_factory.mktemp("idx_data")
+    write_fake_idx(path)
+    return path

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import trustfl
-from tests.engine.shipped_configs import CONFIGS, overrides, write_fake_idx
+from tests.engine.shipped_configs import CONFIGS, overrides
 from trustfl.config.load import config_from_dict, load_config
 from trustfl.errors import ConfigError
 from trustfl.experiment import run_experiment
@@ -131,13 +131,6 @@ def check_shipped_config(device: str, config: str, tmp_path: Path, data_dir: Pat
     assert [r["round"] for r in rows] == [1, 2], config
     bad = {k: v for r in rows for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
     assert not bad, f"{config}: non-finite metrics {bad}"
-
-
-@pytest.fixture(scope="module")
-def fake_idx(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    write_fake_idx(path)
-    return path
 
 
 def test_quickstart_on_cuda(tmp_path):

@@ -25,16 +25,9 @@ import math
 import pytest
 import torch
 
-from tests.engine.shipped_configs import CONFIGS, VOLATILE, fixture_path, overrides, write_fake_idx
+from tests.engine.shipped_configs import CONFIGS, VOLATILE, fixture_path, overrides
 from trustfl.config.load import load_config
 from trustfl.experiment import run_experiment
-
-
-@pytest.fixture(scope="module")
-def fake_mnist(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    write_fake_idx(path)
-    return path
 
 
 def _same(a, b, rel: float) -> bool:
@@ -47,9 +40,9 @@ def _same(a, b, rel: float) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS)
-def test_shipped_config_reproduces_its_fixture(config, fake_mnist, tmp_path, one_torch_thread):
+def test_shipped_config_reproduces_its_fixture(config, fake_idx, tmp_path, one_torch_thread):
     expected = [json.loads(line) for line in fixture_path(config).read_text().splitlines()]
-    cfg = load_config(config, overrides(config, fake_mnist))
+    cfg = load_config(config, overrides(config, fake_idx))
     quantized = any(link.name != "none" for link in (cfg.compress.uplink, cfg.compress.downlink))
     rel = 1e-4 if quantized else 1e-6
     result = run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
@@ -69,9 +62,9 @@ def test_shipped_config_reproduces_its_fixture(config, fake_mnist, tmp_path, one
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS)
-def test_shipped_config_builds_at_its_full_length(config, fake_mnist):
+def test_shipped_config_builds_at_its_full_length(config, fake_idx):
     """Every shipped config passes `trustfl validate` as shipped (all its rounds: budgets, schedules, keys)."""
     from trustfl.config.build import build_federation
-    extra = [o for o in overrides(config, fake_mnist) if o.startswith("data.")]
+    extra = [o for o in overrides(config, fake_idx) if o.startswith("data.")]
     fed = build_federation(load_config(config, extra), quiet=True)
     assert fed.rounds == load_config(config).rounds

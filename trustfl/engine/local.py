@@ -136,8 +136,10 @@ def batch_matrix(training: LocalTraining, plan: ClientPlan, seed: int, round_: i
     matrix = training.sampler.step_matrix(n, plan.batch_size, gen, **count)
     if plan.max_steps is None or plan.max_steps >= matrix.shape[0]:
         return matrix
-    kept = matrix[:plan.max_steps]  # as wide as the batches that remain
-    return kept[:, :max(1, int((kept >= 0).sum(1).max())) if kept.shape[0] else 1]
+    kept = matrix[:plan.max_steps]
+    if kept.shape[0] == 0:
+        return kept[:, :1]
+    return kept[:, :max(1, int((kept >= 0).sum(1).max()))]  # as wide as the batches that remain
 
 
 def batch_schedule(training: LocalTraining, plan: ClientPlan, seed: int, round_: int) -> list[torch.Tensor]:
