@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 
 from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward

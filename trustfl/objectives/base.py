@@ -15,8 +15,8 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
+from trustfl.core.functional import functional_call
 from trustfl.core.registry import register, register_adapter
 from trustfl.errors import ConfigError
 

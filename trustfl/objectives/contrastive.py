@@ -33,9 +33,9 @@ from typing import ClassVar, Mapping, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from trustfl.core.checks import check_number
+from trustfl.core.functional import functional_call
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.objectives.base import AbstractObjective, Batch, view_pair_outputs

@@ -12,9 +12,9 @@ import math
 
 import torch
 from torch import nn
-from torch.func import functional_call
 from torch.nn import functional as F
 
+from trustfl.core.functional import functional_call
 from trustfl.types import ParamLayout
 
 
