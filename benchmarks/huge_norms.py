@@ -48,9 +48,12 @@ Choices (recorded in the Markdown record too):
 * Verdict per rule: it holds at σ when every seed's attacked and attack-free runs complete, the final model and
   final accuracy are finite, ``|acc(σ) − acc(no attack)| ≤ 5`` points for every seed, and no honest message was
   rejected (with or without the attack). The acceptance set is the robust rules, without the references and
-  ``multi_krum (default m)``. The record also gives the one-sided reading (no seed *loses* more than 5 points),
-  since a selection rule such as Krum can end several points *better* under attack: its pick among fewer honest
-  rows changes the trajectory (its attack-free accuracy varies by about 5 points across seeds).
+  ``multi_krum (default m)``. Three readings are computed: *as stated* (the config as shipped, i.e. its own seed
+  0, one attacked and one attack-free run per rule and σ, ``|Δ| ≤ 5``), which is the acceptance point's wording;
+  *over seeds, two-sided* (``|Δ| ≤ 5`` on every seed), stricter than the wording; and *over seeds, one-sided* (no
+  seed *loses* more than 5 points), since a selection rule such as Krum can end several points *better* under
+  attack: its pick among fewer honest rows changes the trajectory (its attack-free accuracy varies by about 5
+  points across seeds).
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/huge_norms.py`` (finished runs under
 ``benchmarks/out/huge_norms/`` whose config is unchanged are reused); writes ``benchmarks/huge_norms.md`` and
@@ -239,12 +242,15 @@ def _ok(rec: dict[str, Any]) -> bool:
                 and rec["honest_rejected"] == 0 and rec["attribution_matches_engine"])
 
 
-def summarise(runs: dict[str, Any], rules: list[str], seeds: tuple[int, ...]) -> dict[str, Any]:
-    """Per (rule, σ): accuracies, differences in points, rejections and the verdict.
+def summarise(runs: dict[str, Any], rules: list[str], seeds: tuple[int, ...],
+              config_seed: int | None = None) -> dict[str, Any]:
+    """Per (rule, σ): accuracies, differences in points, rejections and the verdicts.
 
-    ``holds``: the acceptance as written (``|Δ| ≤ 5`` points); ``holds_one_sided``: no seed loses more than 5
-    points (an attacked run that is *better* by more than 5 points passes).
+    ``holds``: ``|Δ| ≤ 5`` points on every seed; ``holds_one_sided``: no seed loses more than 5 points (an attacked
+    run that is *better* by more than 5 points passes); ``holds_as_stated``: ``|Δ| ≤ 5`` for ``config_seed`` (the
+    shipped config's own seed) alone, ``None`` when that seed was not run.
     """
+    stated = seeds.index(config_seed) if config_seed in seeds else None
     out: dict[str, Any] = {}
     for rule in rules:
         clean = [runs[_tag(rule, None, s)] for s in seeds]
@@ -271,10 +277,13 @@ def summarise(runs: dict[str, Any], rules: list[str], seeds: tuple[int, ...]) ->
                 "errors": sorted({a["error"] for a in att + clean if a["error"]}),
                 "crashed": [{"seed": a["seed"], "sigma": a["sigma"], "round": a["rounds_run"] + 1}
                             for a in att + clean if not a["completed"]],
-                "holds": sound and all(within), "holds_one_sided": sound and all(no_drop)})
+                "holds": sound and all(within), "holds_one_sided": sound and all(no_drop),
+                "holds_as_stated": None if stated is None else
+                (_ok(clean[stated]) and _ok(att[stated]) and within[stated])})
         out[rule] = {"name": RULES[rule][0], "params": RULES[rule][1], "rows": rows,
                      "holds": all(r["holds"] for r in rows),
-                     "holds_one_sided": all(r["holds_one_sided"] for r in rows)}
+                     "holds_one_sided": all(r["holds_one_sided"] for r in rows),
+                     "holds_as_stated": None if stated is None else all(r["holds_as_stated"] for r in rows)}
     return out
 
 
@@ -308,7 +317,7 @@ def table(summary: dict[str, Any], seeds: tuple[int, ...]) -> list[str]:
     return lines
 
 
-def verdicts(summary: dict[str, Any]) -> list[str]:
+def verdicts(summary: dict[str, Any], seeds: tuple[int, ...]) -> list[str]:
     out = []
     for rule, s in summary.items():
         kind = ("non-robust reference" if rule in NOT_ROBUST else
@@ -327,9 +336,10 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
                            + ")")
             if r["completed"] and not r["final_model_finite"]:
                 why.append("non-finite final model")
-            failed = [d for d, ok in zip(r["diff_points"], r["within_5_points"]) if not ok and d is not None]
+            failed = [(d, seed) for d, ok, seed in zip(r["diff_points"], r["within_5_points"], seeds)
+                      if not ok and d is not None]
             if failed:
-                why.append("Δ " + ", ".join(f"{d:+.1f}" for d in failed) + " points")
+                why.append("Δ " + ", ".join(f"{d:+.1f} (seed {seed})" for d, seed in failed) + " points")
             if r["honest_rejected"]:
                 why.append(f"{r['honest_rejected']} honest messages rejected")
             reasons.append(f"σ = {r['sigma']:.0e}: " + "; ".join(why or ["see the JSON record"]))
@@ -339,7 +349,8 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
                     "5 points for")
         else:
             head = "**fails**" + (" (expected)" if rule in NOT_ROBUST or rule in OUTSIDE else "") + ":"
-        out.append(f"- {_label(rule, s)} ({kind}): {head} " + " | ".join(reasons) + ".")
+        stated = (" It holds as stated (the config's own seed)." if s["holds_as_stated"] else "")
+        out.append(f"- {_label(rule, s)} ({kind}): {head} " + " | ".join(reasons) + "." + stated)
     return out
 
 
@@ -363,13 +374,16 @@ def main() -> None:
     seeds = tuple(int(s) for s in args.seeds.split(","))
     start = time.perf_counter()
     runs = sweep(rules, seeds)
-    summary = summarise(runs, rules, seeds)
+    config_seed = load_config(ROOT / CONFIG).seed
+    summary = summarise(runs, rules, seeds, config_seed)
     elapsed = time.perf_counter() - start
     run_time = sum(r["wall_s"] for r in runs.values())
 
     robust = [r for r in summary if r not in NOT_ROBUST and r not in OUTSIDE]
     accepted = bool(robust) and all(summary[r]["holds"] for r in robust)
     accepted_one_sided = bool(robust) and all(summary[r]["holds_one_sided"] for r in robust)
+    accepted_as_stated = None if config_seed not in seeds else (
+        bool(robust) and all(summary[r]["holds_as_stated"] for r in robust))
     command = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/huge_norms.py" + (
         f" --rules '{args.rules}'" if args.rules else "") + (
         f" --seeds {args.seeds}" if args.seeds != ",".join(map(str, SEEDS)) else "")
@@ -389,13 +403,18 @@ def main() -> None:
           "(Byzantine clients drawn into the cohorts), summed over seeds; in parentheses the rounds whose cohort held "
           "all 4.", "",
           *table(summary, seeds), "",
-          "## Verdicts (computed by the script)", "", *verdicts(summary), ""]
+          "## Verdicts (computed by the script)", "", *verdicts(summary, seeds), ""]
     if any(ENGINE_CRASH in (r.get("error") or "") for r in runs.values()):
         md += [ENGINE_NOTE, ""]
-    md += [f"**Acceptance** (every robust rule — {', '.join(f'`{r}`' for r in robust)} — holds at every σ, "
-           f"|Δ| ≤ 5 points): **{'met' if accepted else 'NOT met'}**"
-           + ("" if accepted else f" (failing: {', '.join(failing)})") + ". "
-           f"Reading *within 5 points* one-sidedly (no seed loses more than 5 points): "
+    failing_stated = [r for r in robust if not summary[r]["holds_as_stated"]]
+    stated_text = ("not computed (the config's own seed was not run)" if accepted_as_stated is None else
+                   f"**{'met' if accepted_as_stated else 'NOT met'}**"
+                   + ("" if accepted_as_stated else f" (failing: {', '.join(failing_stated)})"))
+    md += [f"**Acceptance** (every robust rule — {', '.join(f'`{r}`' for r in robust)} — holds at every σ). "
+           f"As stated (`{CONFIG}` as shipped, its seed {config_seed}, |Δ| ≤ 5 points): {stated_text}. "
+           f"Over seeds {', '.join(map(str, seeds))}, two-sided (|Δ| ≤ 5 points on every seed): "
+           f"**{'met' if accepted else 'NOT met'}**" + ("" if accepted else f" (failing: {', '.join(failing)})")
+           + ". Over the same seeds, one-sided (no seed loses more than 5 points): "
            f"**{'met' if accepted_one_sided else 'NOT met'}**.", "",
            "## Not run", "", *[f"- `{k}`: {v}." for k, v in SKIPPED.items()], "",
            f"Runtime: {len(runs)} runs, {run_time:.0f} s of run time ({sum(r['cached'] for r in runs.values())} "
@@ -406,7 +425,8 @@ def main() -> None:
         {"command": command, "config": CONFIG, "seeds": list(seeds), "sigmas": list(SIGMAS),
          "num_byzantine": NUM_BYZANTINE, "tolerance_points": 100 * TOLERANCE,
          "rules": {k: {"name": n, "params": p} for k, (n, p) in RULES.items()}, "not_robust": sorted(NOT_ROBUST),
-         "outside_guarantee": OUTSIDE, "skipped": SKIPPED, "acceptance_set": robust, "acceptance_met": accepted,
+         "outside_guarantee": OUTSIDE, "skipped": SKIPPED, "acceptance_set": robust, "config_seed": config_seed,
+         "acceptance_met_as_stated": accepted_as_stated, "acceptance_met": accepted,
          "acceptance_met_one_sided": accepted_one_sided, "summary": summary, "runs": runs,
          "runtime_s": run_time, "wall_s": elapsed}, indent=1, default=str))
     print("\n".join(md))
