@@ -123,11 +123,12 @@ class Augmentation:
             params = {**params, "offset": self._keeping_offsets(x, params["offset_u"])}
         if "offset" in params:
             s = self.shift
-            padded = F.pad(x, (s, s, s, s))
+            padded = F.pad(x, (s, s, s, s)).flatten(2)                                  # (n, C, (H+2s)(W+2s))
             rows = params["offset"][:, 0, None] + torch.arange(h, device=x.device)      # (n, H)
             cols = params["offset"][:, 1, None] + torch.arange(w, device=x.device)      # (n, W)
-            idx = torch.arange(n, device=x.device)[:, None, None]
-            x = padded[idx, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (n, H, W, C) → (n, C, H, W)
+            # each output pixel's position in its padded image, one gather for every channel
+            where = (rows[:, :, None] * (w + 2 * s) + cols[:, None, :]).view(n, 1, h * w)
+            x = padded.gather(2, where.expand(n, padded.shape[1], h * w)).view(n, -1, h, w)
         if "brightness" in params:
             x = x * params["brightness"].view(n, 1, 1, 1)
         if "contrast" in params:
