@@ -3,8 +3,9 @@
 With its default ``tie_weights=True``, ``functional_call`` walks the module's members on every call to find
 parameters or buffers registered under several names, so that a value given for one name reaches its aliases;
 that search costs about 10 µs per call, a few percent of a local step of a small model. A model with no tied
-tensors gets the same result without it, so :func:`functional_call` passes ``tie_weights=False`` for such a model and keeps
-the default for one that has aliases. Whether a module has any is found once per module object.
+tensors gets the same result without it, so :func:`functional_call` passes ``tie_weights=False`` for such a model
+and keeps the default for one that has aliases. Whether a module has any is found once per module object (a model
+whose parameters are re-tied after its first call keeps the first answer).
 """
 from __future__ import annotations
 
