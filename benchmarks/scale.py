@@ -12,7 +12,8 @@ and batches. With ``--data generated`` (the default) both generate their clients
 and held on the device (as a GPU user holds a data set that fits), so a round measures training alone.
 
 Each (model, cohort, method) runs in its own process (peak RSS, VmHWM, is its own; on CUDA also
-``torch.cuda.max_memory_allocated``); ``--repeats`` runs every cell that many times, interleaved, and reports the
+``torch.cuda.max_memory_allocated``), with the allocator setting that ``run_experiment`` applies (``tune_allocator``,
+for both methods); ``--repeats`` runs every cell that many times, interleaved, and reports the
 median of the per-run medians of ``--rounds`` timed rounds after a warm-up round. A cell whose time, extrapolated
 linearly from the same model and method at the next smaller cohort, would exceed ``--budget-s`` is skipped (—).
 A cohort of ``--large-cohort`` clients or more uses ``--large-samples`` examples per client. Also measured: one
@@ -132,7 +133,10 @@ def worker(model: str, cohort: int, method: str, samples: int, chunk: int, round
            resident: bool = False) -> dict:
     import torch
     from engine_throughput import _plain_round  # this directory (opacus ships a `benchmarks` package)
+    from trustfl.engine.allocator import tune_allocator
     from trustfl.engine.sync import initial_state, run_round
+
+    tune_allocator()  # as run_experiment does; it applies to the plain loop alike
 
     start = time.perf_counter()
     fed = _federation(model, cohort, samples, chunk, device, resident)
