@@ -127,14 +127,13 @@ def test_the_server_takes_a_cohorts_messages_without_copying_them():
     assert stacked.shape == (4, 7) and stacked.data_ptr() != messages.data_ptr()
 
 
-def test_screening_in_row_blocks_equals_one_mask(monkeypatch):
+def test_screening_keeps_finite_rows_of_the_right_width():
     from trustfl.engine import round_parts
     x = torch.randn(50, 9)
     x[3, 2], x[17, 0], x[49, 8] = float("nan"), float("inf"), -float("inf")
-    whole = round_parts.screen(x, 9)
-    monkeypatch.setattr(round_parts, "SCREEN_BLOCK", 20)  # two rows per block
-    assert torch.equal(round_parts.screen(x, 9), whole)
-    assert whole.tolist() == [i not in (3, 17, 49) for i in range(50)]
+    x[20] = torch.finfo(torch.float32).max  # huge but finite: accepted
+    assert round_parts.screen(x, 9).tolist() == [i not in (3, 17, 49) for i in range(50)]
+    assert round_parts.screen(x, 8).tolist() == [False] * 50  # another model's width
 
 
 def test_chunked_messages_are_written_into_one_matrix():

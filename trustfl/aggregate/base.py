@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite, finite_rows
 from trustfl.core.registry import lookup, names, register
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import MessageError
@@ -70,7 +71,7 @@ def check_messages(x: Any, stage: object | None = None, kind: str = "aggregator"
     if not x.is_floating_point():
         raise MessageError(f"{who()}: messages must have a floating dtype (float16, bfloat16, float32, float64), "
                            f"found {x.dtype}; convert them with `x.float()`.")
-    bad = ~torch.isfinite(x).all(dim=1)
+    bad = ~finite_rows(x)
     if bool(bad.any()):
         raise MessageError(f"{who()}: rows {list_rows(torch.nonzero(bad).flatten())} are not finite (NaN or ±inf); "
                            "the engine screens such messages before aggregation, so drop them before a direct call.")
@@ -184,14 +185,14 @@ def rescaled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tor
 def mean_rows(x: torch.Tensor) -> torch.Tensor:
     """``x.mean(dim=0)``, recomputed by :func:`rescaled` if the sum overflowed."""
     out = x.mean(dim=0)
-    return out if bool(torch.isfinite(out).all()) else rescaled(lambda z: z.mean(dim=0), x)
+    return out if all_finite(out) else rescaled(lambda z: z.mean(dim=0), x)
 
 
 def weighted_rows(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``w @ x`` in ``x``'s dtype for weights ``w`` of shape ``(n,)`` or ``(m, n)``, recomputed by :func:`rescaled`
     if a product or partial sum overflowed."""
     out = w.to(device=x.device, dtype=x.dtype) @ x
-    return out if bool(torch.isfinite(out).all()) else rescaled(lambda z: w.to(device=z.device, dtype=z.dtype) @ z, x)
+    return out if all_finite(out) else rescaled(lambda z: w.to(device=z.device, dtype=z.dtype) @ z, x)
 
 
 @register("aggregator", "mean")

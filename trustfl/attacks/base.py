@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import torch
 
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite, finite_rows
 from trustfl.core.registry import lookup, names
 from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext
@@ -91,7 +92,7 @@ def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1,
     if honest.shape[0] < min_rows:
         raise MessageError(f"{who}: `honest` must have at least {min_rows} row(s) for this attack, found "
                            f"{honest.shape[0]}.")
-    bad = ~torch.isfinite(honest).all(dim=1)
+    bad = ~finite_rows(honest)
     if bool(bad.any()):
         rows = torch.nonzero(bad).flatten().tolist()
         listed = str(rows) if len(rows) <= 10 else f"{rows[:10]} and {len(rows) - 10} more"
@@ -106,7 +107,7 @@ def without_overflow(fn: Callable[[torch.Tensor], torch.Tensor], honest: torch.T
     scaled by a power of two, exact, and scaled back) and the result saturates at ``±finfo(dtype).max``.
     """
     out = fn(honest)
-    if bool(torch.isfinite(out).all()):
+    if all_finite(out):
         return out
     big = torch.finfo(honest.dtype).max
     if honest.dtype != torch.float64:

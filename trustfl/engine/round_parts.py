@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from trustfl.client.state import ClientStateStore
+from trustfl.core.finite import finite_rows
 from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.executors import ClientResults
 from trustfl.engine.federation import EngineState, Federation
@@ -90,19 +91,11 @@ def round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEv
     return event if steps == 1 else dp_event.SelfComposedDpEvent(event, steps)
 
 
-SCREEN_BLOCK = 1 << 26
-"""Most coordinates screened at once: the finiteness mask of a large cohort is built in row blocks of about this
-many values (64 MB of booleans), not as one ``(n, d)`` temporary."""
-
-
 def screen(x: torch.Tensor, d: int) -> torch.Tensor:
     """Rows the server accepts: right width and every coordinate finite."""
     if x.ndim != 2 or x.shape[1] != d:
         return torch.zeros(x.shape[0] if x.ndim else 0, dtype=torch.bool, device=x.device)
-    rows = max(1, SCREEN_BLOCK // max(d, 1))
-    if x.shape[0] <= rows:
-        return torch.isfinite(x).all(dim=1)
-    return torch.cat([torch.isfinite(block).all(dim=1) for block in x.split(rows)])
+    return finite_rows(x)  # two reductions, no (n, d) temporary
 
 
 def _rows_of_one_matrix(received: list[Any], width: int, like: torch.Tensor) -> torch.Tensor | None:
@@ -246,7 +239,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         # The adversary sees the honest messages the server would accept (a diverged client's NaN row is not one).
         honest_rows = [i for i, c in enumerate(trainers) if c not in fed.byzantine]
         if honest_rows:
-            finite = torch.isfinite(view[honest_rows]).all(1).tolist()
+            finite = finite_rows(view[honest_rows]).tolist()
             honest_rows = [i for i, ok in zip(honest_rows, finite) if ok]
         if honest_rows:
             byz = fed.attack.craft(view[honest_rows], len(crafted),
