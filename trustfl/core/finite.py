@@ -1,7 +1,8 @@
 """Finiteness checks of large tensors in two reductions, without a boolean temporary of the tensor's size.
 
-``torch.isfinite(x).all(dim=1)`` builds an ``(n, d)`` mask through several elementwise passes (on the CPU about
-15× the time of one reduction at a cohort's message matrix, 10 × 199,210 float32: 3.6 ms against 0.2 ms). A
+``torch.isfinite(x).all(dim=1)`` builds an ``(n, d)`` mask through several elementwise passes: on one CPU thread
+3.1 ms against 0.2 ms for the two reductions on a cohort's message matrix of 10 × 199,210 float32, 32 against 4.5 ms
+at 100 rows. A
 floating row is finite exactly when its maximum is below ``+inf`` and its minimum above ``−inf``: ``amax`` and
 ``amin`` propagate NaN, and NaN compares false. Same results as ``isfinite`` for every floating dtype
 (tests/core/test_finite.py); other dtypes and empty dimensions go through ``isfinite``.
