@@ -13,6 +13,7 @@ import torch
 
 from trustfl.aggregate.base import AbstractAggregator, normalized_weights, weighted_rows
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import ParamLayout, RoundContext, StageOut
@@ -90,7 +91,7 @@ class CenteredClipping(AbstractAggregator):
             clipped = int((norm > self.tau).sum())
             s = w * scale
             step = v + (s.to(x.dtype) @ x - float(s.sum()) * v)
-            if not bool(torch.isfinite(step).all()):  # overflow: the same step as a convex combination of v and x
+            if not all_finite(step):  # overflow: the same step as a convex combination of v and x
                 step = weighted_rows(s, x) + (1.0 - float(s.sum())) * v
             v = step
         return StageOut(v, {"center": v}, {"clipped": float(clipped)})

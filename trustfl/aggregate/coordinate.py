@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from trustfl.aggregate.base import AbstractAggregator, mean_rows, require_f, rescaled
+from trustfl.core.finite import all_finite
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
@@ -180,7 +181,7 @@ def _meamed(x: torch.Tensor, f: int, check: bool = True) -> torch.Tensor | None:
     k = n - f
     dist = (x - coordinate_median(x)).abs_()
     threshold = partition(dist, (k - 1,))[k - 1]
-    if check and not bool(torch.isfinite(threshold).all()):  # overflowed distances tie at inf: order lost
+    if check and not all_finite(threshold):  # overflowed distances tie at inf: order lost
         return None
     below = dist < threshold
     tied = dist == threshold
@@ -188,4 +189,4 @@ def _meamed(x: torch.Tensor, f: int, check: bool = True) -> torch.Tensor | None:
     share = (k - below.sum(dim=0)) / tied.sum(dim=0).clamp_min(1)
     # Select with `where`, not by multiplying with 0/1 weights: 0·inf would turn a trimmed inf into NaN.
     out = (x.where(below, 0.0).sum(dim=0) + share.to(x.dtype) * x.where(tied, 0.0).sum(dim=0)) / k
-    return out if not check or bool(torch.isfinite(out).all()) else None
+    return out if not check or all_finite(out) else None

@@ -15,6 +15,7 @@ import torch
 
 from trustfl.aggregate.base import AbstractAggregator, list_rows, normalized_weights, weighted_rows
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite
 from trustfl.core.registry import register
 from trustfl.errors import MessageError
 from trustfl.types import RoundContext, StageOut
@@ -150,7 +151,7 @@ def _safe_pass(x: torch.Tensor, project: torch.Tensor | None, dtype: torch.dtype
 
 
 def _finite(gram: torch.Tensor, proj: torch.Tensor | None) -> bool:
-    return bool(torch.isfinite(gram).all()) and (proj is None or bool(torch.isfinite(proj).all()))
+    return all_finite(gram) and (proj is None or all_finite(proj))
 
 
 def _check_range(gram: torch.Tensor, x: torch.Tensor) -> None:

@@ -35,6 +35,7 @@ import torch
 from trustfl.aggregate.base import AbstractAggregator, rescaled, weighted_rows
 from trustfl.aggregate.noise_aware import require_report, weiavg_weights, weight_metrics
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext, StageOut
@@ -159,7 +160,7 @@ class PFA(AbstractAggregator):
             # float64 squares of values above ~1e150 overflow: rescale those up front; otherwise redo only if a
             # reconstruction left the dtype's range
             rows = project_private(x[pub], x[~pub], k) if float(x.abs().max()) < 1e150 else None
-            if rows is None or not bool(torch.isfinite(rows).all()):
+            if rows is None or not all_finite(rows):
                 rows = rescaled(lambda z: project_private(z[pub], z[~pub], k), x)
             x = x.clone()
             x[~pub] = rows

@@ -16,6 +16,7 @@ from trustfl.aggregate.base import AbstractPreAggregator, mean_rows, require_f, 
 from trustfl.aggregate.coordinate import USABLE, smallest_weights
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
@@ -153,7 +154,7 @@ class Bucketing(AbstractPreAggregator):
         # Segment sums in one O(nd) pass (a dense buckets×n mixing GEMM would cost O(n²d/s)).
         sums = torch.zeros(buckets, d, dtype=x.dtype, device=x.device).index_add_(0, assign, x)
         means = sums.div_(sizes[:, None])
-        if not bool(torch.isfinite(means).all()):  # a sum overflowed: divide first (each term <= max/s)
+        if not all_finite(means):  # a sum overflowed: divide first (each term <= max/s)
             means = torch.zeros(buckets, d, dtype=x.dtype, device=x.device).index_add_(0, assign,
                                                                                      x / sizes[assign][:, None])
         return StageOut(means, state)
