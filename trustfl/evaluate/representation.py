@@ -249,7 +249,7 @@ def representations(model: nn.Module, params: Mapping[str, torch.Tensor], x: tor
     if output not in OUTPUT_NAMES:
         raise ConfigError(f"evaluator `output` must be one of {OUTPUT_NAMES}, found {output!r}.")
     kwargs = {} if output == "model" else {"output": output}
-    parts = [functional_call(model, dict(params), (x[i:i + batch_size],), kwargs)
+    parts = [functional_call(model, params, (x[i:i + batch_size],), kwargs)
              for i in range(0, x.shape[0], batch_size)]
     return torch.cat(parts).flatten(1) if parts else x.new_zeros((0, 0))
 

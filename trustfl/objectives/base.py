@@ -42,7 +42,7 @@ class AbstractObjective(abc.ABC):
 
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         """The model's outputs for ``batch`` (a functional call, so it runs under ``vmap`` and ``grad``)."""
-        return functional_call(model, dict(params), (batch[self.input_key],))
+        return functional_call(model, params, (batch[self.input_key],))
 
     @abc.abstractmethod
     def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -184,4 +184,4 @@ def view_pair_outputs(objective: str, model: nn.Module, params: Mapping[str, tor
     2B images; ``kwargs`` go to the model (e.g. ``output="predictor"``)."""
     views = view_pair(objective, batch, key)
     b = views.shape[0]
-    return functional_call(model, dict(params), (views.reshape(2 * b, *views.shape[2:]),), kwargs).reshape(b, 2, -1)
+    return functional_call(model, params, (views.reshape(2 * b, *views.shape[2:]),), kwargs).reshape(b, 2, -1)

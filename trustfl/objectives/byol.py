@@ -72,7 +72,7 @@ class BYOL(AbstractObjective):
 
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         if self.input_key not in batch:
-            return functional_call(model, dict(params), (batch["x"],))
+            return functional_call(model, params, (batch["x"],))
         return view_pair_outputs("byol", model, params, batch, self.input_key, output="predictor")
 
     def client_outputs(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,

@@ -116,7 +116,7 @@ class InfoNCE(AbstractObjective):
 
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         if self.input_key not in batch:
-            return functional_call(model, dict(params), (batch["x"],))
+            return functional_call(model, params, (batch["x"],))
         return view_pair_outputs("info_nce", model, params, batch, self.input_key)
 
     def losses(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:

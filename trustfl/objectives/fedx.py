@@ -102,7 +102,7 @@ class FedX(AbstractObjective):
 
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         if self.input_key not in batch:
-            return functional_call(model, dict(params), (batch["x"],))
+            return functional_call(model, params, (batch["x"],))
         return view_pair_outputs("fedx", model, params, batch, self.input_key)
 
     def client_outputs(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
@@ -114,7 +114,7 @@ class FedX(AbstractObjective):
         b = views.shape[0]
         anchors = personal.get(ANCHOR + "x", views[:, 0])
         inputs = torch.cat([views.reshape(2 * b, *views.shape[2:]), anchors])
-        local = functional_call(model, dict(params), (inputs,), {"output": "projector_predictor"})
+        local = functional_call(model, params, (inputs,), {"output": "projector_predictor"})
         frozen = {n: personal.get(GLOBAL + n, v).detach() for n, v in params.items()}
         with torch.no_grad():
             received = functional_call(model, frozen, (inputs,), {"output": "projector"})

@@ -218,10 +218,10 @@ class SpectralContrastive(AbstractObjective):
 
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         if self.input_key not in batch:
-            return functional_call(model, dict(params), (batch["x"],))
+            return functional_call(model, params, (batch["x"],))
         views = batch[self.input_key]
         b, v = views.shape[:2]
-        out = functional_call(model, dict(params), (views.reshape(b * v, *views.shape[2:]),))
+        out = functional_call(model, params, (views.reshape(b * v, *views.shape[2:]),))
         return out.reshape(b, v, -1)
 
     def _groups(self, outputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
