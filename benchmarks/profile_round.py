@@ -1,6 +1,6 @@
 """Where a FedAvg round's time goes: one round of ``benchmarks/scale.py``'s setting (MLP 784-200-200-10, 600
 examples per client held on the device, batch 32, one epoch) under ``torch.profiler``, with the allocator setting
-of every trustfl run.
+of every trustfl run (applied by ``scale._federation``).
 
 Prints the round's wall time (after two warm-up rounds), the operators by device time (CUDA) or host time (CPU),
 and the host synchronisations seen.
@@ -31,10 +31,8 @@ def main() -> None:
 
     import torch
     from scale import _federation
-    from trustfl.engine.allocator import tune_allocator
     from trustfl.engine.sync import initial_state, run_round
 
-    tune_allocator()  # as run_experiment does
     fed = _federation("mlp", args.clients, args.samples_per_client, 0, args.device, resident=True)
     state = initial_state(fed)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)

@@ -89,8 +89,10 @@ def _federation(model: str, cohort: int, samples: int, chunk: int, device: str, 
 
     from trustfl.config.build import build_federation
     from trustfl.config.load import config_from_dict
+    from trustfl.engine.allocator import tune_allocator
     from trustfl.engine.local import TrainData
 
+    tune_allocator()  # as run_experiment does; in this process, so for the plain loop alike
     fed = build_federation(config_from_dict(_config(model, cohort, samples, chunk, device)), quiet=True)
     assert set(fed.client_rows.sizes()) == {samples}
     if resident:  # client k's rows offsets[k] .. offsets[k+1] index the concatenation of clients 0 .. N-1
@@ -133,10 +135,7 @@ def worker(model: str, cohort: int, method: str, samples: int, chunk: int, round
            resident: bool = False) -> dict:
     import torch
     from engine_throughput import _plain_round  # this directory (opacus ships a `benchmarks` package)
-    from trustfl.engine.allocator import tune_allocator
     from trustfl.engine.sync import initial_state, run_round
-
-    tune_allocator()  # as run_experiment does; it applies to the plain loop alike
 
     start = time.perf_counter()
     fed = _federation(model, cohort, samples, chunk, device, resident)
