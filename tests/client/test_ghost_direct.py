@@ -115,19 +115,19 @@ def test_embedding_options_with_other_gradients_fall_back(kw):
 
 def test_a_cohort_too_large_for_one_pass_runs_in_client_groups_with_the_same_results(monkeypatch):
     """ghost.PASS_BUDGET bounds one pass's memory; grouping the clients changes no result."""
-    from trustfl.client.per_example import _ghost_plan
+    from trustfl.client.ghost_plan import ghost_plan
     from trustfl.models import build_model
     from trustfl.objectives.builtin import CrossEntropy
     nets = [build_model("cnn_cafcor", (1, 28, 28), 10, seed=s).double() for s in range(3)]
     params = _stack(nets)
     x, y = _data(3, 4, (1, 28, 28), classes=10, seed=5)
     # the default budget: a float32 cnn_cafcor client of 64 examples alone in a pass, an MLP cohort of 10 in one
-    plan = _ghost_plan(nets[0], params, {"x": x, "y": y}, CrossEntropy())
+    plan = ghost_plan(nets[0], params, {"x": x, "y": y}, CrossEntropy())
     assert ghost.clients_per_pass(plan, 64, 4) == 1
     mlp = build_model("mlp", (784,), 10, seed=0, hidden=(256,))
     mlp_params = _stack([mlp])
-    mlp_plan = _ghost_plan(mlp, mlp_params, {"x": torch.zeros(1, 1, 784), "y": torch.zeros(1, 1, dtype=torch.long)},
-                           CrossEntropy())
+    mlp_plan = ghost_plan(mlp, mlp_params, {"x": torch.zeros(1, 1, 784), "y": torch.zeros(1, 1, dtype=torch.long)},
+                          CrossEntropy())
     assert ghost.clients_per_pass(mlp_plan, 256, 4) >= 10
     mask = torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
     sizes = []

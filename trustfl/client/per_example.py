@@ -33,6 +33,7 @@ from torch.func import grad, vmap
 
 from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward
+from trustfl.client.ghost_plan import Plan, ghost_plan
 from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
@@ -42,7 +43,6 @@ CROSS_ENTROPY = CrossEntropy()
 
 Params = dict[str, torch.Tensor]
 METHODS = ("ghost", "vmap")
-_Plan = list[tuple[ghost.GhostLayer, tuple[int, ...]]]
 VMAP_BUDGET = 2**25
 """Per-example gradient elements materialised at once by ``method="vmap"`` when ``chunk_size`` is None."""
 COHORT_LAYERS = False
@@ -139,7 +139,7 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         raise ConfigError(f"`chunk_size` must be a positive integer or None, found {chunk_size!r}.")
     params, batch, keep = _prepare(params_stacked, batch, mask, max_norm)
     if method == "ghost":
-        layers = _ghost_plan(model, params, batch, objective)
+        layers = ghost_plan(model, params, batch, objective)
         if layers is not None:
             cohort = COHORT_LAYERS if cohort_layers is None else bool(cohort_layers)
             return ghost.in_client_groups(lambda p, bt, kp: _ghost_clipped_sum(  # memory: ghost.PASS_BUDGET
@@ -152,7 +152,7 @@ def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], batch: 
                    objective: AbstractObjective = CROSS_ENTROPY) -> bool:
     """Whether ``clipped_grad_sum(method="ghost")`` runs the ghost path on stacked ``(m, ...)`` ``params`` and a batch
     with leading ``(m, B)`` (else it falls back to ``"vmap"``, saying so once per model class)."""
-    return _ghost_plan(model, {k: v.detach() for k, v in params.items()}, batch, objective) is not None
+    return ghost_plan(model, params, batch, objective) is not None
 
 
 def _blank_padding(batch: Batch, keep: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -163,40 +163,7 @@ def _blank_padding(batch: Batch, keep: torch.Tensor) -> dict[str, torch.Tensor]:
             for k, v in batch.items()}
 
 
-def _ghost_plan(model: nn.Module, params: Params, batch: Batch, objective: AbstractObjective) -> _Plan | None:
-    """Layers with their output shapes (without the batch dim), or None when ghost clipping cannot run."""
-    try:
-        layers = ghost.ghost_layers(model, params)
-    except ghost.GhostUnsupportedError:
-        return None
-    calls = [0] * len(layers)
-    shapes: list[tuple[int, ...]] = [()] * len(layers)
-
-    def hook(i: int) -> Callable[..., None]:
-        def record(_mod: nn.Module, _inp: object, out: torch.Tensor) -> None:
-            calls[i] += 1
-            shapes[i] = tuple(out.shape[1:])
-        return record
-
-    modules = dict(model.named_modules())
-    handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
-    try:
-        _trace_one_example(model, params, batch, objective)
-    finally:
-        for h in handles:
-            h.remove()
-    if any(c != 1 for c in calls):  # a layer called twice (or never) breaks the per-layer norm formulas
-        return None
-    return list(zip(layers, shapes))
-
-
-def _trace_one_example(model: nn.Module, params: Params, batch: Batch, objective: AbstractObjective) -> None:
-    """Run one example of client 0 without autograd (cheaper than a meta-device trace, which decomposes ops)."""
-    with torch.no_grad():
-        objective.forward(model, {k: v[0] for k, v in params.items()}, {k: v[0, :1] for k, v in batch.items()})
-
-
-def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, batch: Batch, keep: torch.Tensor,
+def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
                        max_norm: float, objective: AbstractObjective,
                        cohort_layers: bool = False) -> tuple[Params, torch.Tensor]:
     acts, backprops = _activations_and_backprops(model, plan, params, batch, keep, objective, cohort_layers)
@@ -216,7 +183,7 @@ def _ghost_clipped_sum(model: nn.Module, plan: _Plan, params: Params, batch: Bat
     return {k: sums[k] for k in params}, norms
 
 
-def _activations_and_backprops(model: nn.Module, plan: _Plan, params: Params, batch: Batch, keep: torch.Tensor,
+def _activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
                                objective: AbstractObjective, cohort_layers: bool = False
                                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``.
