@@ -19,6 +19,16 @@ RTOL = 1e-12
 MASK = torch.tensor([[1.0, 1, 1, 0], [1, 0, 1, 1]])  # padding rows in both clients
 
 
+@pytest.fixture(params=["grouped_convolution", "products"])
+def conv_form(request, monkeypatch):
+    """Both ways to materialise a convolution's per-example weight gradients: one convolution backward with the
+    examples as groups (the CPU's choice when a kernel reads several channels) and batched products of the unfolded
+    matrices (CUDA's, and the CPU's for one input channel per kernel)."""
+    if request.param == "products":
+        monkeypatch.setattr(ghost, "_by_grouped_convolution", lambda layer, g: False)
+    return request.param
+
+
 def _stack(nets: list[nn.Module]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets])
             for k, _ in nets[0].named_parameters()}
@@ -101,7 +111,7 @@ GEOMETRIES = {"materialised": (4, 6, 9), "gram": (8, 16, 5)}
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
-def test_conv2d_stride_padding_dilation_groups(geometry, bias):
+def test_conv2d_stride_padding_dilation_groups(geometry, bias, conv_form):
     c_in, c_out, side = GEOMETRIES[geometry]
     torch.manual_seed(0)
     nets = [_Conv2dNet(c_in, c_out, side, bias).double() for _ in range(2)]
@@ -125,7 +135,7 @@ class _Conv1dNet(nn.Module):
         return self.fc(torch.relu(self.depthwise(torch.tanh(self.conv(x)))).flatten(1))
 
 
-def test_conv1d():
+def test_conv1d(conv_form):
     torch.manual_seed(1)
     nets = [_Conv1dNet().double() for _ in range(2)]
     layers = ghost.ghost_layers(nets[0], [k for k, _ in nets[0].named_parameters()])
@@ -145,7 +155,7 @@ class _SmallCNN(nn.Module):
         return self.fc(F.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1))
 
 
-def test_small_cnn_and_chunked_paths(monkeypatch):
+def test_small_cnn_and_chunked_paths(monkeypatch, conv_form):
     torch.manual_seed(2)
     nets = [_SmallCNN().double() for _ in range(2)]
     x, y = _data(2, 4, (2, 8, 8), 4, seed=3)
@@ -177,7 +187,7 @@ def test_padding_rows_contribute_nothing():
         assert _rel(sums3[k], sums[k][:1]) <= RTOL
 
 
-def test_cnn_cafcor_batch4_matches_materialised_and_loop():
+def test_cnn_cafcor_batch4_matches_materialised_and_loop(conv_form):
     nets = [build_model("cnn_cafcor", (1, 28, 28), 10, seed=s).double() for s in range(2)]
     params = _stack(nets)
     x, y = _data(2, 4, (1, 28, 28), 10, seed=6)
@@ -188,6 +198,20 @@ def test_cnn_cafcor_batch4_matches_materialised_and_loop():
         assert float(((g_norms - v_norms).abs() / v_norms.clamp(min=1e-300))[MASK != 0].max()) <= RTOL
         for k in v_sums:
             assert _rel(g_sums[k], v_sums[k]) <= RTOL, k
+
+
+def test_the_grouped_convolution_form_is_chosen_on_the_cpu_for_kernels_over_several_channels(monkeypatch):
+    net = build_model("cnn_cafcor", (1, 28, 28), 10, seed=0)
+    conv1, conv2 = ghost.ghost_layers(net, [k for k, _ in net.named_parameters()])[:2]
+    g1, g2 = torch.zeros(64, 20, 24, 24), torch.zeros(64, 50, 8, 8)
+    assert not ghost._by_grouped_convolution(conv1, g1)  # one input channel: the products are faster
+    assert ghost._by_grouped_convolution(conv2, g2)
+    assert not ghost._by_grouped_convolution(conv2, g2.to("meta"))  # not measured off the CPU
+    assert not ghost._by_grouped_convolution(conv2, g2[:, :, :1, :1])  # one position: the rank-one form
+    monkeypatch.setattr(ghost, "MATERIALISE_BUDGET", 64 * 50 * 500 - 1)  # does not fit: chunked products
+    assert not ghost._by_grouped_convolution(conv2, g2)
+    gram = ghost.ghost_layers(_Conv2dNet(8, 16, 5, True), ["conv.weight"])[0]  # T = 4: the Gram form
+    assert not ghost._by_grouped_convolution(gram, torch.zeros(4, 16, 2, 2))
 
 
 class _Circular(nn.Module):
