@@ -234,9 +234,18 @@ def in_client_groups(run: Callable, plan: list, params: dict[str, torch.Tensor],
     step = clients_per_pass(plan, keep.shape[1], next(iter(params.values())).element_size())
     if step >= m:
         return run(params, batch, keep)
-    parts = [run({k: v[i:i + step] for k, v in params.items()}, {k: v[i:i + step] for k, v in batch.items()},
-                 keep[i:i + step]) for i in range(0, m, step)]
-    return {k: torch.cat([p[0][k] for p in parts]) for k in parts[0][0]}, torch.cat([p[1] for p in parts])
+    sums: dict[str, torch.Tensor] = {}
+    norms = keep.new_empty(0)
+    for i in range(0, m, step):  # each group's results written into the cohort's tensors (no second copy)
+        part_sums, part_norms = run({k: v[i:i + step] for k, v in params.items()},
+                                    {k: v[i:i + step] for k, v in batch.items()}, keep[i:i + step])
+        if i == 0:
+            sums = {k: v.new_empty((m, *v.shape[1:])) for k, v in part_sums.items()}
+            norms = part_norms.new_empty((m, *part_norms.shape[1:]))
+        for k, v in part_sums.items():
+            sums[k][i:i + step] = v
+        norms[i:i + step] = part_norms
+    return sums, norms
 
 
 def layer_matrices(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
