@@ -10,6 +10,11 @@ Peak memory per row and method: each (model, cohort, method) also runs 3 steps i
 the rise of its peak resident memory over what it held before its first step (VmHWM, reset through
 ``/proc/self/clear_refs`` after the set-up): the memory one step of that method needs (``--no-memory`` skips it).
 
+Products per step: one step of each ghost method also runs under torch's FLOP counter, which counts the matrix
+products and convolutions (trustfl: one forward, one backward without weight gradients, the per-example terms and
+the clipped sum; Opacus ghost: one forward and two full backward passes). Their ratio is the speed-up the two would
+show if both ran their products at the same FLOP/s; the record puts it beside the measured one.
+
 Also checks, on the same parameters and batch:
   * trustfl-ghost's clipped noisy gradient equals the materialised reference (one-client vmap per-example
     gradients, clipped and summed in plain torch) with the same seeds, max |diff| <= 1e-5;
@@ -173,8 +178,9 @@ def main() -> None:
                     return
                 continue
             rate = {k: m * batch / t for k, t in timed(steps).items()}
+            flops = {k: step_gflop(steps[k]) for k in ("trustfl ghost", "opacus ghost")}
             peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in steps}
-            rows.append((label, batch, m, rate, peaks))
+            rows.append((label, batch, m, rate, peaks, flops))
             print(f"  measured {label} batch {batch} cohort {m}", flush=True)
 
         if args.memory_worker:
@@ -211,13 +217,26 @@ def main() -> None:
              "| model | batch | cohort | trustfl ghost | trustfl vmap | Opacus hooks | Opacus ghost | "
              "tf-ghost / op-ghost | tf-ghost / op-hooks | step peak MB: tf-ghost / tf-vmap / op-hooks / op-ghost |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for label, batch, m, r, peaks in rows:
+    flop_lines = ["", "## Products per step: the ratio the two ghost methods would have at equal FLOP/s", "",
+                  "GFLOP of one step's matrix products and convolutions (`torch.utils.flop_counter.FlopCounterMode`; "
+                  "element-wise work such as pooling, activations and noise is not counted), and the rate each "
+                  f"method reached in the timed runs above (GFLOP per {'second' if args.clock == 'wall' else 'CPU-second'}).", "",
+                  "| model | batch | cohort | GFLOP/step tf-ghost | GFLOP/step op-ghost | op / tf (ratio at equal FLOP/s) "
+                  "| measured tf-ghost / op-ghost | GFLOP/s tf-ghost | GFLOP/s op-ghost |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+    for label, batch, m, r, peaks, flops in rows:
+        tf_f, op_f = flops["trustfl ghost"], flops["opacus ghost"]
+        flop_lines.append(f"| {label} | {batch} | {m} | {tf_f:.3f} | {op_f:.3f} | {op_f / tf_f:.2f}× | "
+                          f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {tf_f * r['trustfl ghost'] / (m * batch):.0f} "
+                          f"| {op_f * r['opacus ghost'] / (m * batch):.0f} |")
+    for label, batch, m, r, peaks, _ in rows:
         peak = " / ".join(f"{peaks[k]:.0f}" if peaks.get(k) is not None else "—" for k in
                           ("trustfl ghost", "trustfl vmap", "opacus hooks", "opacus ghost"))
         lines.append(f"| {label} | {batch} | {m} | {r['trustfl ghost']:.0f} | {r['trustfl vmap']:.0f} | "
                      f"{r['opacus hooks']:.0f} | {r['opacus ghost']:.0f} | "
                      f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['trustfl ghost'] / r['opacus hooks']:.2f}× "
                      f"| {peak} |")
+    lines += flop_lines
     lines += ["", "Equality (float32, 3 clients, one padded example):", ""]
     for label, diff_ref, diff_opacus in checks:
         verdict = "OK" if diff_ref <= 1e-5 else "FAIL"
@@ -227,6 +246,28 @@ def main() -> None:
     print("\n" + text)
     if args.out:
         Path(args.out).write_text(text)
+
+
+def step_gflop(step: Callable[[], object]) -> float:
+    """GFLOP of the matrix products and convolutions one call of ``step`` runs (torch's FLOP counter).
+
+    torch's counter ignores ``groups`` in a convolution's weight gradient (it counts a grouped convolution backward as
+    if every group saw every input), so trustfl's per-example convolution gradients, which the CPU computes as one
+    convolution backward with the examples as groups, are counted in their other form (batched products of the
+    unfolded matrices): the same arithmetic.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trustfl.client import ghost
+
+    chosen = ghost._by_grouped_convolution
+    ghost._by_grouped_convolution = lambda layer, g: False
+    try:
+        with FlopCounterMode(display=False) as counter:
+            step()
+    finally:
+        ghost._by_grouped_convolution = chosen
+    return counter.get_total_flops() / 1e9
 
 
 def _proc_status_mb(field: str) -> float:
