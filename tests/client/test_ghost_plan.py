@@ -64,3 +64,35 @@ def test_plans_die_with_their_model():
     del net
     gc.collect()
     assert len(plans._PLANS) == before - 1
+
+
+def test_a_layer_replaced_or_reconfigured_in_place_is_planned_again():
+    """Same parameter names and shapes, another geometry: the cached plan is not used (its norms would be wrong)."""
+    from trustfl.client.per_example import clipped_grad_sum
+
+    class Strided(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv1d(2, 3, 3), nn.LazyLinear(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(torch.tanh(self.conv(x)).flatten(1)[:, :6])  # the first 6 features, whatever the stride
+
+    torch.manual_seed(0)
+    net = Strided().double()
+    net(torch.zeros(1, 2, 9, dtype=torch.float64))
+    params = _stacked(net, dtype=torch.float64)
+    batch = {"x": torch.randn(2, 3, 2, 9, dtype=torch.float64), "y": torch.zeros(2, 3, dtype=torch.long)}
+    mask = torch.ones(2, 3)
+    ghost_sums, _ = clipped_grad_sum(net, params, batch, mask, 0.5, method="ghost")
+    for change in ("stride", "replace"):
+        if change == "stride":
+            net.conv.stride = (2,)
+        else:
+            old = net.conv
+            net.conv = nn.Conv1d(2, 3, 3, padding=1).double()
+            net.conv.load_state_dict(old.state_dict())
+        ghost_sums, _ = clipped_grad_sum(net, params, batch, mask, 0.5, method="ghost")
+        vmap_sums, _ = clipped_grad_sum(net, params, batch, mask, 0.5, method="vmap")
+        for k in vmap_sums:
+            torch.testing.assert_close(ghost_sums[k], vmap_sums[k], rtol=1e-10, atol=1e-12)

@@ -137,7 +137,7 @@ def ghost_layers(model: nn.Module, param_names: Iterable[str]) -> tuple[GhostLay
         if not trained:
             continue
         found.update(trained.values())
-        layers.append(_describe(mod_name, module, trained))
+        layers.append(describe(mod_name, module, trained))
     missing = sorted(wanted - found)
     if missing:
         raise ConfigError(f"`params` keys {missing} are not parameters of {type(model).__name__}; pass keys from "
@@ -167,7 +167,10 @@ def note_fallback(model: nn.Module, param_names: Iterable[str]) -> None:
                   stacklevel=3)
 
 
-def _describe(name: str, module: nn.Module, trained: dict[str, str]) -> GhostLayer:
+def describe(name: str, module: nn.Module, trained: dict[str, str]) -> GhostLayer:
+    """The :class:`GhostLayer` of ``module`` (at path ``name``) whose trained parameters are ``trained``
+    (``{"weight" | "bias": params-dict key}``); :class:`GhostUnsupportedError` for a module ghost clipping cannot
+    handle."""
     kind = _MODULE_KINDS.get(type(module))
     extra = sorted(set(trained) - {"weight", "bias"})
     if kind is None or extra:

@@ -5,7 +5,8 @@ layer's output for one example. It is found by running one example of client 0 t
 (which also checks that each such layer runs exactly once per forward), and kept per model object, keyed by what it
 depends on: the objective, the trained parameters' names, shapes and dtypes, and the batch entries' per-example
 shapes and dtypes. A DP-SGD step then skips the module walk and the traced example (about 5 % of a ``cnn_cafcor``
-step and 8 % of an MLP step on one CPU thread).
+step and 8 % of an MLP step on one CPU thread); it only checks that each planned layer still describes its module
+(a layer replaced or re-configured in place is planned again).
 """
 from __future__ import annotations
 
@@ -32,10 +33,25 @@ def ghost_plan(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batc
     key = (id(objective), _signature(params, 1), _signature(batch, 2))
     cached = _PLANS.setdefault(model, {})
     hit = cached.get(key)
-    if hit is None or hit[0] is not objective:  # the objective is held, so its id cannot be reused meanwhile
+    # the objective is held, so its id cannot be reused meanwhile; a layer replaced or re-configured since (another
+    # stride, say, with the same parameter shapes) no longer matches its description, and the plan is found again
+    if hit is None or hit[0] is not objective or (hit[1] is not None and not _still_describes(model, hit[1])):
         hit = (objective, _find_plan(model, params, batch, objective))
         cached[key] = hit
     return None if hit[1] is None else list(hit[1])
+
+
+def _still_describes(model: nn.Module, plan: Plan) -> bool:
+    """Whether every layer of ``plan`` still describes the module of its name (type, geometry, trained keys)."""
+    for layer, _ in plan:
+        try:
+            module = model.get_submodule(layer.name)
+            trained = {p: key for p, key in (("weight", layer.weight), ("bias", layer.bias)) if key is not None}
+            if ghost.describe(layer.name, module, trained) != layer:
+                return False
+        except (AttributeError, ghost.GhostUnsupportedError):
+            return False
+    return True
 
 
 def _signature(tensors: Mapping[str, torch.Tensor], lead: int) -> tuple:
