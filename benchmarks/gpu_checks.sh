@@ -2,7 +2,7 @@
 # The GPU checks of issue #14 in one run (about 8 minutes on one H100): the CUDA tests (tests/cuda and every test's
 # `cuda` variant), the GPU rows of the scale benchmark (rewrites benchmarks/scale_gpu.md), 10,000 MLP clients of 600
 # examples each (the issue's prototype setting), and a profile of the 100-client round that also locates its host
-# synchronisations.
+# synchronisations; and a timing of the two forms of per-example convolution gradients on CUDA (conv_grads.py).
 #
 # Usage: benchmarks/gpu_checks.sh [OUTDIR]        (default runs/gpu_checks; PYTHON=python3 for another interpreter)
 set -uo pipefail
@@ -26,3 +26,7 @@ echo "10,000 x 600: exit $?"; grep -E "s/round" "$out/scale_10k_600.log"
 
 timeout 90 "$py" benchmarks/profile_round.py --device cuda --clients 100 --sync-debug > "$out/profile.txt" 2>&1
 echo "profile: exit $?"; head -1 "$out/profile.txt"; grep -c "synchroniz" "$out/profile.txt"
+
+timeout 60 "$py" benchmarks/conv_grads.py --device cuda --out "$out/conv_grads_cuda.md" > "$out/conv_grads.log" 2>&1
+echo "conv grads (products vs grouped on CUDA; the CPU picks grouped, CUDA the products): exit $?"
+grep -E "^\| (cnn|3)" "$out/conv_grads_cuda.md"

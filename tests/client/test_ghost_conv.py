@@ -21,11 +21,14 @@ MASK = torch.tensor([[1.0, 1, 1, 0], [1, 0, 1, 1]])  # padding rows in both clie
 
 @pytest.fixture(params=["grouped_convolution", "products"])
 def conv_form(request, monkeypatch):
-    """Both ways to materialise a convolution's per-example weight gradients: one convolution backward with the
-    examples as groups (the CPU's choice when a kernel reads several channels) and batched products of the unfolded
-    matrices (CUDA's, and the CPU's for one input channel per kernel)."""
+    """Both ways to materialise a convolution's per-example weight gradients, each wherever the materialised form
+    applies: one convolution backward with the examples as groups (the CPU's choice for output channels of at least
+    ghost.GROUPED_MIN_KERNEL weights; forced here for the small test layers) and batched products of the unfolded
+    matrices (CUDA's, and the CPU's for small kernels)."""
     if request.param == "products":
         monkeypatch.setattr(ghost, "_by_grouped_convolution", lambda layer, g: False)
+    else:
+        monkeypatch.setattr(ghost, "GROUPED_MIN_KERNEL", 1)
     return request.param
 
 
@@ -200,16 +203,21 @@ def test_cnn_cafcor_batch4_matches_materialised_and_loop(conv_form):
             assert _rel(g_sums[k], v_sums[k]) <= RTOL, k
 
 
-def test_the_grouped_convolution_form_is_chosen_on_the_cpu_for_kernels_over_several_channels(monkeypatch):
+def test_the_grouped_convolution_form_is_chosen_on_the_cpu_for_channels_of_many_weights(monkeypatch):
     net = build_model("cnn_cafcor", (1, 28, 28), 10, seed=0)
     conv1, conv2 = ghost.ghost_layers(net, [k for k, _ in net.named_parameters()])[:2]
     g1, g2 = torch.zeros(64, 20, 24, 24), torch.zeros(64, 50, 8, 8)
-    assert not ghost._by_grouped_convolution(conv1, g1)  # one input channel: the products are faster
-    assert ghost._by_grouped_convolution(conv2, g2)
+    assert not ghost._by_grouped_convolution(conv1, g1)  # 25 weights per channel: the products are faster
+    assert ghost._by_grouped_convolution(conv2, g2)  # 500
+    small = ghost.ghost_layers(nn.Conv2d(4, 16, 3, padding=1), ["weight"])[0]  # 36 weights per channel
+    assert not ghost._by_grouped_convolution(small, torch.zeros(64, 16, 16, 16))
+    assert ghost._by_grouped_convolution(ghost.ghost_layers(nn.Conv2d(8, 16, 3), ["weight"])[0],
+                                         torch.zeros(64, 16, 14, 14))  # 72
     assert not ghost._by_grouped_convolution(conv2, g2.to("meta"))  # not measured off the CPU
     assert not ghost._by_grouped_convolution(conv2, g2[:, :, :1, :1])  # one position: the rank-one form
     monkeypatch.setattr(ghost, "MATERIALISE_BUDGET", 64 * 50 * 500 - 1)  # does not fit: chunked products
     assert not ghost._by_grouped_convolution(conv2, g2)
+    monkeypatch.setattr(ghost, "GROUPED_MIN_KERNEL", 1)
     gram = ghost.ghost_layers(_Conv2dNet(8, 16, 5, True), ["conv.weight"])[0]  # T = 4: the Gram form
     assert not ghost._by_grouped_convolution(gram, torch.zeros(4, 16, 2, 2))
 

@@ -19,7 +19,7 @@ output channels). Example ``b``'s weight gradient is ``G_bᵀ A_b`` and its bias
 whichever is cheaper (the "mixed" strategy of Bu et al.); and the clipped sum of client ``i`` is
 ``Σ_b c_{ib} G_{ib}ᵀ A_{ib}``, one batched matmul. On the CPU a convolution's materialised form comes from one
 convolution backward with the examples as groups (:func:`_conv_per_example_grads`), which is faster than the
-products of the unfolded matrices when a kernel reads several input channels.
+products of the unfolded matrices when each output channel has many weights.
 
 A ``Conv1d`` is a ``Conv2d`` of height 1. A convolution with ``groups = g`` splits ``A_b`` and ``G_b`` column-wise into
 ``g`` blocks ``A_{b,j} ∈ R^{T×D/g}``, ``G_{b,j} ∈ R^{T×P/g}``; group ``j``'s weight gradient is ``G_{b,j}ᵀ A_{b,j}``
@@ -352,18 +352,25 @@ def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[
     return sq + weight_sq.view(n, groups).sum(1), LayerTerms(terms.a, terms.g, bias, terms.per_example)
 
 
+GROUPED_MIN_KERNEL = 64
+"""Fewest weights per output channel (``C_in/g · k_h · k_w``) for which the CPU computes a convolution's per-example
+weight gradients by one grouped convolution backward (:func:`_by_grouped_convolution`)."""
+
+
 def _by_grouped_convolution(layer: GhostLayer, g: torch.Tensor) -> bool:
     """Whether a convolution's per-example weight gradients come from one grouped convolution backward
     (:func:`_conv_per_example_grads`) instead of batched products of the unfolded matrices: on the CPU, when the
-    materialised form is the cheaper one, fits :data:`MATERIALISE_BUDGET`, and each kernel reads more than one input
-    channel. Measured on one thread (64 examples): 1.3–3.4× faster for cnn_cafcor's and cnn_rhdp's second
-    convolutions and for 3×3 convolutions of 32–64 channels, 0.7× for a first convolution of one channel (which
-    keeps the products). Not measured on CUDA, which keeps the products."""
-    if layer.kind == "linear" or layer.weight is None or g.device.type != "cpu" or layer.weight_shape[1] < 2:
+    materialised form is the cheaper one, fits :data:`MATERIALISE_BUDGET`, and each output channel has at least
+    :data:`GROUPED_MIN_KERNEL` weights. ``benchmarks/conv_grads.md`` (one thread): 1.4–2.5× faster from 72 weights
+    per channel (cnn_cafcor's and cnn_rhdp's second convolutions, 3×3 convolutions of 8–64 channels), 0.5–1.0× below
+    (one-channel first convolutions, 3×3 over 3–4 channels). Not measured on CUDA, which keeps the products."""
+    if layer.kind == "linear" or layer.weight is None or g.device.type != "cpu":
         return False
-    t, per_example = math.prod(g.shape[2:]), math.prod(layer.weight_shape)  # positions; (P, C/g, k_h, k_w)
-    return (t > 1 and not _use_gram(t, per_example // layer.weight_shape[0], layer.weight_shape[0] // layer.groups)
-            and g.shape[0] * per_example <= MATERIALISE_BUDGET)
+    per_channel = math.prod(layer.weight_shape[1:])  # C_in/g · k_h · k_w
+    t = math.prod(g.shape[2:])  # output positions
+    return (per_channel >= GROUPED_MIN_KERNEL and t > 1
+            and not _use_gram(t, per_channel, layer.weight_shape[0] // layer.groups)
+            and g.shape[0] * per_channel * layer.weight_shape[0] <= MATERIALISE_BUDGET)
 
 
 def _conv_per_example_grads(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
