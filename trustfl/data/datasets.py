@@ -320,13 +320,15 @@ def _idx_dataset(name: str, data_dir: str | None, seed: int, max_train: int | No
     arrays = load_idx_arrays(name, data_dir, verify=verify)
     mean, std = _IDX_NORMALISATION[name]
     # (x/255 − mean)/std in float32, three in-place passes of torch's vectorised kernels: 8× faster than a numpy
-    # table look-up (which converts the uint8 indices to int64 first) and bit-identical to it.
+    # table look-up (which converts the uint8 indices to int64 first) and bit-identical to it. The float32 copy is
+    # made by torch (torch.tensor copies the read-only array): its 188 MB come from torch's allocator, whose fresh
+    # pages fault in about ten times faster here than those of numpy's astype (0.035 s against 0.44 s).
     tensors: list[torch.Tensor] = []
     for split, limit in (("train", max_train), ("test", max_test)):
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if (sub := _limit(name, f"max_{split}", limit, labels, seed)) is not None:
             images, labels = images[sub], labels[sub]
-        x = torch.from_numpy(images.astype(np.float32)).div_(255.0).sub_(mean).div_(std).reshape(-1, 1, 28, 28)
+        x = torch.tensor(images, dtype=torch.float32).div_(255.0).sub_(mean).div_(std).reshape(-1, 1, 28, 28)
         tensors += [x, torch.from_numpy(labels.astype(np.int64))]
     folder = resolve_data_dir(data_dir) / name
     return Dataset(name, *tensors, input_shape=(1, 28, 28), num_classes=10,
