@@ -9,7 +9,8 @@ fixture from ``generate.py --missing``; so did configs/quafl/sequential.toml (ad
 full batch started taking the objective's fused loss sum (its only single-client cohort; every fixture from
 before #10 still reproduces bitwise). configs/robust_hdp/mnist_falsified.toml (method weiavg) got a new fixture
 in #16 when its learning rates became the ones the fair tuning chose (weiavg 0.003 → 0.01); with the old rates
-set on the command line it still reproduced its old fixture bitwise.
+set on the command line it still reproduced its old fixture bitwise. configs/fedsc/digits_canvas_{1class,2class}.toml
+got new fixtures when their views' translation went from 2 pixels to 1 (benchmarks/fedsc_shift.md).
 
 Since #14 (stop 24) the vectorized executor keeps a round's stacked parameters in the memory layout of their
 gradients (batched linear layers return weight gradients transposed; updating row-major parameters with them
