@@ -1,12 +1,13 @@
 """FedSC vs FedAvg+SC on the digit canvases: how far a view translates the digit, and an independent reference loop.
 
-The record in benchmarks/fedsc.md shows no federated method above the random-init probe on the 10 × 1-digit split,
-while the FedSC spec's validated small setting reports FedSC 77.4 ± 1.0 against FedAvg+SC 73.2 ± 0.5 (random-init
+With 2-pixel translations, the record in benchmarks/fedsc.md showed no federated method above the random-init probe
+on the 10 × 1-digit split, while the FedSC spec's validated small setting reports FedSC 77.4 ± 1.0 against FedAvg+SC 73.2 ± 0.5 (random-init
 73.5). This diagnostic separates the engine from the setting, at the configs' lr (0.05, the validated setting's;
 no tuning), seeds 0–2:
 
 1. trustfl (``run_experiment`` on configs/fedsc/digits_canvas_{1class,2class}.toml) with the augmentation's
-   translation as shipped (``recipe.augment.shift`` = 2 pixels, mode ``keep``) and with 1 pixel;
+   translation (``recipe.augment.shift``, mode ``keep``) at 2 pixels, the configs' value until this diagnostic, and
+   at 1 pixel, their value since;
 2. an independent FedSC / FedAvg+SC written here as a plain per-client PyTorch loop from the spec (Algorithm 1 with
    σ = 0: each client's matrix from V = 5 clipped views at the round's model, R̃_{−j} from the q_j-weighted others,
    the batch loss −Tr R̂⁺ + ½α‖R̂‖² + (1−α)Tr(R̂ R̃_{−j}) on two clipped views, α 1 → 0.2, SGD with momentum 0.9 and
