@@ -1,9 +1,9 @@
 """FedSC vs FedAvg+SC on the digit canvases: how far a view translates the digit, and an independent reference loop.
 
 With 2-pixel translations, the record in benchmarks/fedsc.md showed no federated method above the random-init probe
-on the 10 × 1-digit split, while the FedSC spec's validated small setting reports FedSC 77.4 ± 1.0 against FedAvg+SC 73.2 ± 0.5 (random-init
-73.5). This diagnostic separates the engine from the setting, at the configs' lr (0.05, the validated setting's;
-no tuning), seeds 0–2:
+on the 10 × 1-digit split, while the FedSC spec's validated small setting reports FedSC 77.4 ± 1.0 against
+FedAvg+SC 73.2 ± 0.5 (random-init 73.5). This diagnostic separates the engine from the setting, at the configs' lr
+(0.05, the validated setting's; no tuning), seeds 0–2:
 
 1. trustfl (``run_experiment`` on configs/fedsc/digits_canvas_{1class,2class}.toml) with the augmentation's
    translation (``recipe.augment.shift``, mode ``keep``) at 2 pixels, the configs' value until this diagnostic, and
