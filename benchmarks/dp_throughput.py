@@ -217,18 +217,19 @@ def main() -> None:
              "| model | batch | cohort | trustfl ghost | trustfl vmap | Opacus hooks | Opacus ghost | "
              "tf-ghost / op-ghost | tf-ghost / op-hooks | step peak MB: tf-ghost / tf-vmap / op-hooks / op-ghost |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    per = "second" if args.clock == "wall" else "CPU-second"
     flop_lines = ["", "## Products per step: the ratio the two ghost methods would have at equal FLOP/s", "",
                   "GFLOP of one step's matrix products and convolutions (`torch.utils.flop_counter.FlopCounterMode`; "
                   "element-wise work such as pooling, activations and noise is not counted), and the rate each "
-                  f"method reached in the timed runs above (GFLOP per {'second' if args.clock == 'wall' else 'CPU-second'}).", "",
-                  "| model | batch | cohort | GFLOP/step tf-ghost | GFLOP/step op-ghost | op / tf (ratio at equal FLOP/s) "
-                  "| measured tf-ghost / op-ghost | GFLOP/s tf-ghost | GFLOP/s op-ghost |",
+                  f"method reached in the timed runs above (GFLOP per {per}).", "",
+                  "| model | batch | cohort | GFLOP/step tf-ghost | GFLOP/step op-ghost | op / tf (ratio at equal "
+                  "FLOP/s) | measured tf-ghost / op-ghost | GFLOP/s tf-ghost | GFLOP/s op-ghost |",
                   "|---|---|---|---|---|---|---|---|---|"]
     for label, batch, m, r, peaks, flops in rows:
         tf_f, op_f = flops["trustfl ghost"], flops["opacus ghost"]
+        tf_rate, op_rate = tf_f * r["trustfl ghost"] / (m * batch), op_f * r["opacus ghost"] / (m * batch)
         flop_lines.append(f"| {label} | {batch} | {m} | {tf_f:.3f} | {op_f:.3f} | {op_f / tf_f:.2f}× | "
-                          f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {tf_f * r['trustfl ghost'] / (m * batch):.0f} "
-                          f"| {op_f * r['opacus ghost'] / (m * batch):.0f} |")
+                          f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {tf_rate:.0f} | {op_rate:.0f} |")
     for label, batch, m, r, peaks, _ in rows:
         peak = " / ".join(f"{peaks[k]:.0f}" if peaks.get(k) is not None else "—" for k in
                           ("trustfl ghost", "trustfl vmap", "opacus hooks", "opacus ghost"))
