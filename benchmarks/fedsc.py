@@ -241,8 +241,9 @@ def main() -> None:
              f"--splits {args.splits} --epsilons {args.epsilons} --workers {args.workers}`", "",
              "Configs: configs/fedsc/digits_canvas_{1class,2class}.toml (60 rounds, 5 local epochs, B = 64, "
              "cosine lr, momentum 0.9, wd 5e-4, μ = 4, V_share = 5, α 1 → 0.2, σ = 0, full participation; "
-             "MLP 100-256-128 → 128 → 64 with He-normal weights and zero biases; views shift the digit inside its "
-             "canvas without cutting it off). Every method's local lr is tuned on the same grid (below), seeds "
+             "MLP 100-256-128 → 128 → 64 with He-normal weights and zero biases; views shift the digit by at most "
+             "1 pixel inside its canvas without cutting it off). Every method's local lr is tuned on the same grid "
+             "(below), seeds "
              f"{TUNE_SEEDS}, the rest of the config shared. Seeds {seeds}; final test accuracy (%), mean ± std.", "",
              "| split | method (tuned lr) | linear probe (backbone) | kNN (projector) | random-init probe | s / run |",
              "|---|---|---|---|---|---|"]
