@@ -11,9 +11,10 @@ unchanged otherwise) this script runs the rounds itself and, after selected roun
   every client's matrix is the same;
 - ``train loss``: the round's mean local loss (−0.5 is the value of the SC loss when every z is one unit vector).
 
-Two settings: the config as shipped (He-normal weights with zero biases, a shift that keeps the digit in its
-canvas) and the earlier one (``model.init = "default"``, ``recipe.augment.shift_mode = "crop"``), where every
-federated run stays at the SC loss's trivial point.
+Three settings: the config as shipped (He-normal weights with zero biases, a 1-pixel shift that keeps the digit in
+its canvas), the same with the 2-pixel shift it had before benchmarks/fedsc_shift.md, and the earliest one
+(``model.init = "default"``, ``recipe.augment.shift_mode = "crop"``, 2 pixels), where every federated run stays at
+the SC loss's trivial point.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc_geometry.py --out benchmarks/fedsc_geometry.md``.
 """
@@ -36,8 +37,10 @@ from trustfl.objectives.spectral import norm_clip  # noqa: E402
 
 CONFIG = ROOT / "configs/fedsc/digits_canvas_1class.toml"
 REPORT = (1, 2, 5, 10, 20, 40, 60)
-SETTINGS = {"as shipped (init he, shift keep)": [],
-            "earlier setting (init default, shift crop)": ['model.init="default"', 'recipe.augment.shift_mode="crop"']}
+SETTINGS = {"as shipped (init he, shift keep 1)": [],
+            "before fedsc_shift.md (init he, shift keep 2)": ["recipe.augment.shift=2"],
+            "earlier setting (init default, shift crop 2)": ['model.init="default"', 'recipe.augment.shift_mode="crop"',
+                                                             "recipe.augment.shift=2"]}
 
 
 def geometry(fed, flat: torch.Tensor, mu: float) -> dict[str, float]:
