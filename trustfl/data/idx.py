@@ -42,16 +42,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 PathLike = str | os.PathLike
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The decoded bytes of ``path``, gunzipped when the file starts with the gzip magic number."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise DataError(f"IDX file {str(path)!r} does not exist.") from exc
-    except OSError as exc:
-        raise DataError(f"Cannot read IDX file {str(path)!r}: {exc}.") from exc
-    if raw[:2] != _GZIP_MAGIC:
-        return raw
+def _gunzip(path: Path, raw: bytes) -> bytes:
+    """``raw`` (the whole file, gzip magic included) decompressed."""
     try:
         return gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as exc:
@@ -60,8 +52,39 @@ def _read_bytes(path: Path) -> bytes:
         ) from exc
 
 
+def _layout(path: Path, head: bytes, length: int) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, big-endian dtype, header length) from the first bytes ``head`` of a decoded file ``length`` long."""
+    if length < 4:
+        raise DataError(f"IDX file {str(path)!r} is {length} bytes long; an IDX header needs at least 4.")
+    zero0, zero1, code, ndim = head[0], head[1], head[2], head[3]
+    if zero0 != 0 or zero1 != 0:
+        raise DataError(
+            f"IDX file {str(path)!r} has magic number {head[:4].hex()}; an IDX file starts with two zero bytes."
+        )
+    if code not in _TYPE_CODES:
+        valid = ", ".join(f"0x{c:02x}" for c in _TYPE_CODES)
+        raise DataError(f"IDX file {str(path)!r} has element type code 0x{code:02x}; valid codes: {valid}.")
+    if ndim < 1:
+        raise DataError(f"IDX file {str(path)!r} declares {ndim} dimensions; at least 1 is required.")
+    header = 4 + 4 * ndim
+    if length < header:
+        raise DataError(f"IDX file {str(path)!r} is truncated inside its header ({length} < {header} bytes).")
+    shape = tuple(int(s) for s in np.frombuffer(head, dtype=">u4", count=ndim, offset=4))
+    dtype = _TYPE_CODES[code]
+    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if length != expected:
+        raise DataError(
+            f"IDX file {str(path)!r} holds {length} bytes but its header (shape {shape}, {dtype.name}) needs "
+            f"{expected}; the file is truncated or corrupt. Delete it and run `make data`."
+        )
+    return shape, dtype, header
+
+
 def read_idx(path: PathLike) -> np.ndarray:
     """Read an IDX file (raw or gzipped; detected from the content, not the name).
+
+    A raw file is read straight into the returned array (no intermediate copy: MNIST's 47 MB of training images
+    load in milliseconds).
 
     Args:
       path: the file.
@@ -75,32 +98,25 @@ def read_idx(path: PathLike) -> np.ndarray:
         not match the sizes in its header (truncated or padded).
     """
     path = Path(path)
-    data = _read_bytes(path)
-    if len(data) < 4:
-        raise DataError(f"IDX file {str(path)!r} is {len(data)} bytes long; an IDX header needs at least 4.")
-    zero0, zero1, code, ndim = data[0], data[1], data[2], data[3]
-    if zero0 != 0 or zero1 != 0:
-        raise DataError(
-            f"IDX file {str(path)!r} has magic number {data[:4].hex()}; an IDX file starts with two zero bytes."
-        )
-    if code not in _TYPE_CODES:
-        valid = ", ".join(f"0x{c:02x}" for c in _TYPE_CODES)
-        raise DataError(f"IDX file {str(path)!r} has element type code 0x{code:02x}; valid codes: {valid}.")
-    if ndim < 1:
-        raise DataError(f"IDX file {str(path)!r} declares {ndim} dimensions; at least 1 is required.")
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise DataError(f"IDX file {str(path)!r} is truncated inside its header ({len(data)} < {header} bytes).")
-    shape = tuple(int(s) for s in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
-    dtype = _TYPE_CODES[code]
-    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(data) != expected:
-        raise DataError(
-            f"IDX file {str(path)!r} holds {len(data)} bytes but its header (shape {shape}, {dtype.name}) needs "
-            f"{expected}; the file is truncated or corrupt. Delete it and run `make data`."
-        )
-    arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
-    return arr.astype(dtype.newbyteorder("="), copy=True)
+    try:
+        with path.open("rb") as file:
+            head = file.read(4 + 4 * 255)  # the longest possible header
+            if head[:2] == _GZIP_MAGIC:
+                data = _gunzip(path, head + file.read())
+                shape, dtype, header = _layout(path, data, len(data))
+                arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
+                return arr.astype(dtype.newbyteorder("="), copy=True)
+            shape, dtype, header = _layout(path, head, os.fstat(file.fileno()).st_size)
+            arr = np.empty(shape, dtype=dtype)
+            file.seek(header)
+            read = file.readinto(memoryview(arr).cast("B")) if arr.size else 0
+    except FileNotFoundError as exc:
+        raise DataError(f"IDX file {str(path)!r} does not exist.") from exc
+    except OSError as exc:
+        raise DataError(f"Cannot read IDX file {str(path)!r}: {exc}.") from exc
+    if read != arr.nbytes:
+        raise DataError(f"IDX file {str(path)!r} changed while it was read ({read} of {arr.nbytes} bytes).")
+    return arr if arr.dtype.isnative else arr.astype(dtype.newbyteorder("="))
 
 
 def write_idx(path: PathLike, arr: np.ndarray) -> None:
