@@ -24,6 +24,10 @@ from typing import Any, Callable
 
 import torch
 
+from trustfl.core.heap import freeze_imported
+
+freeze_imported()  # before the imports below: torch's objects are left out of every later full collection
+
 from trustfl.config.build import build_federation, resolve_engine
 from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig, FieldError

@@ -17,8 +17,6 @@ import numbers
 import types
 from typing import TYPE_CHECKING, Any, Mapping
 
-import attr
-
 from trustfl.errors import PrivacyError
 
 if TYPE_CHECKING:
@@ -122,6 +120,8 @@ def describe(event: DpEvent) -> dict[str, Any]:
 
     Nested events are described recursively; :func:`event_from_dict` inverts it exactly.
     """
+    import attr  # dp_accounting's events are attrs classes (imported with them; not with trustfl)
+
     _check_event(event)
     out: dict[str, Any] = {"type": type(event).__name__}
     for field in attr.fields(type(event)):
@@ -139,6 +139,8 @@ def _decode(value: Any) -> Any:
 
 def event_from_dict(data: Mapping[str, Any]) -> DpEvent:
     """Rebuild the event that :func:`describe` described (used to restore ledgers from checkpoints)."""
+    import attr
+
     name = data.get("type") if isinstance(data, Mapping) else None
     dp_event = _dp_event()
     cls = getattr(dp_event, str(name), None)
