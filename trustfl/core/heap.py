@@ -15,7 +15,7 @@ _done = False
 
 
 def freeze_imported() -> None:
-    """``gc.freeze()`` once per process (the entry points call it after ``import torch``)."""
+    """``gc.freeze()`` once per process (:mod:`trustfl.experiment` calls it right after ``import torch``)."""
     global _done
     if not _done:
         gc.freeze()
