@@ -126,6 +126,42 @@ def test_idx_corrupt_files_raise(tmp_path: Path) -> None:
         read_idx(tmp_path / "nothing")
 
 
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_read_idx_fuzzed_bytes_give_an_array_or_a_data_error(tmp_path: Path, suffix: str) -> None:
+    """Random truncations, extensions and byte flips of valid files (raw and gzipped, 1-byte and big-endian 4-byte
+    elements): every read returns the array its header describes or raises DataError, nothing else."""
+    rng = np.random.default_rng(0)
+    sources = [np.arange(60, dtype=np.uint8).reshape(3, 4, 5), np.arange(-6, 6, dtype=np.int32).reshape(4, 3)]
+    outcomes = {"array": 0, "error": 0}
+    for k in range(300):
+        arr = sources[k % 2]
+        good = tmp_path / f"good{k % 2}{suffix}"
+        if not good.exists():
+            write_idx(good, arr)
+        raw = bytearray(good.read_bytes())
+        kind = k % 3
+        if kind == 0:
+            raw = raw[:int(rng.integers(0, len(raw)))]
+        elif kind == 1:
+            raw += bytes(rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8))
+        else:
+            for i in rng.integers(0, len(raw), int(rng.integers(1, 4))):
+                raw[i] = int(rng.integers(0, 256))
+        path = tmp_path / f"case{k}{suffix}"
+        path.write_bytes(bytes(raw))
+        try:
+            back = read_idx(path)
+        except DataError:
+            outcomes["error"] += 1
+            continue
+        outcomes["array"] += 1
+        head = gzip.decompress(bytes(raw)) if raw[:2] == b"\x1f\x8b" else bytes(raw)
+        ndim = head[3]
+        shape = tuple(int.from_bytes(head[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+        assert back.shape == shape and back.dtype.isnative and back.flags.writeable
+    assert outcomes["array"] > 0 and outcomes["error"] > 0, outcomes  # both paths were exercised
+
+
 def test_array_sha256_covers_dtype_and_shape() -> None:
     a = np.arange(6, dtype=np.uint8)
     assert array_sha256(a) == array_sha256(a.copy())
