@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trustfl.core.heap import import_torch
+
+import_torch()  # first, so that a run's start-up freezes torch's objects out of every later full collection
+
 import torch
-
-from trustfl.core.heap import freeze_imported
-
-freeze_imported()  # before the imports below: torch's objects are left out of every later full collection
 
 from trustfl.config.build import build_federation, resolve_engine
 from trustfl.config.load import config_to_dict, dump_toml, load_config
