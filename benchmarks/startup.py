@@ -6,8 +6,8 @@ Every figure is measured in fresh processes (median of ``--repeats``, default 5)
   and ``python -c "import torch"`` for reference;
 - the first round (target ≤ 2 × a steady round), three ways: (a) ``trustfl run configs/quickstart.toml``, round 1
   against the median of rounds 2–20 from metrics.jsonl (``wall_time_s`` counts each round's own time; the rounds'
-  cohorts differ, so their work differs: round 1's cohort takes 26 local steps, the median round 16; for
-  information); (b) the same from the end-to-end runs below, whose rounds all do the same work (10 clients × 19
+  cohorts differ, so their work differs: the record gives round 1's local steps and the median of the later
+  rounds', each round's longest client's, which is what the vectorized executor runs; for information); (b) the same from the end-to-end runs below, whose rounds all do the same work (10 clients × 19
   steps; the target); (c) timing hooks in one process: round 1 cold, then the same round 1 again on a second,
   identical federation (the same work, warm), and rounds 2–20; the same for the quickstart with DP-SGD
   (per-example clipping, ghost norms) and with CafCor's batch clipping (plain autograd since 2026-11-26; before,
@@ -185,6 +185,18 @@ def _round_times(run_dir: Path) -> list[float]:
     return [b - a for a, b in zip([0.0] + walls, walls)]
 
 
+def _quickstart_steps() -> list[int]:
+    """The local steps of each quickstart round: its longest client's, the steps the vectorized executor runs."""
+    from trustfl.config.build import build_federation
+    from trustfl.config.load import load_config
+    from trustfl.engine.local import num_local_steps
+    from trustfl.engine.round_parts import sample_cohort
+
+    fed = build_federation(load_config(REPO / "configs/quickstart.toml"), quiet=True)
+    return [max(num_local_steps(fed.training, int(fed.client_rows[c].numel()), fed.batch_sizes[c])
+                for c in sample_cohort(fed, r)) for r in range(fed.rounds)]
+
+
 def _e2e_setup(tmp: Path, synthetic: bool) -> tuple[Path, str, str]:
     """The experiment config and the plain loop's data source (MNIST's folder, or a synthetic npz)."""
     from trustfl.data import dataset_available, resolve_data_dir
@@ -283,6 +295,7 @@ def main() -> None:
                 f"{verdict(value, target, False)}{note} |")
 
     med = {k: statistics.median(v) for k, v in times.items()}
+    steps = _quickstart_steps()
     command = " ".join([".venv/bin/python", "benchmarks/startup.py"] + sys.argv[1:])
     import torch  # only to report the thread count both kinds of process use
 
@@ -302,8 +315,8 @@ def main() -> None:
         f"{verdict(med['help'], TARGETS['help'], True)} |",
         f"| quickstart (`trustfl run`): round 1, s | {_median(firsts)} | | |",
         f"| quickstart (`trustfl run`): median of rounds 2–20, s | {_median(steadies)} | | |",
-        f"| quickstart (`trustfl run`): round 1 / median of rounds 2–20 (round 1: 26 local steps, the median "
-        f"round: 16) | {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | (information: "
+        f"| quickstart (`trustfl run`): round 1 / median of rounds 2–20 (round 1: {steps[0]} local steps, the "
+        f"median round: {statistics.median(steps[1:]):g}) | {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | (information: "
         f"unequal work) | |",
         f"| end-to-end run (below): round 1 / median of rounds 2–20, s | {_median(e2e['first'])} / "
         f"{_median(e2e['steady'])} | | |",
