@@ -1,12 +1,12 @@
 """Per-example convolution weight gradients, the two forms ghost clipping can use, timed on one device.
 
-``client/ghost.py`` materialises a convolution's per-example weight gradients (when that is cheaper than the Gram
-form) either as batched products of the unfolded matrices, ``G_bᵀ A_b`` (``products``), or as one convolution
-backward with the examples as groups (``grouped``, ``torch.nn.grad.conv2d_weight``).
-``ghost._by_grouped_convolution`` picks ``grouped`` on the CPU when each output channel has at least
-``ghost.GROUPED_MIN_KERNEL`` weights; this benchmark is the evidence, per geometry: the convolutions of cnn_cafcor
-and cnn_rhdp (64 and 32 examples, and a 10-client cohort of each) and 3×3 convolutions of 3–64 channels. Each form's time includes what it needs beyond the layer's input and output gradient
-(the unfolding for ``products``) and ends with the per-example squared norms, as in a DP-SGD step; best of
+``client/ghost.py`` materialises a convolution's per-example weight gradients (when that is cheaper than the Gram form)
+either as batched products of the unfolded matrices, ``G_bᵀ A_b`` (``products``), or as one convolution backward with
+the examples as groups (``grouped``, ``torch.nn.grad.conv2d_weight``). ``ghost._by_grouped_convolution`` picks
+``grouped`` on the CPU when each output channel has at least ``ghost.GROUPED_MIN_KERNEL`` weights; this benchmark is the
+evidence, per geometry: the convolutions of cnn_cafcor and cnn_rhdp (64 and 32 examples, and a 10-client cohort of each)
+and 3×3 convolutions of 3–64 channels. Each form's time includes what it needs beyond the layer's input and output
+gradient (the unfolding for ``products``) and ends with the per-example squared norms, as in a DP-SGD step; best of
 ``--repeats`` interleaved runs.
 
 Run: ``.venv/bin/python benchmarks/conv_grads.py [--device cpu|cuda] [--threads 1] [--out benchmarks/conv_grads.md]``

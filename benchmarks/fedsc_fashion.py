@@ -5,9 +5,10 @@ Usage (from the repository root, after ``make data``)::
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc_fashion.py --workers 2   # → benchmarks/fedsc_fashion.md
 
 configs/fedsc/fashion_mnist_2class.toml run with ``algorithm`` = fedsc, fedavg_sc, fedavg_byol, fedu, fedema, fedx,
-fedca (both losses) and centralized_sc for each seed, each at its local lr tuned first on one fixed common grid
-(``FASHION_GRID``, grown at an edge; tuning seed 100; the rest of the config shared); the table reports the final linear probe
-(backbone) and kNN (projector) test accuracy, mean ± std over seeds, and the random-init network's probe (the floor).
+fedca (both losses) and centralized_sc for each seed, each at its local lr tuned first on one common grid (starting at
+``FASHION_GRID``, grown at an edge; tuning seed 100; the rest of the config shared); the table reports the final linear
+probe (backbone) and kNN (projector) test accuracy, mean ± std over seeds, and the random-init network's probe (the
+floor).
 """
 from __future__ import annotations
 

@@ -6,12 +6,12 @@ Every figure is measured in fresh processes (median of ``--repeats``, default 5)
   and ``python -c "import torch"`` for reference;
 - the first round (target ≤ 2 × a steady round), three ways: (a) ``trustfl run configs/quickstart.toml``, round 1
   against the median of rounds 2–20 from metrics.jsonl (``wall_time_s`` counts each round's own time; the rounds'
-  cohorts differ, so their work differs: the record gives round 1's local steps and the median of the later
-  rounds', each round's longest client's, which is what the vectorized executor runs; for information); (b) the same from the end-to-end runs below, whose rounds all do the same work (10 clients × 19
-  steps; the target); (c) timing hooks in one process: round 1 cold, then the same round 1 again on a second,
-  identical federation (the same work, warm), and rounds 2–20; the same for the quickstart with DP-SGD
-  (per-example clipping, ghost norms) and with CafCor's batch clipping (plain autograd since 2026-11-26; before,
-  its ``torch.func.grad`` imported ``torch._dynamo`` on first use);
+  cohorts differ, so their work differs: the record gives round 1's local steps and the median of the later rounds',
+  each round's longest client's, which is what the vectorized executor runs; for information); (b) the same from the
+  end-to-end runs below, whose rounds all do the same work (10 clients × 19 steps; the target); (c) timing hooks in one
+  process: round 1 cold, then the same round 1 again on a second, identical federation (the same work, warm), and rounds
+  2–20; the same for the quickstart with DP-SGD (per-example clipping, ghost norms) and with CafCor's batch clipping
+  (plain autograd since 2026-11-26; before, its ``torch.func.grad`` imported ``torch._dynamo`` on first use);
 - end to end, process start to summary (the target; and, for information, to exit): ``run_experiment`` on FedAvg,
   20 rounds, 10 of 100 clients per round (IID, 600 samples each), MLP 784-200-200-10, batch 32, one local epoch,
   evaluated once at the end, no checkpoints; against a plain per-client PyTorch loop in this file (``nn.Module`` +
@@ -316,8 +316,8 @@ def main() -> None:
         f"| quickstart (`trustfl run`): round 1, s | {_median(firsts)} | | |",
         f"| quickstart (`trustfl run`): median of rounds 2–20, s | {_median(steadies)} | | |",
         f"| quickstart (`trustfl run`): round 1 / median of rounds 2–20 (round 1: {steps[0]} local steps, the "
-        f"median round: {statistics.median(steps[1:]):g}) | {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | (information: "
-        f"unequal work) | |",
+        f"median round: {statistics.median(steps[1:]):g}) | {statistics.median(ratios):.2f} "
+        f"({min(ratios):.2f}–{max(ratios):.2f}) | (information: unequal work) | |",
         f"| end-to-end run (below): round 1 / median of rounds 2–20, s | {_median(e2e['first'])} / "
         f"{_median(e2e['steady'])} | | |",
         ratio_row("end-to-end run: round 1 / median of rounds 2–20 (every round the same work)", e2e["first_ratio"],
