@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(fedsc.ROOT / "benchmarks/fedsc_shift.md"))
     args = parser.parse_args()
-    results: dict[tuple[str, str, str], list[dict]] = {}
+    results: dict[tuple[str, str, str, str], list[dict]] = {}  # (implementation, split, views, method)
     for split in ("1class", "2class"):
         config = fedsc.ROOT / f"configs/fedsc/digits_canvas_{split}.toml"
         settings = {f"{m}@{s}": [f'algorithm="{m}"', f"recipe.augment.shift={s}"] for m in ("fedsc", "fedavg_sc")
