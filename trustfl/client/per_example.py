@@ -34,6 +34,8 @@ from torch.func import grad, vmap
 from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward
 from trustfl.client.ghost_plan import Plan, ghost_plan
+from trustfl.client.linear_stack import applies, linear_stack
+from trustfl.client.linear_stack import mean_grad as stack_mean_grad
 from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
@@ -414,7 +416,8 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
 
     One autograd pass of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters (the forward under ``vmap``): client ``i``'s
     rows depend on ``θ_i`` only, so row ``i`` of the result is ``∇L_i(θ_i)``. ``full``: every row of ``mask`` is
-    real (known on the host). A batch-coupled objective's ``L_i``: :func:`coupled_losses` with ``personal``.
+    real (known on the host). A batch-coupled objective's ``L_i``: :func:`coupled_losses` with ``personal``. A stack
+    of linear layers and ReLUs: in closed form (:mod:`trustfl.client.linear_stack`), for one client as for many.
     """
     if objective.batch_coupled:
         with torch.enable_grad():
@@ -423,6 +426,11 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
             grads = torch.autograd.grad(per_client.sum(), list(leaves.values()), allow_unused=True)
         out = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
         return out, per_client.detach()
+    stack = linear_stack(model)  # an MLP: its gradients in closed form, no vmap or autograd through the model
+    if applies(stack, objective, params_stacked, batch):  # any number of clients: a cohort split in slices (torchrun,
+        # groups) computes as it does whole
+        x = batch[objective.input_key]
+        return stack_mean_grad(stack, objective, params_stacked, batch, mask.to(x.dtype))  # type: ignore[arg-type]
     if full and mask.shape[0] == 1:  # one client, no padding: the plain mean, no mask arithmetic
         return _one_client_mean_grad(model, objective, params_stacked, batch, None)
     x = batch[objective.input_key]

@@ -1,0 +1,155 @@
+"""The closed-form cohort gradients of linear/ReLU stacks (trustfl.client.linear_stack) against a per-client
+autograd loop written here, in float64; and every model or objective they do not describe takes the generic path."""
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from trustfl.client.linear_stack import applies, linear_stack, mean_grad
+from trustfl.client.per_example import batched_mean_grad
+from trustfl.models.zoo import MLP, LogisticRegression
+from trustfl.objectives.builtin import BinaryCrossEntropy, CrossEntropy, SquaredError
+
+M, B = 4, 6
+
+
+def _stacked(model: nn.Module, m: int, device, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {k: torch.randn((m, *v.shape), generator=gen, dtype=torch.float64).to(device) * 0.5
+            for k, v in model.named_parameters()}
+
+
+def _reference(model, objective, params, batch, mask):
+    """Each client's masked mean loss and its gradient, one client at a time by plain autograd."""
+    grads, losses = {k: torch.zeros_like(v) for k, v in params.items()}, []
+    for i in range(mask.shape[0]):
+        leaves = {k: v[i].clone().requires_grad_(True) for k, v in params.items()}
+        one = {k: v[i] for k, v in batch.items()}
+        per_example = objective.losses(functional_call(model, leaves, (one["x"],)), one)
+        w = mask[i].to(per_example.dtype)
+        loss = (per_example * w).sum() / w.sum().clamp(min=1)
+        for (k, g) in zip(leaves, torch.autograd.grad(loss, list(leaves.values()))):
+            grads[k][i] = g
+        losses.append(loss.detach())
+    return grads, torch.stack(losses)
+
+
+def _mask(device) -> torch.Tensor:
+    mask = torch.ones(M, B, dtype=torch.bool)
+    mask[1, 4:] = False  # a padded client
+    mask[2] = False  # a client without examples: zero gradient, zero loss
+    return mask.to(device)
+
+
+CASES = {
+    "mlp, cross-entropy": (lambda: MLP((2, 3, 3), 5, hidden=(7, 4)), CrossEntropy(), (2, 3, 3), "class"),
+    "logreg, cross-entropy": (lambda: LogisticRegression((9,), 3), CrossEntropy(), (9,), "class"),
+    "sequential with Flatten, no biases, mse": (
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(6, 5, bias=False), nn.ReLU(), nn.Linear(5, 2, bias=False)),
+        SquaredError(), (2, 3), "real2"),
+    "sequential without Flatten, bce": (
+        lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3, bias=False), nn.ReLU(), nn.Linear(3, 1)),
+        BinaryCrossEntropy(), (4,), "binary"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gradients_and_losses_equal_a_per_client_autograd_loop(case, device):
+    build, objective, shape, targets = CASES[case]
+    gen = torch.Generator().manual_seed(7)
+    model = build().double().to(device)
+    params = _stacked(model, M, device, gen)
+    x = torch.randn(M, B, *shape, generator=gen, dtype=torch.float64).to(device)
+    y = {"class": lambda: torch.randint(0, 3, (M, B), generator=gen),
+         "real2": lambda: torch.randn(M, B, 2, generator=gen, dtype=torch.float64),
+         "binary": lambda: torch.randint(0, 2, (M, B), generator=gen).double()}[targets]().to(device)
+    batch, mask = {"x": x, "y": y}, _mask(device)
+    stack = linear_stack(model)
+    assert stack is not None and applies(stack, objective, params, batch)
+    want_grads, want_losses = _reference(model, objective, params, batch, mask)
+    got_grads, got_losses = batched_mean_grad(model, objective, params, batch, mask)
+    direct, _ = mean_grad(stack, objective, params, batch, mask.double())
+    assert list(got_grads) == list(params)
+    torch.testing.assert_close(got_losses, want_losses, rtol=1e-12, atol=1e-15)
+    for k in params:
+        torch.testing.assert_close(got_grads[k], want_grads[k], rtol=1e-12, atol=1e-15)
+        assert torch.equal(direct[k], got_grads[k])
+        assert got_grads[k].shape == params[k].shape
+    assert bool((got_grads[next(iter(params))][2] == 0).all()) and float(got_losses[2]) == 0.0
+    # the weight gradients keep the generic path's (m, in, out) storage, which the executor lays parameters out in
+    assert got_grads[stack.layers[0][0]].transpose(1, 2).is_contiguous()
+
+
+def test_matches_the_vmap_path_it_replaces_in_float32(device):
+    """Against the generic path itself (forward under vmap, autograd on the stacked leaves), at float32 rounding."""
+    gen = torch.Generator().manual_seed(3)
+    model = MLP((20,), 4, hidden=(16, 8)).to(device)
+    params = {k: v.float() for k, v in _stacked(model, M, device, gen).items()}
+    batch = {"x": torch.randn(M, B, 20, generator=gen).to(device), "y": torch.randint(0, 4, (M, B), generator=gen)
+             .to(device)}
+    mask = _mask(device)
+    got, got_losses = batched_mean_grad(model, CrossEntropy(), params, batch, mask)
+    model.register_forward_hook(lambda *_: None)  # a hooked model takes the generic path
+    want, want_losses = batched_mean_grad(model, CrossEntropy(), params, batch, mask)
+    torch.testing.assert_close(got_losses, want_losses, rtol=1e-6, atol=1e-7)
+    for k in params:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+class _Subclass(MLP):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class _OwnForward(CrossEntropy):
+    def forward(self, model, params, batch):
+        return super().forward(model, params, batch) + 1
+
+
+def _hooked() -> nn.Module:
+    model = MLP((4,), 2, hidden=(3,))
+    model.net[0].register_forward_pre_hook(lambda *_: None)
+    return model
+
+
+@pytest.mark.parametrize("build", [
+    lambda: nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)),
+    lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU()),
+    lambda: nn.Sequential(nn.Flatten(0), nn.Linear(4, 2)),
+    lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3, 2)),
+    lambda: _Subclass((4,), 2, hidden=(3,)),
+    _hooked,
+], ids=["tanh", "ends-in-relu", "flatten-dim0", "flatten-inside", "subclass", "hooked"])
+def test_other_models_are_not_described(build):
+    assert linear_stack(build()) is None
+
+
+def test_objectives_and_params_it_cannot_compute_take_the_generic_path():
+    model = MLP((4,), 3, hidden=(5,))
+    gen = torch.Generator().manual_seed(0)
+    params = _stacked(model, 2, "cpu", gen)
+    batch = {"x": torch.randn(2, 3, 4, dtype=torch.float64), "y": torch.zeros(2, 3, dtype=torch.long)}
+    stack = linear_stack(model)
+    assert applies(stack, CrossEntropy(), params, batch)
+    assert not applies(stack, _OwnForward(), params, batch)
+    assert not applies(stack, CrossEntropy(), {k: v for k, v in params.items() if k != "net.0.bias"}, batch)
+    assert not applies(stack, CrossEntropy(), params, {**batch, "x": batch["x"].float()})
+    assert not applies(None, CrossEntropy(), params, batch)
+    plain = nn.Sequential(nn.Linear(4, 3))
+    assert not applies(linear_stack(plain), CrossEntropy(), {"0.weight": torch.zeros(2, 3, 4, dtype=torch.float64),
+                                                            "0.bias": torch.zeros(2, 3, dtype=torch.float64)},
+                       {**batch, "x": batch["x"].unsqueeze(2)})  # no Flatten: the input must be (m, B, features)
+
+
+def test_the_parameters_memory_layout_does_not_change_a_bit():
+    """A row-major start (a client's stored model, a gathered slice) and the executor's gradient layout give the
+    same bits: a cohort computes the same whether it arrives whole or in slices from elsewhere."""
+    gen = torch.Generator().manual_seed(5)
+    model = MLP((64,), 10, hidden=(32,))
+    row_major = {k: v.float() for k, v in _stacked(model, 3, "cpu", gen).items()}
+    grad_layout = {k: v.transpose(1, 2).contiguous().transpose(1, 2) if v.dim() == 3 else v
+                   for k, v in row_major.items()}
+    batch = {"x": torch.randn(3, 14, 64, generator=gen), "y": torch.randint(0, 10, (3, 14), generator=gen)}
+    stack, ones = linear_stack(model), torch.ones(3, 14)
+    a, loss_a = mean_grad(stack, CrossEntropy(), row_major, batch, ones)
+    b, loss_b = mean_grad(stack, CrossEntropy(), grad_layout, batch, ones)
+    assert torch.equal(loss_a, loss_b) and all(torch.equal(a[k], b[k]) for k in a)

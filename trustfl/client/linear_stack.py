@@ -1,0 +1,142 @@
+"""Closed-form cohort gradients for stacks of linear layers and ReLUs (``mlp``, ``logreg`` and plain
+``nn.Sequential`` MLPs), without ``vmap`` and without autograd through the model.
+
+For client ``i`` with ``h_0 = x`` (flattened), ``a_k = h_{k−1} W_kᵀ + b_k``, ``h_k = relu(a_k)`` (k < L) and logits
+``z = a_L``, the objective gives ``G_L = ∂L_i/∂z`` by autograd on the logits alone (any per-example loss: cross-entropy,
+squared error, …; masked rows get zero weight), and back-propagation is, per layer,
+
+    ∂L_i/∂W_k = G_kᵀ h_{k−1},   ∂L_i/∂b_k = Σ_rows G_k,   G_{k−1} = (G_k W_k) ⊙ [h_{k−1} > 0],
+
+each one batched matrix product over the cohort (no input gradient for the first layer). It equals the generic
+path (forward under ``vmap``, autograd on the stacked leaves) to floating-point error
+(``tests/client/test_linear_stack.py``, float64) and saves the generic path's per-step overhead: the autograd graph,
+``vmap``'s batching of every operation and the separate bias additions. The gradients keep the generic path's memory
+layout (weights ``(m, out, in)`` stored ``(m, in, out)``), so the local chain sees the same tensors.
+
+Any other model, a model with hooks, or an objective with its own forward takes the generic path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LinearStack:
+    """The linear layers of a recognised model, in order: ``(weight name, bias name or None)``; a ReLU follows
+    every layer but the last, and the input is flattened to ``(B, features)`` when ``flattens``."""
+
+    layers: tuple[tuple[str, str | None], ...]
+    flattens: bool
+
+
+def _hooked(model: nn.Module) -> bool:
+    for mod in model.modules():
+        if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or mod._backward_pre_hooks:
+            return True
+    return False
+
+
+def _sequence(modules: list[nn.Module], prefix: str, flattens: bool) -> LinearStack | None:
+    """``Linear (ReLU Linear)*`` with exact module types (a subclass may compute something else), else ``None``."""
+    if flattens is False and modules and type(modules[0]) is nn.Flatten:
+        if (modules[0].start_dim, modules[0].end_dim) != (1, -1):
+            return None
+        modules, flattens, first = modules[1:], True, 1
+    else:
+        first = 0
+    if not modules or len(modules) % 2 == 0:
+        return None
+    layers = []
+    for j, mod in enumerate(modules):
+        if j % 2 == 1:
+            if type(mod) is not nn.ReLU:
+                return None
+            continue
+        if type(mod) is not nn.Linear:
+            return None
+        name = f"{prefix}{j + first}"
+        layers.append((f"{name}.weight", None if mod.bias is None else f"{name}.bias"))
+    return LinearStack(tuple(layers), flattens)
+
+
+def linear_stack(model: nn.Module) -> LinearStack | None:
+    """The model's :class:`LinearStack` when its forward is exactly one, else ``None`` (checked on every call: a
+    few attribute reads, and a model changed in place is never described by a stale plan)."""
+    from trustfl.models.zoo import MLP, LogisticRegression  # the zoo imports this package's modules
+
+    if _hooked(model) or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return None
+    if type(model) is MLP and type(model.net) is nn.Sequential:
+        return _sequence(list(model.net), "net.", True)
+    if type(model) is LogisticRegression and type(model.linear) is nn.Linear:
+        bias = None if model.linear.bias is None else "linear.bias"
+        return LinearStack((("linear.weight", bias),), True)
+    if type(model) is nn.Sequential:
+        return _sequence(list(model), "", False)
+    return None
+
+
+def applies(stack: LinearStack | None, objective: AbstractObjective, params: Mapping[str, torch.Tensor],
+            batch: Batch) -> bool:
+    """Whether :func:`mean_grad` computes this step: a recognised model whose every parameter is trained, an
+    objective that calls the model plainly on its input, and a floating input of the parameters' dtype."""
+    if stack is None or objective.batch_coupled or type(objective).forward is not AbstractObjective.forward:
+        return False
+    names = [n for layer in stack.layers for n in layer if n is not None]
+    if len(names) != len(params) or any(n not in params for n in names):
+        return False
+    x = batch.get(objective.input_key)
+    dtype = params[stack.layers[0][0]].dtype
+    return (x is not None and x.dtype == dtype and all(params[n].dtype == dtype for n in names)
+            and (stack.flattens or x.dim() == 3))
+
+
+def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
+              row_weights: torch.Tensor) -> tuple[Params, torch.Tensor]:
+    """Per-client gradients of the masked mean losses ``L_i = Σ_b w_ib ℓ_ib / max(Σ_b w_ib, 1)``, and the losses
+    ``(m,)``: what :func:`trustfl.client.per_example.batched_mean_grad` returns, for a model :func:`applies` to.
+
+    ``row_weights`` ``(m, B)``: 1 for a real row, 0 for padding, in the parameters' dtype.
+    """
+    m, b = row_weights.shape
+    with torch.no_grad():
+        x = batch[objective.input_key]
+        h = x.reshape(m, b, -1)
+        inputs, weights_t = [], []
+        for k, (w_name, b_name) in enumerate(stack.layers):
+            inputs.append(h)
+            # (m, in, out), contiguous: BLAS rounds a transposed operand differently, so every layout a caller
+            # passes (a row-major start, the executor's gradient layout) gives the same bits
+            w_t = params[w_name].detach().transpose(1, 2).contiguous()
+            weights_t.append(w_t)
+            if b_name is None:
+                h = torch.bmm(h, w_t)
+            else:
+                h = torch.baddbmm(params[b_name].detach().unsqueeze(1), h, w_t)
+            if k < len(stack.layers) - 1:
+                h = h.relu_()
+    with torch.enable_grad():
+        logits = h.detach().requires_grad_(True)
+        losses = objective.losses(logits.flatten(0, 1), flat_batch(batch, 2)).view(m, b)
+        per_client = (losses * row_weights).sum(1) / row_weights.sum(1).clamp(min=1)
+        (out_grad,) = torch.autograd.grad(per_client.sum(), [logits])
+    grads: Params = {}
+    with torch.no_grad():
+        for k in range(len(stack.layers) - 1, -1, -1):
+            w_name, b_name = stack.layers[k]
+            # stored (m, in, out), read (m, out, in): the layout autograd gives the generic path's weight gradient
+            grads[w_name] = torch.bmm(inputs[k].transpose(1, 2), out_grad).transpose(1, 2)
+            if b_name is not None:
+                grads[b_name] = out_grad.sum(1)
+            if k:
+                out_grad = torch.ops.aten.threshold_backward(torch.bmm(out_grad, weights_t[k].transpose(1, 2)),
+                                                             inputs[k], 0)
+    return {name: grads[name] for name in params}, per_client.detach()
