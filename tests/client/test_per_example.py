@@ -225,8 +225,6 @@ def test_plain_mean_grad_is_bitwise_torch_func_grad(name, shape, kw, objective):
 
     obj = trustfl.build("objective", objective)
     net = build_model(name, shape, 10, seed=0, **kw)
-    # a hook keeps the MLP and logreg on this path; their closed form (no vmap) is tested in test_linear_stack.py
-    net.register_forward_hook(lambda *_: None)
     m, b = 4, 6
     gen = torch.Generator().manual_seed(3)
     params = {k: v.detach() + 0.01 * torch.randn(m, *v.shape, generator=gen) for k, v in net.named_parameters()}

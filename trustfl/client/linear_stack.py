@@ -7,11 +7,11 @@ squared error, …; masked rows get zero weight), and back-propagation is, per l
 
     ∂L_i/∂W_k = G_kᵀ h_{k−1},   ∂L_i/∂b_k = Σ_rows G_k,   G_{k−1} = (G_k W_k) ⊙ [h_{k−1} > 0],
 
-each one batched matrix product over the cohort (no input gradient for the first layer). It equals the generic
-path (forward under ``vmap``, autograd on the stacked leaves) to floating-point error
-(``tests/client/test_linear_stack.py``, float64) and saves the generic path's per-step overhead: the autograd graph,
-``vmap``'s batching of every operation and the separate bias additions. The gradients keep the generic path's memory
-layout (weights ``(m, out, in)`` stored ``(m, in, out)``), so the local chain sees the same tensors.
+each one batched matrix product over the cohort (no input gradient for the first layer). The products, the separate
+bias additions and the loss are those the generic path runs (forward under ``vmap``, autograd on the stacked leaves),
+on the weights' own memory layout, so the result is bitwise the generic path's (``tests/client/test_linear_stack.py``);
+what goes is that path's per-step overhead: ``vmap``'s batching of every operation and the autograd graph through the
+model. The weight gradients keep the generic path's memory layout (``(m, out, in)`` stored ``(m, in, out)``).
 
 Any other model, a model with hooks, or an objective with its own forward takes the generic path.
 """
@@ -110,17 +110,14 @@ def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[
     with torch.no_grad():
         x = batch[objective.input_key]
         h = x.reshape(m, b, -1)
-        inputs, weights_t = [], []
+        inputs = []
         for k, (w_name, b_name) in enumerate(stack.layers):
             inputs.append(h)
-            # (m, in, out), contiguous: BLAS rounds a transposed operand differently, so every layout a caller
-            # passes (a row-major start, the executor's gradient layout) gives the same bits
-            w_t = params[w_name].detach().transpose(1, 2).contiguous()
-            weights_t.append(w_t)
-            if b_name is None:
-                h = torch.bmm(h, w_t)
-            else:
-                h = torch.baddbmm(params[b_name].detach().unsqueeze(1), h, w_t)
+            # the products and the separate bias addition of the vmap path, on the weights' own memory layout:
+            # the same bits (BLAS rounds a fused bias or a transposed copy differently)
+            h = torch.bmm(h, params[w_name].detach().transpose(1, 2))
+            if b_name is not None:
+                h = h + params[b_name].detach().unsqueeze(1)
             if k < len(stack.layers) - 1:
                 h = h.relu_()
     with torch.enable_grad():
@@ -137,6 +134,6 @@ def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[
             if b_name is not None:
                 grads[b_name] = out_grad.sum(1)
             if k:
-                out_grad = torch.ops.aten.threshold_backward(torch.bmm(out_grad, weights_t[k].transpose(1, 2)),
+                out_grad = torch.ops.aten.threshold_backward(torch.bmm(out_grad, params[w_name].detach()),
                                                              inputs[k], 0)
     return {name: grads[name] for name in params}, per_client.detach()

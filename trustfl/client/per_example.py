@@ -417,7 +417,7 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
     One autograd pass of ``Σ_i L_i(θ_i)`` w.r.t. the stacked parameters (the forward under ``vmap``): client ``i``'s
     rows depend on ``θ_i`` only, so row ``i`` of the result is ``∇L_i(θ_i)``. ``full``: every row of ``mask`` is
     real (known on the host). A batch-coupled objective's ``L_i``: :func:`coupled_losses` with ``personal``. A stack
-    of linear layers and ReLUs: in closed form (:mod:`trustfl.client.linear_stack`), for one client as for many.
+    of linear layers and ReLUs (several clients): in closed form, the same bits (:mod:`trustfl.client.linear_stack`).
     """
     if objective.batch_coupled:
         with torch.enable_grad():
@@ -426,17 +426,15 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
             grads = torch.autograd.grad(per_client.sum(), list(leaves.values()), allow_unused=True)
         out = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
         return out, per_client.detach()
-    stack = linear_stack(model)  # an MLP: its gradients in closed form, no vmap or autograd through the model
-    if applies(stack, objective, params_stacked, batch):  # any number of clients: a cohort split in slices (torchrun,
-        # groups) computes as it does whole
-        x = batch[objective.input_key]
-        return stack_mean_grad(stack, objective, params_stacked, batch, mask.to(x.dtype))  # type: ignore[arg-type]
     if full and mask.shape[0] == 1:  # one client, no padding: the plain mean, no mask arithmetic
         return _one_client_mean_grad(model, objective, params_stacked, batch, None)
     x = batch[objective.input_key]
     w = mask.to(x.dtype if x.is_floating_point() else next(iter(params_stacked.values())).dtype)
     if w.shape[0] == 1:  # one client (the sequential executor): plain autograd, no torch.func transforms
         return _one_client_mean_grad(model, objective, params_stacked, batch, w[0])
+    stack = linear_stack(model)  # an MLP: the bits of the vmap path below, in closed form (no vmap, no autograd graph)
+    if applies(stack, objective, params_stacked, batch):
+        return stack_mean_grad(stack, objective, params_stacked, batch, w)  # type: ignore[arg-type]
     # The forward runs under vmap; the gradient is plain autograd on the stacked leaves, bitwise equal to
     # torch.func.grad of the same sum (tests/client/test_per_example.py) without its first-call cost: torch.func.grad
     # imports torch._dynamo (seconds) on its first call.
