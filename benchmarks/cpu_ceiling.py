@@ -6,7 +6,9 @@ Measures, in one process with torch's default threads and trustfl's allocator se
 2. one vectorized 100-client round of benchmarks/engine_throughput.py's setting (MNIST when present, else synthetic
    data of its shape) under ``torch.profiler``: its wall time, the self time of the batched products
    (``aten::bmm`` + ``aten::mm``) and their FLOPs from the shapes (2·m·n·k each), hence their GFLOP/s;
-3. the plain per-client loop's round on the same clients (engine_throughput's ``_plain_round``), median of 3.
+3. the plain per-client loop's round on the same clients (engine_throughput's ``_plain_round``), median of 3, with
+   torch's default threads and with one thread; the faster of the two is the reference (on the project's VM the
+   two-thread loop has a slow mode in some processes, about 1.5× its usual time, slower than one thread).
 
 The floors are the round's product FLOPs at the throughput of one batched product of its shapes and at the large
 sgemm's; floor / plain is the best ratio to the plain loop that an executor doing these products could reach,
@@ -94,25 +96,33 @@ def main() -> None:
         state, _ = run_round(fed, state)
         walls.append(time.perf_counter() - start)
     product_s, flops = product_flops(prof.events())
-    cohort = list(range(100))
-    _plain_round(fed, state.params, cohort, 0)  # warm-up
-    plain = []
-    for r in range(3):
-        start = time.perf_counter()
-        _plain_round(fed, state.params, cohort, r + 1)
-        plain.append(time.perf_counter() - start)
-    vec, pl = statistics.median(walls), statistics.median(plain)
+    cohort, threads = list(range(100)), torch.get_num_threads()
+    plain_by_threads = {}
+    for n in dict.fromkeys((threads, 1)):
+        torch.set_num_threads(n)
+        _plain_round(fed, state.params, cohort, 0)  # warm-up
+        plain = []
+        for r in range(3):
+            start = time.perf_counter()
+            _plain_round(fed, state.params, cohort, r + 1)
+            plain.append(time.perf_counter() - start)
+        plain_by_threads[n] = statistics.median(plain)
+    torch.set_num_threads(threads)
+    vec, pl = statistics.median(walls), min(plain_by_threads.values())
     floor, floor_bmm = flops / (peak * 1e9), flops / (batched * 1e9)
     share = product_s / profiled
     command = ".venv/bin/python benchmarks/cpu_ceiling.py" + (f" --out {args.out}" if args.out else "")
     text = "\n".join([
         f"`{command}`", "", "# The matrix-product floor of a 100-client FedAvg round on this CPU", "",
-        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, allocator setting on; data: {source}; "
+        f"{os.cpu_count()} CPUs, torch threads {threads} (the plain loop also 1), allocator setting on; "
+        f"data: {source}; "
         "MLP 784-200-200-10, 100 clients x 600 examples, batch 32, one epoch (engine_throughput.py's setting).", "",
         "| quantity | value |", "|---|---|",
         f"| sgemm 2048², GFLOP/s | {peak:.0f} |",
         f"| vectorized round, s (median of 3) | {vec:.3f} |",
-        f"| plain loop round, s (median of 3) | {pl:.3f} |",
+        "| plain loop round, s (median of 3; torch threads " + ", ".join(map(str, plain_by_threads)) + ") | "
+        + ", ".join(f"{v:.3f}" for v in plain_by_threads.values()) + " |",
+        f"| plain = the faster of those, s | {pl:.3f} |",
         f"| vectorized / plain | {vec / pl:.2f} |",
         f"| products' share of a round (torch.profiler, which slows the round {profiled / vec:.1f}x) | "
         f"{100 * share:.0f} % |",

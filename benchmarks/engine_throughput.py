@@ -4,11 +4,16 @@ Setting (issue #2): 100 clients × 600 samples × 784 features (MNIST when prese
 shape), MLP 784-200-200-10, batch 32, one local epoch, cohorts of 10 and 100 clients. Every method trains the same
 clients on the same batches; the plain loop is an ``nn.Module`` + ``torch.optim.SGD`` per client with no federated
 machinery. Each (method, cohort) runs in its own process so that peak memory (max RSS) is its own; each process
-is run with and without the allocator setting (``mallopt(M_MMAP_MAX, 0)``).
+is run with and without the allocator setting (``mallopt(M_MMAP_MAX, 0)``). ``--processes N`` repeats every such
+process N times, the methods interleaved, and gives each cell's median and range over them: on the project's VM the
+plain loop's round time moves by up to 1.5× from one process to the next (two modes, about 0.08 and 0.12 s at 10
+clients), which one process per cell cannot tell from a change.
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/engine_throughput.py [--rounds 3] [--quick] [--out FILE]``.
-The record benchmarks/engine_throughput.md is written by
-``.venv/bin/python benchmarks/engine_throughput.py --threads 1 --clock cpu --rounds 3 --out benchmarks/engine_throughput.md``.
+Run: ``make bench`` or ``.venv/bin/python benchmarks/engine_throughput.py [--rounds 3] [--processes 1] [--quick]
+[--out FILE]``.
+The records: ``.venv/bin/python benchmarks/engine_throughput.py --threads 1 --clock cpu --rounds 3 --processes 3
+--out benchmarks/engine_throughput.md`` and ``.venv/bin/python benchmarks/engine_throughput.py --rounds 3
+--processes 3 --out benchmarks/engine_throughput_wall.md``.
 """
 from __future__ import annotations
 
@@ -146,6 +151,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall time, or process CPU time (robust when other jobs load the machine)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="fresh processes per (method, cohort, allocator), interleaved; the record gives medians")
     parser.add_argument("--out", help="also write the record (markdown) to this file")
     args = parser.parse_args()
     if args.worker:
@@ -156,32 +163,42 @@ def main() -> None:
     rounds = 1 if args.quick else args.rounds
     cohorts = [int(c) for c in args.cohorts.split(",")]
     settings = (True,) if args.quick else (False, True)
-    results = {}
-    for mallopt in settings:
-        for cohort in cohorts:
-            for method in METHODS:
-                res = _spawn(method, cohort, rounds, not args.synthetic, mallopt, args.threads, args.clock)
-                results[(mallopt, cohort, method)] = res
-                print(f"  measured {method:10s} cohort={cohort:3d} mallopt={mallopt!s:5s}: "
-                      f"{res['seconds_per_round']:.3f} s/round, peak {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
-    data = next(iter(results.values()))["data"]
+    runs: dict[tuple, list[dict]] = {}
+    for _ in range(max(args.processes, 1)):  # interleaved: a slow spell of the machine hits every method alike
+        for mallopt in settings:
+            for cohort in cohorts:
+                for method in METHODS:
+                    res = _spawn(method, cohort, rounds, not args.synthetic, mallopt, args.threads, args.clock)
+                    runs.setdefault((mallopt, cohort, method), []).append(res)
+                    print(f"  measured {method:10s} cohort={cohort:3d} mallopt={mallopt!s:5s}: "
+                          f"{res['seconds_per_round']:.3f} s/round, peak {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
+    data = next(iter(runs.values()))[0]["data"]
+    seconds = {k: [r["seconds_per_round"] for r in v] for k, v in runs.items()}
+    median = {k: statistics.median(v) for k, v in seconds.items()}
+    peak = {k: max(r["peak_rss_mb"] for r in v) for k, v in runs.items()}
+    n = max(args.processes, 1)
+
+    def cell(key: tuple) -> str:
+        low, high = min(seconds[key]), max(seconds[key])
+        return f"{median[key]:.3f}" if n == 1 else f"{median[key]:.3f} ({low:.3f}–{high:.3f})"
+
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/engine_throughput.py'] + sys.argv[1:])}`", "",
              "# Engine throughput: FedAvg round time vs a plain PyTorch loop", "",
              f"MLP 784-200-200-10, batch 32, 1 local epoch, 100 clients x 600 samples ({data}); median of {rounds} "
              f"timed rounds after a warm-up round; {os.cpu_count()} CPUs, torch threads "
              f"{args.threads or 'default'}, clock {args.clock}; 1-minute load average {load_start:.2f} at the start "
              f"and {os.getloadavg()[0]:.2f} at the end. Each (method, cohort, allocator) ran in its own process "
-             "(peak RSS is its own).", "",
+             f"(peak RSS is its own)" + ("." if n == 1 else
+                                         f", {n} times, interleaved: median (min–max) over the {n} processes; the "
+                                         f"ratios are of the medians; peak RSS the largest."), "",
              "| allocator | clients/round | plain loop s | sequential s | vectorized s | seq/plain | vec/plain | "
              "peak MB (plain/seq/vec) |", "|---|---|---|---|---|---|---|---|"]
     for mallopt in settings:
         for cohort in cohorts:
-            p, s, v = (results[(mallopt, cohort, m)] for m in METHODS)
-            lines.append(f"| {'mallopt' if mallopt else 'default'} | {cohort} | {p['seconds_per_round']:.3f} | "
-                         f"{s['seconds_per_round']:.3f} | {v['seconds_per_round']:.3f} | "
-                         f"{s['seconds_per_round'] / p['seconds_per_round']:.2f} | "
-                         f"{v['seconds_per_round'] / p['seconds_per_round']:.2f} | "
-                         f"{p['peak_rss_mb']:.0f}/{s['peak_rss_mb']:.0f}/{v['peak_rss_mb']:.0f} |")
+            p, s, v = ((mallopt, cohort, m) for m in METHODS)
+            lines.append(f"| {'mallopt' if mallopt else 'default'} | {cohort} | {cell(p)} | {cell(s)} | {cell(v)} | "
+                         f"{median[s] / median[p]:.2f} | {median[v] / median[p]:.2f} | "
+                         f"{peak[p]:.0f}/{peak[s]:.0f}/{peak[v]:.0f} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.out:
