@@ -23,6 +23,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
+from trustfl.models.zoo import MLP, LogisticRegression
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
 
 Params = dict[str, torch.Tensor]
@@ -70,8 +71,6 @@ def _sequence(modules: list[nn.Module], prefix: str, flattens: bool) -> LinearSt
 def linear_stack(model: nn.Module) -> LinearStack | None:
     """The model's :class:`LinearStack` when its forward is exactly one, else ``None`` (checked on every call: a
     few attribute reads, and a model changed in place is never described by a stale plan)."""
-    from trustfl.models.zoo import MLP, LogisticRegression  # the zoo imports this package's modules
-
     if _hooked(model) or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
         return None
     if type(model) is MLP and type(model.net) is nn.Sequential:
