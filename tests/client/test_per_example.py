@@ -247,3 +247,33 @@ def test_plain_mean_grad_is_bitwise_torch_func_grad(name, shape, kw, objective):
         assert torch.equal(losses, ref_losses)
         for k in ref:
             assert torch.equal(grads[k], ref[k]), k
+
+
+@pytest.mark.parametrize("method,groups", [("ghost", False), ("ghost", True), ("vmap", False)])
+@pytest.mark.parametrize("name,shape,kw", [MODELS[1], MODELS[2]])
+def test_the_clipped_sums_losses_are_bitwise_batched_mean_losses(monkeypatch, name, shape, kw, method, groups):
+    """DP-SGD's reported loss: the ghost pass takes it from its own forward (no second forward). In float32 it is
+    bitwise what batched_mean_losses gives on the unblanked batch (padding rows hold other data there) when the cohort
+    runs in one pass; one client per pass (plain autograd, no vmap) rounds a convolution differently, so there it
+    agrees to float32 rounding. Sums and norms are those without ``return_loss``."""
+    from trustfl.client import ghost
+    from trustfl.client.per_example import batched_mean_losses
+    from trustfl.objectives.builtin import CrossEntropy
+
+    nets, params, x, y = _cohort(name, shape, kw, 3, 5, seed=2)
+    nets[0].float()
+    params = {k: v.float() for k, v in params.items()}
+    x = x.float() * 3
+    mask = torch.tensor([[True, True, False, True, False], [True] * 5, [False] * 5])
+    if groups:
+        monkeypatch.setattr(ghost, "PASS_BUDGET", 1)
+    want = batched_mean_losses(nets[0], CrossEntropy(), params, {"x": x, "y": y}, mask)
+    sums, norms, losses = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.5, method=method,
+                                           return_loss=True)
+    assert losses.shape == (3,) and float(losses[2]) == 0.0 and float(losses[0]) > 0
+    if groups:
+        torch.testing.assert_close(losses, want, rtol=1e-6, atol=0)
+    else:
+        assert torch.equal(losses, want)
+    plain_sums, plain_norms = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.5, method=method)
+    assert torch.equal(norms, plain_norms) and all(torch.equal(sums[k], plain_sums[k]) for k in sums)

@@ -229,26 +229,28 @@ def clients_per_pass(plan: Iterable[tuple[GhostLayer, tuple[int, ...]]], batch_s
 
 
 def in_client_groups(run: Callable, plan: list, params: dict[str, torch.Tensor], batch: dict[str, torch.Tensor],
-                     keep: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """``run(params, batch, keep) -> (sums, norms)`` on groups of the cohort's clients that fit :data:`PASS_BUDGET`,
-    concatenated in client order (each client's result is its own: grouping changes no value beyond float rounding).
+                     keep: torch.Tensor) -> tuple:
+    """``run(params, batch, keep) -> (sums, *per_client)`` on groups of the cohort's clients that fit
+    :data:`PASS_BUDGET`, concatenated in client order (each client's result is its own: grouping changes no value
+    beyond float rounding); ``per_client`` are tensors with the clients along their first dimension (the norms, …).
     """
     m = keep.shape[0]
     step = clients_per_pass(plan, keep.shape[1], next(iter(params.values())).element_size())
     if step >= m:
         return run(params, batch, keep)
     sums: dict[str, torch.Tensor] = {}
-    norms = keep.new_empty(0)
+    per_client: list[torch.Tensor] = []
     for i in range(0, m, step):  # each group's results written into the cohort's tensors (no second copy)
-        part_sums, part_norms = run({k: v[i:i + step] for k, v in params.items()},
+        part_sums, *part_rest = run({k: v[i:i + step] for k, v in params.items()},
                                     {k: v[i:i + step] for k, v in batch.items()}, keep[i:i + step])
         if i == 0:
             sums = {k: v.new_empty((m, *v.shape[1:])) for k, v in part_sums.items()}
-            norms = part_norms.new_empty((m, *part_norms.shape[1:]))
+            per_client = [t.new_empty((m, *t.shape[1:])) for t in part_rest]
         for k, v in part_sums.items():
             sums[k][i:i + step] = v
-        norms[i:i + step] = part_norms
-    return sums, norms
+        for whole, part in zip(per_client, part_rest):
+            whole[i:i + step] = part
+    return (sums, *per_client)
 
 
 def layer_matrices(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

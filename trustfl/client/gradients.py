@@ -16,8 +16,7 @@ from typing import ClassVar, Mapping
 import torch
 from torch import nn
 
-from trustfl.client.per_example import (METHODS, batched_mean_grad, batched_mean_losses, clipped_batch_mean,
-                                        clipped_grad_sum)
+from trustfl.client.per_example import METHODS, batched_mean_grad, clipped_batch_mean, clipped_grad_sum
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, PrivacyError
@@ -80,9 +79,8 @@ class PerExampleClipped(AbstractGradientMethod):
             raise ConfigError(f"`method` must be one of {METHODS}, found {self.method!r}.")
 
     def compute(self, model, objective, params, batch, mask, cohort, full=False):
-        sums, _ = clipped_grad_sum(model, params, batch, mask, self.clip, objective=objective, method=self.method)
-        with torch.no_grad():
-            losses = batched_mean_losses(model, objective, params, batch, mask)
+        sums, _, losses = clipped_grad_sum(model, params, batch, mask, self.clip, objective=objective,
+                                           method=self.method, return_loss=True)
         return sums, losses
 
 

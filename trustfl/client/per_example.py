@@ -98,7 +98,8 @@ def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], batc
 def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch,
                      mask: torch.Tensor, max_norm: float, *, objective: AbstractObjective = CROSS_ENTROPY,
                      method: str = "ghost", chunk_size: int | None = None,
-                     cohort_layers: bool | None = None) -> tuple[Params, torch.Tensor]:
+                     cohort_layers: bool | None = None, return_loss: bool = False
+                     ) -> tuple[Params, torch.Tensor] | tuple[Params, torch.Tensor, torch.Tensor]:
     """Per-client sum of clipped per-example gradients, all ``m`` clients at once.
 
     Computes ``s_i = Σ_b 1[mask_{ib}] · min(1, C/(‖g_{ib}‖ + 1e-6)) · g_{ib}`` with ``g_{ib}`` the gradient of
@@ -123,10 +124,13 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         CPU thread, neutral for MLPs). Same results as the default path to float rounding (1e-12 relative at
         float64); bitwise equal in float32 on the shipped configs on CPU, but not guaranteed (other convolution
         kernels), hence off by default. Needs an objective whose ``forward`` is the plain ``functional_call``.
+      return_loss: also return each client's mean loss over its real examples ``(m,)``, what
+        :func:`batched_mean_losses` gives; the ghost path takes it from its own forward pass (no second one): the same
+        bits when the cohort runs in one pass, float rounding apart when its clients run in groups.
 
     Returns:
       ``(sums, norms)``: ``sums[k]`` of shape ``(m, *param_shape)`` and the per-example gradient norms ``(m, B)``
-      before clipping (0 for padding).
+      before clipping (0 for padding); ``(sums, norms, losses)`` with ``return_loss``.
 
     Raises:
       ConfigError: bad ``method``, ``chunk_size`` or shapes. PrivacyError: ``max_norm <= 0``.
@@ -144,10 +148,15 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         layers = ghost_plan(model, params, batch, objective)
         if layers is not None:
             cohort = COHORT_LAYERS if cohort_layers is None else bool(cohort_layers)
-            return ghost.in_client_groups(lambda p, bt, kp: _ghost_clipped_sum(  # memory: ghost.PASS_BUDGET
+            sums, norms, losses = ghost.in_client_groups(lambda p, bt, kp: _ghost_clipped_sum(  # ghost.PASS_BUDGET
                 model, layers, p, bt, kp, max_norm, objective, cohort), layers, params, batch, keep)
+            return (sums, norms, losses) if return_loss else (sums, norms)
         ghost.note_fallback(model, params)
-    return _vmap_clipped_sum(model, params, batch, keep, max_norm, chunk_size, objective)
+    sums, norms = _vmap_clipped_sum(model, params, batch, keep, max_norm, chunk_size, objective)
+    if not return_loss:
+        return sums, norms
+    with torch.no_grad():
+        return sums, norms, batched_mean_losses(model, objective, params, batch, keep)
 
 
 def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
@@ -167,8 +176,11 @@ def _blank_padding(batch: Batch, keep: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
                        max_norm: float, objective: AbstractObjective,
-                       cohort_layers: bool = False) -> tuple[Params, torch.Tensor]:
-    acts, backprops = _activations_and_backprops(model, plan, params, batch, keep, objective, cohort_layers)
+                       cohort_layers: bool = False) -> tuple[Params, torch.Tensor, torch.Tensor]:
+    """``(sums, norms, losses)``: the clipped sums, the per-example norms and each client's mean loss over its real
+    examples, from one forward and one backward pass."""
+    acts, backprops, per_example = _activations_and_backprops(model, plan, params, batch, keep, objective,
+                                                              cohort_layers)
     m, b = keep.shape
     sq = torch.zeros(m * b, dtype=acts[0].dtype, device=acts[0].device)
     terms = []
@@ -182,13 +194,20 @@ def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batc
     sums: Params = {}
     for (layer, _), layer_terms in zip(plan, terms):
         sums.update(ghost.weighted_grads(layer, layer_terms, coef))
-    return {k: sums[k] for k in params}, norms
+    return {k: sums[k] for k in params}, norms, _masked_mean(per_example.view(m, b), keep)
+
+
+def _masked_mean(losses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each client's mean of ``losses`` ``(m, B)`` over its real rows (``mask`` nonzero), 0 with none."""
+    w = mask.to(losses.dtype)
+    return (losses * w).sum(1) / w.sum(1).clamp(min=1)
 
 
 def _activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
                                objective: AbstractObjective, cohort_layers: bool = False
-                               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``.
+                               ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``, and the
+    per-example losses ``ℓ`` ``(m·B,)``.
 
     Forward hooks record each layer's input and add a zero probe to its output; the gradient w.r.t. the probes is
     the output gradient. Parameters are detached, so the backward pass computes no weight gradients.
@@ -234,7 +253,7 @@ def _activations_and_backprops(model: nn.Module, plan: Plan, params: Params, bat
         for h in handles:
             h.remove()
     flat = lambda t: t.reshape(m * b, *t.shape[2:])  # noqa: E731
-    return [flat(a.detach()) for a in acts], [flat(g) for g in backprops]
+    return [flat(a.detach()) for a in acts], [flat(g) for g in backprops], losses.detach()
 
 
 def _vmap_clipped_sum(model: nn.Module, params: Params, batch: Batch, keep: torch.Tensor, max_norm: float,
@@ -395,9 +414,7 @@ def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_s
                                     {k: v[0] for k, v in batch.items()}).unsqueeze(0)
     else:
         outputs = vmap(lambda p, bi: objective.forward(model, p, bi))(params_stacked, batch)
-    losses = objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2)).view(m, b)
-    w = mask.to(losses.dtype)
-    return (losses * w).sum(1) / w.sum(1).clamp(min=1)
+    return _masked_mean(objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2)).view(m, b), mask)
 
 
 def coupled_losses(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
