@@ -6,7 +6,7 @@ clients on the same batches; the plain loop is an ``nn.Module`` + ``torch.optim.
 machinery. Each (method, cohort) runs in its own process so that peak memory (max RSS) is its own; each process
 is run with and without the allocator setting (``mallopt(M_MMAP_MAX, 0)``). ``--processes N`` repeats every such
 process N times, the methods interleaved, and gives each cell's median and range over them: on the project's VM the
-plain loop's round time moves by up to 1.5× from one process to the next (two modes, about 0.08 and 0.12 s at 10
+plain loop's round time moves by up to about 1.6× from one process to the next (two modes, about 0.08 and 0.12 s at 10
 clients), which one process per cell cannot tell from a change.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/engine_throughput.py [--rounds 3] [--processes 1] [--quick]
