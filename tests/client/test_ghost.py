@@ -33,7 +33,8 @@ def _data(m: int, b: int, shape: tuple[int, ...], seed: int = 0, classes: int = 
 
 def _reference(model, params, x, y, mask, clips):
     """Materialised per-example gradients of each client (vmap oracle), clipped and summed in plain torch."""
-    pes = [per_example_grads(model, {k: v[i] for k, v in params.items()}, {"x": x[i], "y": y[i]}) for i in range(x.shape[0])]
+    pes = [per_example_grads(model, {k: v[i] for k, v in params.items()}, {"x": x[i], "y": y[i]})
+           for i in range(x.shape[0])]
     norms = torch.stack([torch.sqrt(sum(g.flatten(1).square().sum(1) for g in pe.values())) for pe in pes]) * mask
     out = []
     for c in clips:

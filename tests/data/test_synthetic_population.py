@@ -1,4 +1,5 @@
-"""``data.dataset = "synthetic"``: FedProx's Synthetic(α, β) generated per client on demand (trustfl/data/population.py).
+"""``data.dataset = "synthetic"``: FedProx's Synthetic(α, β) generated per client on demand
+(trustfl/data/population.py).
 
 Statistical checks use fixed seeds; their bounds are several standard errors wide.
 """

@@ -211,7 +211,8 @@ def _requests(transport, cfg):
     engine.connect(fed)
     from trustfl.deploy.wire import pack_directory
 
-    yield TrainRequest(0, {"model": fed.initial_params}, {"model": "float32"}, pack_directory(engine.directory)).to_wire()
+    yield TrainRequest(0, {"model": fed.initial_params}, {"model": "float32"},
+                       pack_directory(engine.directory)).to_wire()
 
 
 def test_wire_readers_never_crash_on_junk():

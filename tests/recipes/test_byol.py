@@ -33,7 +33,8 @@ def _cfg(**over):
 
 def test_byol_losses_match_a_direct_computation():
     g = torch.Generator().manual_seed(0)
-    p, z = torch.randn(7, 2, 5, generator=g, dtype=torch.float64), torch.randn(7, 2, 5, generator=g, dtype=torch.float64)
+    p = torch.randn(7, 2, 5, generator=g, dtype=torch.float64)
+    z = torch.randn(7, 2, 5, generator=g, dtype=torch.float64)
     ref = torch.stack([sum(2 - 2 * F.cosine_similarity(p[b, i], z[b, 1 - i], dim=0) for i in range(2))
                        for b in range(7)])
     torch.testing.assert_close(byol_losses(p, z), ref, rtol=1e-12, atol=1e-12)

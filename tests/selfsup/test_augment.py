@@ -73,7 +73,8 @@ def _objects(n: int, side: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.zeros(n, 1, side, side, dtype=torch.float64)
     for i in range(1, n):
-        r, c = torch.randint(0, side - 2, (1,), generator=g).item(), torch.randint(0, side - 1, (1,), generator=g).item()
+        r = torch.randint(0, side - 2, (1,), generator=g).item()
+        c = torch.randint(0, side - 1, (1,), generator=g).item()
         x[i, 0, r:r + 3, c:c + 2] = torch.rand(3, 2, generator=g, dtype=torch.float64) + 0.5
     return x
 

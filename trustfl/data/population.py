@@ -1,4 +1,5 @@
-"""Populations generated on demand: FedProx's Synthetic(α, β) with any number of clients (``data.dataset = "synthetic"``).
+"""Populations generated on demand: FedProx's Synthetic(α, β) with any number of clients
+(``data.dataset = "synthetic"``).
 
 A population's memory is its per-client sizes; client ``k``'s examples are generated from a generator keyed by
 ``(seed, "synthetic", k)`` only when ``k`` is needed (when it is sampled into a cohort), so a population of 10⁶

@@ -134,7 +134,8 @@ class RemoteEngine(AbstractEngine):
         loss = float(torch.tensor(losses, dtype=torch.float32).mean()) if losses else None
         arrivals = Arrivals(answered, rows, extras, events, stage_metrics, loss)
         metrics.update({"dropped": len(dropped), "dropped_clients": dropped,
-                        "wire_bytes_down": sent_after[0] - sent_before[0], "wire_bytes_up": sent_after[1] - sent_before[1]})
+                        "wire_bytes_down": sent_after[0] - sent_before[0],
+                        "wire_bytes_up": sent_after[1] - sent_before[1]})
         try:
             new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
         except TrustFLError as err:

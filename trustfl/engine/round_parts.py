@@ -159,7 +159,8 @@ def cohort_context(fed: Federation, r: int, plans: list[ClientPlan], received: d
     device = params.device
     ids = [p.client_id for p in plans]
     return CohortContext(
-        client_ids=tuple(ids), round=r, seed=fed.seed if seed is None else seed, lr=fed.training.lr if lr is None else lr,
+        client_ids=tuple(ids), round=r, seed=fed.seed if seed is None else seed,
+        lr=fed.training.lr if lr is None else lr,
         batch_sizes=torch.tensor([float(p.batch_size) for p in plans], dtype=torch.float64, device=device),
         noise_multipliers=torch.tensor([p.noise_multiplier for p in plans], dtype=torch.float64, device=device),
         received=received, client_state=store.gather(ids, fed.local_chain.client_state_defaults(params)),
