@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from trustfl.models.zoo import MLP, LogisticRegression
-from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
+from trustfl.objectives.base import AbstractObjective, Batch, flat_batch, masked_mean
 
 Params = dict[str, torch.Tensor]
 
@@ -122,7 +122,7 @@ def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[
     with torch.enable_grad():
         logits = h.detach().requires_grad_(True)
         losses = objective.losses(logits.flatten(0, 1), flat_batch(batch, 2)).view(m, b)
-        per_client = (losses * row_weights).sum(1) / row_weights.sum(1).clamp(min=1)
+        per_client = masked_mean(losses, row_weights)
         (out_grad,) = torch.autograd.grad(per_client.sum(), [logits])
     grads: Params = {}
     with torch.no_grad():

@@ -38,7 +38,7 @@ from trustfl.client.linear_stack import applies, linear_stack
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
 from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
-from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
+from trustfl.objectives.base import AbstractObjective, Batch, flat_batch, masked_mean
 from trustfl.objectives.builtin import CrossEntropy
 
 CROSS_ENTROPY = CrossEntropy()
@@ -194,13 +194,7 @@ def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batc
     sums: Params = {}
     for (layer, _), layer_terms in zip(plan, terms):
         sums.update(ghost.weighted_grads(layer, layer_terms, coef))
-    return {k: sums[k] for k in params}, norms, _masked_mean(per_example.view(m, b), keep)
-
-
-def _masked_mean(losses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each client's mean of ``losses`` ``(m, B)`` over its real rows (``mask`` nonzero), 0 with none."""
-    w = mask.to(losses.dtype)
-    return (losses * w).sum(1) / w.sum(1).clamp(min=1)
+    return {k: sums[k] for k in params}, norms, masked_mean(per_example.view(m, b), keep)
 
 
 def _activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
@@ -414,7 +408,7 @@ def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_s
                                     {k: v[0] for k, v in batch.items()}).unsqueeze(0)
     else:
         outputs = vmap(lambda p, bi: objective.forward(model, p, bi))(params_stacked, batch)
-    return _masked_mean(objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2)).view(m, b), mask)
+    return masked_mean(objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2)).view(m, b), mask)
 
 
 def coupled_losses(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],

@@ -86,9 +86,7 @@ class AbstractObjective(abc.ABC):
         (nonzero: a real row; padding rows must not count). ``personal`` holds what the server sent this client
         alone (e.g. FedSC's R̃_{−j}), unstacked. Default: the masked mean of :meth:`losses`; runs under ``vmap``
         over clients, so no data-dependent control flow."""
-        losses = self.losses(outputs, batch)
-        w = mask.to(losses.dtype)
-        return (losses * w).sum() / w.sum().clamp(min=1)
+        return masked_mean(self.losses(outputs, batch), mask)
 
     def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
         """Raise ConfigError when the training targets cannot be what this objective expects."""
@@ -162,6 +160,13 @@ def match_targets(outputs: torch.Tensor, targets: torch.Tensor, who: str) -> tor
         raise ConfigError(f"{who}: the model gives outputs of shape {tuple(outputs.shape)} for targets of shape "
                           f"{tuple(targets.shape)}; it needs one output per target coordinate.")
     return outputs.reshape(targets.shape)
+
+
+def masked_mean(losses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``losses`` over their last dimension's real rows (``mask`` nonzero, same shape), 0 where there are
+    none: a client's batch loss, ``(..., B) -> (...)``."""
+    w = mask.to(losses.dtype)
+    return (losses * w).sum(-1) / w.sum(-1).clamp(min=1)
 
 
 def flat_batch(batch: Batch, leading: int) -> dict[str, Any]:
