@@ -206,9 +206,11 @@ def main() -> None:
     parser.add_argument("--no-byzfl", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", default=None, help="also write the table to this Markdown file (e.g. "
-                                                     "benchmarks/aggregators_timing.md, which benchmarks/cafcor.md embeds)")
+                                                     "benchmarks/aggregators_timing.md, which "
+                                                     "benchmarks/cafcor.md embeds)")
     parser.add_argument("--no-allocator-tuning", action="store_true",
-                        help="leave glibc's allocator alone (trustfl runs apply trustfl.engine.allocator.tune_allocator)")
+                        help="leave glibc's allocator alone (trustfl runs apply "
+                             "trustfl.engine.allocator.tune_allocator)")
     args = parser.parse_args()
     if not args.no_allocator_tuning:
         # As in every trustfl run (run_experiment): freed (n, d) buffers are reused, not returned to the OS and

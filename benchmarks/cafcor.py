@@ -1,4 +1,5 @@
-"""CafCor reproductions (the paper's Sec. 5; docs/papers/cafcor.md): Exp. A (Fig. 1, threat models) and Exp. B (Fig. 2, aggregators).
+"""CafCor reproductions (the paper's Sec. 5; docs/papers/cafcor.md):
+Exp. A (Fig. 1, threat models) and Exp. B (Fig. 2, aggregators).
 
 Usage::
 
@@ -238,8 +239,9 @@ def _cdp_eps(rec: dict[str, Any]) -> str:
 def render(runs: dict[str, Any]) -> None:
     lines = ["# CafCor reproductions (benchmarks/cafcor.py)", "",
              "Allouah, Guerraoui & Stephan, *Towards Trustworthy Federated Learning with Untrusted Participants* "
-             "(ICML 2025); implementation notes: `docs/papers/cafcor.md`. Exp. A scaled: seeds 1–N (`--seeds`, the paper averages seeds "
-             "1–5); the other parts one seed (1), on a 2-core CPU, `torch.set_num_threads(1)` per run process. "
+             "(ICML 2025); implementation notes: `docs/papers/cafcor.md`. Exp. A scaled: seeds 1–N (`--seeds`, "
+             "the paper averages seeds 1–5); the other parts one seed (1), on a 2-core CPU, "
+             "`torch.set_num_threads(1)` per run process. "
              "Accuracy is the test accuracy of the last iterate.", ""]
     names = {"a": "Exp. A scaled", "full": "Exp. A full size", "b": "Exp. B scaled", "diag": "diagnostics"}
     used = [f"{label}: {', '.join(sorted({str(r.get('dataset')) for r in runs.values() if r['part'] == part}))}"
@@ -259,9 +261,10 @@ def render(runs: dict[str, Any]) -> None:
                   "instead of the paper's CNN (431,080). Noise stds are per coordinate, in gradient units. "
                   f"Accuracy: mean ± std over seeds {', '.join(map(str, seeds))}.", "",
                   "**Attacker's view.** The paper does not say what ALIE's mean and std are computed from. The rows "
-                  "CafCor-SecLDP / CafCor-ByzLDP use `attack.view = \"noiseless\"` (configs/cafcor/expA_cafcor_*.toml): "
-                  "the omniscient attacker computes ALIE from the honest workers' momentums *without* the privacy "
-                  "noise (a simulation-only oracle, `trustfl.engine.sync`), and the Byzantine rows are sent as they are. "
+                  "CafCor-SecLDP / CafCor-ByzLDP use `attack.view = \"noiseless\"` "
+                  "(configs/cafcor/expA_cafcor_*.toml): the omniscient attacker computes ALIE from the honest "
+                  "workers' momentums *without* the privacy noise (a simulation-only oracle, `trustfl.engine.sync`), "
+                  "and the Byzantine rows are sent as they are. "
                   "The rows \"ALIE on noisy msgs\" are a literal reading of the threat model (ALIE on the "
                   "transmitted noisy momentums, `attack.view = \"transmitted\"`, the library default); they do not "
                   "show the paper's claim (see the diagnostics below).", "",
@@ -377,8 +380,8 @@ def render(runs: dict[str, Any]) -> None:
                   "learning on the CNN; the bias grows with √d (CNN 431k vs MLP 79.5k parameters) and with (f/n)·z "
                   "(0.005 at f = 5, z = 0.10; 0.023 at f = 10, z = 0.23), matching where the reproduction departs "
                   "from the paper (full-size f = 5, scaled f = 10). The paper's CAF used an unspecified power method; "
-                  "ByzFL's one-iteration variant does not help here (last row). What closes the gap to the paper is the "
-                  "attacker's view: with ALIE's mean and std computed from the honest momentums *without* the "
+                  "ByzFL's one-iteration variant does not help here (last row). What closes the gap to the paper is "
+                  "the attacker's view: with ALIE's mean and std computed from the honest momentums *without* the "
                   "privacy noise (`attack.view = \"noiseless\"`, the Exp. A rows above), CafCor-SecLDP is within "
                   "3–4 points of DSGD-CDP (scaled and full size), as in the paper, so the paper's attack most likely "
                   "saw noiseless vectors (it does not say).",
@@ -386,8 +389,8 @@ def render(runs: dict[str, Any]) -> None:
     timing = OUT / "aggregators_timing.md"
     if timing.is_file():
         lines += ["## Aggregator timing vs ByzFL", "",
-                  "Every aggregator and pre-aggregator on float32 messages (n − f rows ~ N(0, 1), f ALIE rows), best of "
-                  "3 runs, ratio = trustfl / ByzFL 0.0.11 (installed with `pip install --no-deps byzfl`, "
+                  "Every aggregator and pre-aggregator on float32 messages (n − f rows ~ N(0, 1), f ALIE rows), "
+                  "best of 3 runs, ratio = trustfl / ByzFL 0.0.11 (installed with `pip install --no-deps byzfl`, "
                   "benchmark-only). Target: CAF at n = 100, d = 431,080 under 2 s on 2 cores, and every rule no "
                   "slower than ByzFL's. Semantics that differ are in the notes column (ByzFL's GM runs 3 Weiszfeld "
                   "steps, ours to a tolerance; its Krum uses n − f − 1 neighbours; its CAF one random power iteration "
@@ -465,7 +468,8 @@ def _findings(runs: dict[str, Any]) -> list[str]:
                    f"{100 * (acc['DSGD-LDP'] - acc['CafCor-SecLDP']):+.1f}.")
         literal = [f"{lab.split(',')[0]} {_pct(acc[lab])}" for lab in EXP_A_LITERAL if acc[lab] is not None]
         if literal:
-            out.append(f"  With ALIE on the noisy transmitted momentums (the paper's literal reading): {', '.join(literal)}.")
+            out.append("  With ALIE on the noisy transmitted momentums (the paper's literal reading): "
+                       f"{', '.join(literal)}.")
     for rid, (_, _, label) in FULL.items():
         if rid in runs:
             r = runs[rid]

@@ -108,8 +108,8 @@ def main() -> None:
         f"{b['wire_bytes_down'] - b['bytes_down']} B ({(b['wire_bytes_down'] - b['bytes_down']) // 3} B per "
         "message) |",
         "",
-        "The overhead is the `.npy` header Flower's `Array` stores with each array (128 B) plus the array's name; scalars (round, "
-        "steps, loss, the public-key directory) travel in a config record not counted here.",
+        "The overhead is the `.npy` header Flower's `Array` stores with each array (128 B) plus the array's name; "
+        "scalars (round, steps, loss, the public-key directory) travel in a config record not counted here.",
         "",
         "Where the deployment's time goes: each SuperNode polls the SuperLink for work every 3 s (fixed in flwr "
         "1.41) and runs every message in a fresh `flwr-clientapp` process, which imports torch and trustfl and "

@@ -73,7 +73,8 @@ def main() -> None:
               "| placement | " + " | ".join(f"{e:g}" for e in EPSILONS) + " |", "|---|" + "---|" * len(EPSILONS)]
     for placement in files:
         lines.append(f"| {placement} | " + " | ".join(
-            "—" if not math.isfinite(results[(placement, e)]["eps_max"]) else f"{results[(placement, e)]['eps_max']:.3f}"
+            "—" if not math.isfinite(results[(placement, e)]["eps_max"])
+            else f"{results[(placement, e)]['eps_max']:.3f}"
             for e in EPSILONS) + " |")
     (HERE / "dp_tradeoff.md").write_text("\n".join(lines) + "\n")
     from trustfl.report.plots import plot_comparison

@@ -100,8 +100,10 @@ def control_lines(args, grid, controls, seeds) -> list[str]:
            "**The head alone.** The same run with the parties frozen at their initialisation (η_m = 1e-12, no DP): "
            f"{fmt(frozen)} %. The server's head, trained on the labels it holds, reaches this on the parties' "
            "random initial embeddings; a method's gain from training the parties is its accuracy minus this. "
-           "DPZV's gain: " + ", ".join(f"ε = {_eps(e)}: {100 * (statistics.mean(_accs(grid, 'dpzv', e, seeds)) - statistics.mean(frozen)):+.1f}"
-                                       for e in args.epsilons) + " points.", "",
+           "DPZV's gain: " + ", ".join(
+               f"ε = {_eps(e)}: "
+               f"{100 * (statistics.mean(_accs(grid, 'dpzv', e, seeds)) - statistics.mean(frozen)):+.1f}"
+               for e in args.epsilons) + " points.", "",
            "**VAFL-DP with the paper's count.** Noise calibrated as if every one of the T iterations released "
            "every party's embeddings (`recipe.release_count = \"all\"`; √7 more noise than the party's own "
            "releases need), its η_m tuned the same way on its own grid:", "",
@@ -155,7 +157,8 @@ def report(args, tuning, lr, grid, clip_grid, noclip, seeds, elapsed, controls=N
             "|---|---|" + "---|" * len(args.methods)]
     for e in eps:
         t = tuning["epsilons"][_key(e)]
-        cells = [f"{t['chosen'][m]:g}{' (edge)' if t['at_edge'][m] else ''} ({100 * t['scores'][m][repr(t['chosen'][m])]:.1f} %)"
+        cells = [f"{t['chosen'][m]:g}{' (edge)' if t['at_edge'][m] else ''} "
+                 f"({100 * t['scores'][m][repr(t['chosen'][m])]:.1f} %)"
                  for m in args.methods]
         out.append(f"| {_eps(e)} | {t['grid'][0]:g} … {t['grid'][-1]:g} ({len(t['grid'])} values) | "
                    + " | ".join(cells) + " |")

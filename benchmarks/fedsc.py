@@ -274,7 +274,8 @@ def main() -> None:
                          f"{fmt([r['final_knn_accuracy'] for r in rows])} | ∞ (σ = 0) |")
     lines += ["", "## Cost of one FedSC round (1class split, 10 clients, one thread)", "",
               "| implementation | s / round |", "|---|---|",
-              f"| trustfl sync engine (vectorized over clients, DP-CalR included) | {tim['trustfl_vectorized_s']:.3f} |",
+              "| trustfl sync engine (vectorized over clients, DP-CalR included) | "
+              f"{tim['trustfl_vectorized_s']:.3f} |",
               f"| per-client Python loop of the same work (this script) | {tim['per_client_loop_s']:.3f} |", ""]
     Path(args.out).write_text("\n".join(lines))
     (Path(args.out).with_suffix(".json")).write_text(json.dumps({"tuning": tuned, "accuracy": acc, "privacy": dp,

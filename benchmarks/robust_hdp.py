@@ -1,11 +1,11 @@
 """Robust-HDP reproductions (issue #5 items 1, 4, 5): writes benchmarks/robust_hdp.md and robust_hdp_*.png.
 
 1. **Table 3** (noise variance of the aggregate, Σ_i w_i² σ_i² / (p η²), at round 1, Dist1–Dist9, FMNIST
-   setting: N_i = 2400, E = 200, K = 1, c = 3, δ = 1e-4, the fixed ε and batch lists of the authors' code). The WeiAvg, DPFedAvg,
-   minimum-ε and Oracle rows are recomputed from the noise model (Eq. 3 + Eq. 7) and Robust-HDP's accountant
-   (``compute_z``, no training). Robust-HDP's row is *measured*: one round of real local DP-SGD on MNIST (48k examples,
-   20 × 2400, MLP 784-32-10, the same z_i), then the ``robust_hdp`` aggregator's weights on the 20 real updates,
-   scored with the same σ_i².
+   setting: N_i = 2400, E = 200, K = 1, c = 3, δ = 1e-4, the fixed ε and batch lists of the authors' code). The
+   WeiAvg, DPFedAvg, minimum-ε and Oracle rows are recomputed from the noise model (Eq. 3 + Eq. 7) and Robust-HDP's
+   accountant (``compute_z``, no training). Robust-HDP's row is *measured*: one round of real local DP-SGD on MNIST
+   (48k examples, 20 × 2400, MLP 784-32-10, the same z_i), then the ``robust_hdp`` aggregator's weights on the 20 real
+   updates, scored with the same σ_i².
 2. **Scaled Table 12 / 16** on MNIST (configs/robust_hdp/mnist.toml: 20 × 600 examples, MLP, 30 rounds, z
    recalibrated for that schedule): final test accuracy per method for Dist2, Dist4, Dist6, Dist8.
 3. **Falsified ε**: client 12 reports 10× its ε (configs/robust_hdp/mnist_falsified.toml).
@@ -232,10 +232,10 @@ def write_report(args, formula, t3_results, grid, timings) -> str:
     dists = args.t3_dists_all
     lines += ["## Table 3: noise variance of the aggregate, Σ_i w_i² σ_i² / (p η²), round 1", "",
               "Setting (FMNIST in the paper): 20 clients, N_i = 2400, E = 200, K = 1, c = 3, δ = 1e-4, the fixed ε "
-              "and batch lists of the authors' code; z_i from Robust-HDP's accountant (`compute_z`, RDP orders of the authors' code, "
-              "classic conversion, z rounded to 2 decimals; solved with the secant variant, same stopping rule); "
-              "σ_i² from Eq. 3 + Eq. 7. The WeiAvg, DPFedAvg, minimum-ε and Oracle rows are computed (no "
-              "training). **Robust-HDP is measured**: one round of real local DP-SGD on MNIST (20 × 2400 "
+              "and batch lists of the authors' code; z_i from Robust-HDP's accountant (`compute_z`, RDP orders of "
+              "the authors' code, classic conversion, z rounded to 2 decimals; solved with the secant variant, same "
+              "stopping rule); σ_i² from Eq. 3 + Eq. 7. The WeiAvg, DPFedAvg, minimum-ε and Oracle rows are "
+              "computed (no training). **Robust-HDP is measured**: one round of real local DP-SGD on MNIST (20 × 2400 "
               "examples, MLP 784-32-10, p = 25,450, η = 0.01, the same z_i), the `robust_hdp` aggregator "
               "(PCP on the 25,450 × 20 update matrix, spectral μ with growth 1.05) gives the weights, scored with "
               f"the same σ_i² (the metric does not depend on p or η). Mean ± std over {args.t3_seeds} seed(s). "
@@ -279,10 +279,10 @@ def write_report(args, formula, t3_results, grid, timings) -> str:
     lines += ["", "## Scaled Table 12 / Table 16: MNIST accuracy (%)", "",
               "configs/robust_hdp/mnist.toml: 20 clients × 600 i.i.d. MNIST examples (a stratified 12k subset), "
               f"MLP 784-32-10, {args.rounds} rounds, K = 1 epoch of local DP-SGD (per-example clipping c = 3, "
-              "Poisson batches of the code's fixed sizes, plain SGD), δ = 1e-4, every client's z recomputed by Robust-HDP's "
-              f"accountant for *this* schedule ({args.rounds} rounds, q_i = b_i/600; so much larger than the "
-              "paper's: e.g. z = 5–170 for Dist6), RPCA once at round 1 (the authors' code). Full participation. "
-              "Metric: final test accuracy of the global model on the 10k MNIST test set. "
+              "Poisson batches of the code's fixed sizes, plain SGD), δ = 1e-4, every client's z recomputed by "
+              f"Robust-HDP's accountant for *this* schedule ({args.rounds} rounds, q_i = b_i/600; so much "
+              "larger than the paper's: e.g. z = 5–170 for Dist6), RPCA once at round 1 (the authors' code). "
+              "Full participation. Metric: final test accuracy of the global model on the 10k MNIST test set. "
               + (f"Every Dist: mean ± std over {args.seeds} seeds (0–{args.seeds - 1})."
                  if args.seeds == args.other_seeds else
                  f"{args.main_dist.capitalize()}: mean ± std over {args.seeds} seeds; other Dists: "
@@ -364,11 +364,11 @@ def write_report(args, formula, t3_results, grid, timings) -> str:
     timing = OUT / "rpca_timing.md"
     if timing.is_file():
         lines += ["", "## RPCA timing", "",
-                  "The PCP decomposition alone on synthetic Robust-HDP updates (signal + N(0, σ_i²), σ_i² from Eq. 3/7, "
-                  "the Dist6 list cycled to n clients), float64; L1 = distance of the weights to the Oracle's; "
-                  "`candes` = the `pcp` default (fixed μ = pn/(4‖M‖₁)), `spectral` = μ₀ = 1.25/‖M‖₂ with growth 1.1, "
-                  "`naive` = σ̂_i² = ‖x_i‖² (no PCP). Target: p = 1e6, n = 60 under 60 s on 2 cores. Copied from "
-                  "`benchmarks/rpca_timing.md` (written by the command below; rerun it to refresh).", "",
+                  "The PCP decomposition alone on synthetic Robust-HDP updates (signal + N(0, σ_i²), σ_i² from "
+                  "Eq. 3/7, the Dist6 list cycled to n clients), float64; L1 = distance of the weights to the "
+                  "Oracle's; `candes` = the `pcp` default (fixed μ = pn/(4‖M‖₁)), `spectral` = μ₀ = 1.25/‖M‖₂ with "
+                  "growth 1.1, `naive` = σ̂_i² = ‖x_i‖² (no PCP). Target: p = 1e6, n = 60 under 60 s on 2 cores. "
+                  "Copied from `benchmarks/rpca_timing.md` (written by the command below; rerun it to refresh).", "",
                   timing.read_text().strip()]
     lines += ["", "## Timings", ""] + [f"- {k}: {v:.0f} s" for k, v in timings.items()]
     return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
 """Benchmark: Robust-HDP's noise estimation (PCP) on synthetic DP updates, time and weight error vs the Oracle.
 
-Synthetic round (the PCP decomposition of the paper's Alg. 3): n clients with the code's Dist6 ε list and batch list cycled to n,
-N = 2400, K = 1, η = 1e-3, c = 3, z_i = compute_z(ε_i, N, b_i) (pinned below; ``--recompute-z`` recomputes them
-with trustfl.privacy.analysis.rhdp), σ_i² = K⌈N/b_i⌉η²p c² z_i²/b_i² (Eq. 3/7), rows
+Synthetic round (the PCP decomposition of the paper's Alg. 3): n clients with the code's Dist6 ε list and batch list
+cycled to n, N = 2400, K = 1, η = 1e-3, c = 3, z_i = compute_z(ε_i, N, b_i) (pinned below; ``--recompute-z``
+recomputes them with trustfl.privacy.analysis.rhdp), σ_i² = K⌈N/b_i⌉η²p c² z_i²/b_i² (Eq. 3/7), rows
 x_i = η⌈N/b_i⌉ g + N(0, σ_i²/p I_p) with ‖g‖ ≈ 1. The weight error is L1(w, w_oracle), w_oracle ∝ 1/σ_i² (Eq. 8).
 
 Configurations: ``candes`` (the default: Candès μ, fixed, capped at ``--max-iter``), ``spectral`` (μ₀ = 1.25/‖M‖₂

@@ -205,7 +205,8 @@ def main() -> None:
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--cohorts", default="10,100,1000,10000")
     parser.add_argument("--samples-per-client", type=int, default=600)
-    parser.add_argument("--large-cohort", type=int, default=10000, help="from this many clients on, use --large-samples")
+    parser.add_argument("--large-cohort", type=int, default=10000,
+                        help="from this many clients on, use --large-samples")
     parser.add_argument("--large-samples", type=int, default=32, help="one batch of 32: one local step")
     parser.add_argument("--chunk", type=int, default=0,
                         help="engine.max_clients_per_batch above this many clients (0: \"auto\")")
@@ -322,11 +323,13 @@ def _record(command, args, device, models, cohorts, samples_of, runs, skipped, m
             ts, ps = _cell(runs, t, "seconds_per_round", ".3f"), _cell(runs, p, "seconds_per_round", ".3f")
             ratio = f"{float(ps) / float(ts):.2f}" if ts and ps else "—"
             rate = f"{1 / float(ts):.3f}" if ts else "—"
-            mem = f"{_cell(runs, t, 'peak_rss_mb', '.0f') or dash(t)} / {_cell(runs, p, 'peak_rss_mb', '.0f') or dash(p)}"
+            mem = (f"{_cell(runs, t, 'peak_rss_mb', '.0f') or dash(t)} / "
+                   f"{_cell(runs, p, 'peak_rss_mb', '.0f') or dash(p)}")
             row = (f"| {MODELS[model][2]} | {cohort:,} | {samples_of[cohort]} | {ts or dash(t)} | {ps or dash(p)} | "
                    f"{ratio} | {rate} | {_cell(runs, t, 'data_s', '.2f') or '—'} | {mem} |")
             if device == "cuda":
-                row += f" {_cell(runs, t, 'cuda_peak_mb', '.0f') or '—'} / {_cell(runs, p, 'cuda_peak_mb', '.0f') or '—'} |"
+                row += (f" {_cell(runs, t, 'cuda_peak_mb', '.0f') or '—'} / "
+                        f"{_cell(runs, p, 'cuda_peak_mb', '.0f') or '—'} |")
             lines.append(row)
     lines.append("")
     lines += [f"[{n}] {reason}." for reason, n in notes.items()]
