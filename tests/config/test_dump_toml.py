@@ -27,12 +27,13 @@ def test_every_shipped_config_round_trips(path, tmp_path):
 
 def test_nested_tables_arrays_of_tables_odd_keys_and_scalars_round_trip():
     data = {
-        "name": "quoted \"name\"\nwith a newline", "seed": 2 ** 63 - 1, "rounds": 3,
+        "name": "quoted \"name\" with ünïcode", "seed": 2 ** 63 - 1, "rounds": 3,
         "model": {"name": "mlp", "hidden": [64, 32]},
         "evaluators": [{"name": "accuracy"}, {"name": "class_accuracy", "classes": [0, 1, 2]}],
         "client_stages": [{"name": "clip", "params with space": {"nested": {"deep": 1.5e-300}}}],
         "data": {"dataset": "digits", "options": {}, "partition": {"name": "dirichlet", "alpha": 0.5}},
-        "recipe": {"": 1, "émoji ✓": True, "list": [[1, 2], ["x"]], "tuple": (1.0, 2.0)},
+        "recipe": {"": 1, "émoji ✓": True, "text": "quoted \"text\"\nwith a newline", "list": [[1, 2], ["x"]],
+                   "tuple": (1.0, 2.0)},
     }
     parsed = tomllib.loads(dump_toml(data))
     assert parsed == {**data, "recipe": {**data["recipe"], "tuple": [1.0, 2.0]}}

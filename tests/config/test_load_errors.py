@@ -201,3 +201,40 @@ def test_recipe_key_of_another_algorithm_is_refused(algorithm, recipe, extra):
 def test_fedavg_without_recipe_keys_builds():
     cfg = config_from_dict({"rounds": 1, "data": {"num_clients": 4}, "model": {"name": "logreg"}, "recipe": {}})
     assert build_federation(cfg, quiet=True).num_clients == 4
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../../outside", "x\x00y", "tab\there", "n" * 101, " lead", "trail ",
+                                  ".hidden", "back\\slash", "del\x7f"])
+def test_run_name_that_cannot_name_a_directory_is_refused(name):
+    # the default run directory is runs/<name>-...: a separator would leave runs/, a NUL or 300 characters crashed
+    with pytest.raises(ConfigError, match=r"^`name` must be 1 to 100 characters"):
+        config_from_dict({"name": name})
+
+
+@pytest.mark.parametrize("name", ["n" * 100, "my run (v2)", "é-ü ✓", "a.b"])
+def test_run_names_that_fit_a_directory_load(tmp_path, name):
+    from trustfl.experiment import default_run_dir
+
+    cfg = config_from_dict({"name": name})
+    path = default_run_dir(cfg, tmp_path)
+    path.mkdir()
+    assert path.parent == tmp_path and path.name.startswith(name + "-")
+
+
+def test_cohort_larger_than_the_population_is_refused():
+    cfg = config_from_dict({"rounds": 1, "data": {"num_clients": 4}, "model": {"name": "logreg"},
+                            "cohort": {"sampler": "uniform", "size": 5}})
+    with pytest.raises(ConfigError, match=r"^`cohort.size` is 5, more than the 4 clients of `data.num_clients`"):
+        build_federation(cfg, quiet=True)
+    assert len(build_federation(dataclasses.replace(cfg, cohort=schema.CohortConfig("uniform", 4)),
+                                quiet=True).client_rows) == 4
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("plugins", "x", "`plugins` must be a list of strings, found 'x'."),
+    ("evaluators", "acc", "`evaluators` must be a list of components (names or tables), found 'acc'."),
+])
+def test_list_types_are_named_in_plain_words(key, value, expected):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({key: value})
+    assert str(err.value) == expected

@@ -206,6 +206,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     info["evaluators"] = [m for e in evaluators for m in e.metrics]
 
     n, f = cfg.data.num_clients, cfg.attack.num_byzantine
+    if cfg.cohort.sampler == "uniform" and cfg.cohort.size > n:
+        raise ConfigError(f"`cohort.size` is {cfg.cohort.size}, more than the {n} clients of `data.num_clients`.")
     if cfg.attack.name != "none" and not 0 < f < n:
         raise ConfigError(f"`attack.num_byzantine` must be in [1, {n - 1}] with attack {cfg.attack.name!r}, "
                           f"found {f}.")

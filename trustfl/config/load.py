@@ -27,7 +27,12 @@ def _type_name(tp: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
     if origin in (list, tuple):
-        return f"a list of {_type_name(get_args(tp)[0])}"
+        item = get_args(tp)[0]
+        plural = {int: "integers", float: "numbers", str: "strings", bool: "booleans",
+                  Component: "components (names or tables)"}
+        if item in plural:
+            return f"a list of {plural[item]}"
+        return "a list of tables" if dataclasses.is_dataclass(item) else f"a list, each item {_type_name(item)}"
     if origin is dict:
         return "a table"
     if dataclasses.is_dataclass(tp):

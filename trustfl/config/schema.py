@@ -285,6 +285,8 @@ class ReportConfig:
 @dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "experiment"
+    """The run's name, the first part of its default directory ``runs/<name>-<dataset>-seed<seed>-<time>``: 1 to
+    100 characters, no path separator or control character, not starting with a dot."""
     algorithm: str = "fedavg"
     seed: int = 0
     rounds: int = 10
@@ -321,6 +323,10 @@ class ExperimentConfig:
     """Algorithm-specific settings read by the recipe named in ``algorithm``."""
 
     def __post_init__(self) -> None:
+        check(0 < len(self.name) <= 100 and self.name.strip() == self.name and not self.name.startswith(".")
+              and not any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in self.name), "name", self.name,
+              "1 to 100 characters without a path separator or control character, not starting with a dot or "
+              "space (it names the run directory)")
         check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         init_from = self.model.params.get("init_from", "")
