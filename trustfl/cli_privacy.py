@@ -102,6 +102,15 @@ def run(args: argparse.Namespace) -> int:
         absl_logger.setLevel(level)
 
 
+def round_up_digits(value: float, digits: int) -> str:
+    """``value`` written with ``digits`` significant digits, never below it (e.g. 31622.838 → ``"31622.9"``)."""
+    text = f"{value:.{digits}g}"
+    if float(text) < value:
+        step = 10.0 ** (math.floor(math.log10(abs(float(text)))) - digits + 1)
+        text = f"{float(text) + step:.{digits}g}"
+    return text
+
+
 def _run(args: argparse.Namespace) -> int:
     from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
 
@@ -113,8 +122,12 @@ def _run(args: argparse.Namespace) -> int:
         else:
             value = calibrate_noise_multiplier(args.epsilon, args.delta, args.sample_rate, args.steps,
                                                args.accountant, args.sampling, args.tol)
-            key, text = "noise_multiplier", f"noise_multiplier = {value:.6g} for epsilon = {args.epsilon:g} " \
-                                            f"at delta = {args.delta:g}"
+            # shown rounded up (more noise), with the ε of the value shown: a rounded-down σ could overspend
+            shown = round_up_digits(value, 6)
+            spent = epsilon_subsampled_gaussian(float(shown), args.sample_rate, args.steps, args.delta,
+                                                args.accountant, args.sampling)
+            key, text = "noise_multiplier", f"noise_multiplier = {shown} for epsilon = {args.epsilon:g} " \
+                                            f"at delta = {args.delta:g}, which gives epsilon = {spent:.6g}"
     except TrustFLError as exc:
         print(f"trustfl privacy {args.privacy_command}: error: {exc}".replace("\n", " "), file=sys.stderr)
         return 2

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 
 import pytest
 
-from trustfl.cli_privacy import add_parser, main, run
+from trustfl.cli_privacy import add_parser, main, round_up_digits, run
 from trustfl.privacy.analysis.gaussian import epsilon_subsampled_gaussian
 
 EPS_ARGS = ["epsilon", "--noise-multiplier", "2.0", "--sample-rate", "1", "--steps", "10", "--delta", "1e-5"]
@@ -28,7 +29,33 @@ def test_calibrate_json_round_trips(capsys):
     z = json.loads(capsys.readouterr().out)["noise_multiplier"]
     assert 3 - 1e-3 <= epsilon_subsampled_gaussian(z, 1.0, 10, 1e-5) <= 3
     assert main(["calibrate", "--epsilon", "3", "--delta", "1e-5", "--sample-rate", "1", "--steps", "10"]) == 0
-    assert capsys.readouterr().out.startswith(f"noise_multiplier = {z:.6g} for epsilon = 3 at delta = 1e-05")
+    out = capsys.readouterr().out
+    shown = out.split()[2]
+    assert out.startswith(f"noise_multiplier = {shown} for epsilon = 3 at delta = 1e-05, which gives epsilon = ")
+    assert float(shown) >= z and len(shown.replace(".", "")) <= 6
+    assert float(out.split("which gives epsilon = ")[1].split()[0]) <= 3
+
+
+def test_calibrated_value_shown_is_never_below_the_solution(capsys):
+    # ε(σ) drops to 0 at σ ≈ 31622.84 here (dp_accounting's KL bound); the 6-digit value rounded to nearest
+    # (31622.8) gives ε = 0.0035, far above the target, so the text must round up
+    argv = ["calibrate", "--epsilon", "1e-300", "--delta", "1e-5", "--sample-rate", "0.1", "--steps", "10"]
+    assert main([*argv, "--json"]) == 0
+    z = json.loads(capsys.readouterr().out)["noise_multiplier"]
+    assert epsilon_subsampled_gaussian(z, 0.1, 10, 1e-5) == 0.0 < epsilon_subsampled_gaussian(31622.8, 0.1, 10, 1e-5)
+    assert main(argv) == 0
+    shown = capsys.readouterr().out.split()[2]
+    assert float(shown) >= z and epsilon_subsampled_gaussian(float(shown), 0.1, 10, 1e-5) == 0.0
+
+
+def test_round_up_digits():
+    rng = random.Random(0)
+    for _ in range(2000):
+        value = 10 ** rng.uniform(-4, 7)
+        text = round_up_digits(value, 6)
+        assert float(text) >= value and float(text) <= value * (1 + 1e-5)
+        assert len(text.replace(".", "").lstrip("0").split("e")[0]) <= 6
+    assert round_up_digits(31622.838488627916, 6) == "31622.9" and round_up_digits(2.5, 6) == "2.5"
 
 
 @pytest.mark.parametrize("argv, needle", [
