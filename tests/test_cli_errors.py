@@ -89,6 +89,28 @@ def test_run_dir_problems(small, tmp_path, capsys):
     assert "needs a CONFIG" in _one_line(capsys)
 
 
+def test_out_holding_a_run_is_kept_unless_overwrite(small, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(small), "--quiet", "--out", str(out), "--set", "engine.checkpoint_every=1"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert {"config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json"} <= set(before)
+    assert main(["run", str(small), "--quiet", "--out", str(out), "--set", "rounds=2"]) == 2
+    line = _one_line(capsys)
+    assert "already holds a run (config.toml, metrics.jsonl, checkpoint.pt, summary.json)" in line
+    assert f"--resume {out}" in line and "--overwrite" in line
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing written
+    assert main(["run", str(out), "--resume", str(out), "--overwrite"]) == 2 and "--overwrite" in _one_line(capsys)
+    # --overwrite starts afresh: the new run's rows, and no checkpoint of the replaced run left to resume
+    assert main(["run", str(small), "--quiet", "--out", str(out), "--set", "rounds=2", "--set",
+                 "engine.checkpoint_every=0", "--overwrite"]) == 0
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2 and not (out / "checkpoint.pt").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["run", str(small), "--quiet", "--out", str(empty)]) == 0  # an empty directory is no run
+
+
 def test_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):
     def fail(args):
         raise ConfigError("first line\n  second line")

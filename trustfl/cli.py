@@ -31,9 +31,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from trustfl.experiment import run_experiment
 
     if args.resume:
-        if args.config or args.set or args.out:
+        if args.config or args.set or args.out or args.overwrite:
             raise UsageError("--resume takes its config from RUN_DIR/config.toml and writes to RUN_DIR; drop "
-                             "CONFIG, --set and --out.")
+                             "CONFIG, --set, --out and --overwrite.")
         if not Path(args.resume).is_dir():
             raise UsageError(f"--resume: run directory {args.resume!r} does not exist.")
         result = run_experiment(None, resume=args.resume, data_dir=args.data_dir, progress=not args.quiet,
@@ -43,7 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("trustfl run needs a CONFIG file (or --resume RUN_DIR).")
         cfg = _with_imports(load_config(args.config, _with_device(args.set, args.device)), args.imports)
         if args.out and _rank() == 0:
-            _make_run_dir(args.out)
+            _make_run_dir(args.out, args.overwrite)
         result = run_experiment(cfg, args.out, data_dir=args.data_dir, progress=not args.quiet)
     s = result.summary
     if _rank() != 0:  # torchrun: rank 0 reports
@@ -85,11 +85,22 @@ def _with_imports(cfg, imports: list[str]):
     return dataclasses.replace(cfg, plugins=[*cfg.plugins, *(m for m in imports if m not in cfg.plugins)])
 
 
-def _make_run_dir(out: str) -> None:
-    """Create ``--out`` now, so that an unusable path is a one-line error before the experiment is built."""
+RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json")
+"""Files whose presence marks a directory as holding a run (``--out`` does not write over them by default)."""
+
+
+def _make_run_dir(out: str, overwrite: bool = False) -> None:
+    """Create ``--out`` now, so that an unusable path, or one that holds another run (unless ``overwrite``), is a
+    one-line error before the experiment is built."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {out!r} is a file, not a directory.")
+    held = [name for name in RUN_FILES if (path / name).exists()]
+    if held and not overwrite:
+        raise UsageError(f"--out {out!r} already holds a run ({', '.join(held)}): continue it with `trustfl run "
+                         f"--resume {out}`, or pass --overwrite to start afresh there.")
+    if held:  # the old checkpoint goes: a later --resume must not continue the run this one replaces
+        (path / "checkpoint.pt").unlink(missing_ok=True)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -163,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="experiment TOML file")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument("--out", help="run directory (default: runs/<name>-<dataset>-seed<seed>-<time>)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="with --out: start afresh in a directory that already holds a run (its files are replaced)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
     run.add_argument("--data-dir", help="directory of IDX data sets (default: $TRUSTFL_DATA or ~/.cache/trustfl)")
     run.add_argument("--quiet", action="store_true", help="no progress output")
