@@ -7,6 +7,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 
 from trustfl.config import schema
 from trustfl.config.build import build_federation
@@ -221,13 +222,15 @@ def test_run_names_that_fit_a_directory_load(tmp_path, name):
     assert path.parent == tmp_path and path.name.startswith(name + "-")
 
 
-def test_cohort_larger_than_the_population_is_refused():
+def test_cohort_larger_than_the_population_is_said(capsys):
     cfg = config_from_dict({"rounds": 1, "data": {"num_clients": 4}, "model": {"name": "logreg"},
                             "cohort": {"sampler": "uniform", "size": 5}})
-    with pytest.raises(ConfigError, match=r"^`cohort.size` is 5, more than the 4 clients of `data.num_clients`"):
-        build_federation(cfg, quiet=True)
-    assert len(build_federation(dataclasses.replace(cfg, cohort=schema.CohortConfig("uniform", 4)),
-                                quiet=True).client_rows) == 4
+    fed = build_federation(cfg)
+    notice = "NOTICE: `cohort.size` = 5 is more than the 4 clients of `data.num_clients`; every round samples all 4."
+    assert fed.info["notice"] == notice and capsys.readouterr().err.strip() == notice
+    assert fed.cohort.sample(list(range(4)), torch.Generator().manual_seed(0)) == [0, 1, 2, 3]
+    assert "notice" not in build_federation(dataclasses.replace(cfg, cohort=schema.CohortConfig("uniform", 4)),
+                                            quiet=True).info
 
 
 @pytest.mark.parametrize("key, value, expected", [

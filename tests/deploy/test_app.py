@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_app_directory_holds_the_components_and_the_experiment(tmp_path):
     out = tmp_path / "app"
     assert main(["deploy", "app", str(ROOT / "configs/quickstart.toml"), "--out", str(out),
-                 "--set", "data.num_clients=3", "--set", "rounds=2"]) == 0
+                 "--set", "data.num_clients=3", "--set", "cohort.size=3", "--set", "rounds=2"]) == 0
     project = tomllib.loads((out / "pyproject.toml").read_text())
     app = project["tool"]["flwr"]["app"]
     assert set(app["components"]) == {"serverapp", "clientapp"}
@@ -25,7 +25,7 @@ def test_the_app_directory_holds_the_components_and_the_experiment(tmp_path):
         module, attr = ref.split(":")
         assert f"\n{attr} = " in (out / (module.replace(".", "/") + ".py")).read_text()
     cfg = config_from_dict(tomllib.loads(app["config"]["trustfl-config"]))
-    want = load_config(ROOT / "configs/quickstart.toml", ["data.num_clients=3", "rounds=2"])
+    want = load_config(ROOT / "configs/quickstart.toml", ["data.num_clients=3", "cohort.size=3", "rounds=2"])
     assert cfg == want
     assert Path(app["config"]["run-dir"]).is_absolute() and app["config"]["data-dir"] == ""
 
@@ -49,3 +49,29 @@ def test_the_command_process_exits_2_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "compress.uplink" in lines[0], proc.stderr
+
+
+def test_out_that_cannot_hold_the_app_is_refused_in_one_line(tmp_path, capsys):
+    config = str(ROOT / "configs/quickstart.toml")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    foreign = tmp_path / "project"
+    foreign.mkdir()
+    (foreign / "pyproject.toml").write_text('[project]\nname = "mine"\n')
+    for out, fragment in ((a_file, "is a file"), (a_file / "sub", "cannot write the app"),
+                          (foreign, "holds a pyproject.toml that is not a trustfl app")):
+        assert main(["deploy", "app", config, "--out", str(out)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("trustfl: error: --out") and fragment in lines[0], lines
+    assert a_file.read_text() == "mine" and (foreign / "pyproject.toml").read_text() == '[project]\nname = "mine"\n'
+
+
+def test_the_app_is_rewritten_in_place_and_named_as_a_python_project(tmp_path):
+    out = tmp_path / "app"
+    config = str(ROOT / "configs/quickstart.toml")
+    assert main(["deploy", "app", config, "--out", str(out), "--set", "rounds=2"]) == 0
+    assert main(["deploy", "app", config, "--out", str(out), "--set", "rounds=3",
+                 "--set", 'name="My run (v2) ✓"']) == 0  # the app this command wrote may be written again
+    project = tomllib.loads((out / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "trustfl-my-run-v2"  # PEP 508 names: letters, digits, '-', '.'
+    assert tomllib.loads(project["tool"]["flwr"]["app"]["config"]["trustfl-config"])["rounds"] == 3

@@ -206,8 +206,10 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     info["evaluators"] = [m for e in evaluators for m in e.metrics]
 
     n, f = cfg.data.num_clients, cfg.attack.num_byzantine
-    if cfg.cohort.sampler == "uniform" and cfg.cohort.size > n:
-        raise ConfigError(f"`cohort.size` is {cfg.cohort.size}, more than the {n} clients of `data.num_clients`.")
+    if cfg.cohort.sampler == "uniform" and cfg.cohort.size > n:  # said, not silent: e.g. num_clients lowered by --set
+        extra = (f"NOTICE: `cohort.size` = {cfg.cohort.size} is more than the {n} clients of `data.num_clients`; "
+                 f"every round samples all {n}.")
+        info["notice"] = f"{info['notice']} {extra}" if "notice" in info else extra
     if cfg.attack.name != "none" and not 0 < f < n:
         raise ConfigError(f"`attack.num_byzantine` must be in [1, {n - 1}] with attack {cfg.attack.name!r}, "
                           f"found {f}.")

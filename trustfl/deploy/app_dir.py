@@ -7,7 +7,11 @@ connected SuperNodes (docs/deployment.md).
 """
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
+
+from trustfl.errors import UsageError
 
 PACKAGE = "trustfl_app"
 _MODULES = {
@@ -30,8 +34,6 @@ def write_app(config: Path | str, out: Path | str, overrides: list[str] = (), ru
     Raises:
       ConfigError: a bad or undeployable configuration (the key is named).
     """
-    import tomli_w
-
     from trustfl.config.build import build_federation
     from trustfl.config.load import config_to_dict, dump_toml, load_config
     from trustfl.deploy.checks import check_deployable
@@ -39,20 +41,47 @@ def write_app(config: Path | str, out: Path | str, overrides: list[str] = (), ru
     cfg = load_config(config, list(overrides))
     check_deployable(cfg, build_federation(cfg, data_dir=data_dir or None, quiet=True))
     out = Path(out)
+    _check_out(out)
+    try:
+        _write(out, cfg.name, dump_toml(config_to_dict(cfg)), run_dir, data_dir)
+    except OSError as err:
+        raise UsageError(f"--out: cannot write the app into {str(out)!r}: {err.strerror or err}.") from None
+    return out
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an ``out`` that is a file, or that holds a ``pyproject.toml`` this command did not write."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file, not a directory.")
+    project = out / "pyproject.toml"
+    if project.is_file():
+        try:
+            publisher = tomllib.loads(project.read_text())["tool"]["flwr"]["app"]["publisher"]
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError):
+            publisher = None
+        if publisher != "trustfl":
+            raise UsageError(f"--out {str(out)!r} holds a pyproject.toml that is not a trustfl app; write the app "
+                             f"into another directory.")
+
+
+def _write(out: Path, name: str, experiment_toml: str, run_dir: str, data_dir: str) -> None:
+    import tomli_w
+
     (out / PACKAGE).mkdir(parents=True, exist_ok=True)
-    for name, text in _MODULES.items():
-        (out / PACKAGE / name).write_text(text)
+    for module, text in _MODULES.items():
+        (out / PACKAGE / module).write_text(text)
+    # a Python project name: letters, digits, '-' and '.' (a run name may hold spaces or parentheses)
+    project_name = re.sub(r"[^a-z0-9.]+", "-", f"trustfl-{name}".lower()).strip("-.")
     project = {
-        "project": {"name": f"trustfl-{cfg.name}".replace("_", "-").lower(), "version": "1.0.0",
-                    "description": f"trustfl experiment {cfg.name!r} deployed with Flower",
+        "project": {"name": project_name, "version": "1.0.0",
+                    "description": f"trustfl experiment {name!r} deployed with Flower",
                     "license": "Apache-2.0", "dependencies": []},
         "tool": {"flwr": {"app": {
             "publisher": "trustfl",
             "components": {"serverapp": f"{PACKAGE}.server_app:app", "clientapp": f"{PACKAGE}.client_app:app"},
-            "config": {"trustfl-config": dump_toml(config_to_dict(cfg)),
+            "config": {"trustfl-config": experiment_toml,
                        "run-dir": run_dir or str((out / "run").resolve()), "data-dir": data_dir},
         }}},
     }
     (out / "pyproject.toml").write_text(tomli_w.dumps(project, multiline_strings=True))
     (out / ".gitignore").write_text("run/\n")
-    return out
