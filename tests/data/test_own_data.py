@@ -197,6 +197,15 @@ def _case(tmp_path, kind):
         _png(tmp_path / "imgs" / "cat" / "0.png", 1)
         (tmp_path / "imgs" / "cat" / "1.png").write_bytes(b"not a png")
         return "image_folder", {"path": str(tmp_path / "imgs")}
+    if kind == "csv_too_large_to_standardise":  # x² overflows float64: the column would be silently 0 or NaN
+        _write_csv(f, ["a", "b", "y"], [[1, 2e200, 0], [2, -1e200, 1], [3, 5, 0], [4, 1, 1]])
+        return "csv", {"path": str(f)}
+    if kind == "csv_beyond_float32":
+        _write_csv(f, ["a", "b", "y"], [[1, 2e39, 0], [2, 1, 1], [3, 5, 0], [4, 1, 1]])
+        return "csv", {"path": str(f), "standardize": False}
+    if kind == "npz_target_beyond_float32":
+        np.savez(tmp_path / "a.npz", x=x, y=np.linspace(0, 1e39, 10))
+        return "npz", {"path": str(tmp_path / "a.npz"), "standardize_target": False}
     raise AssertionError(kind)
 
 
@@ -215,6 +224,9 @@ def _case(tmp_path, kind):
     ("empty_csv", r"bad' is empty"),
     ("empty_class", r"class folder '.*dog' holds no images"),
     ("bad_image", r"cannot read image '.*1\.png'"),
+    ("csv_too_large_to_standardise", r"bad': features in column\(s\) 'b' are too large to standardise"),
+    ("csv_beyond_float32", r"bad': features in column\(s\) 'b' are beyond float32's range"),
+    ("npz_target_beyond_float32", r"a\.npz': targets in column\(s\) 0 are beyond float32's range"),
 ])
 def test_malformed_files_are_data_errors_naming_the_problem(tmp_path, kind, message):
     name, options = _case(tmp_path, kind)

@@ -242,11 +242,13 @@ def _split(name: str, where: str, y: np.ndarray, task: str, groups: np.ndarray |
 def _standardize(train: np.ndarray, test: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray,
                                                                                       np.ndarray, np.ndarray]:
     """Both splits scaled with the training split's mean and std over ``axes`` (a constant feature stays 0)."""
-    mean = train.mean(axis=axes, keepdims=True, dtype=np.float64)
-    std = train.std(axis=axes, keepdims=True, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by the caller (_check_moments)
+        mean = train.mean(axis=axes, keepdims=True, dtype=np.float64)
+        std = train.std(axis=axes, keepdims=True, dtype=np.float64)
     std = np.where(std > 0, std, 1.0)
     m, sd = mean.astype(train.dtype), std.astype(train.dtype)
-    return (train - m) / sd, (test - m) / sd, mean, std
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (train - m) / sd, (test - m) / sd, mean, std
 
 
 def _class_text(classes: list[Any]) -> str:
@@ -302,11 +304,13 @@ def _build(name: str, fmt: str, p: Path, where: str, arrays: _Arrays, seed: int,
     meta: dict[str, Any] = {"format": fmt, "path": str(p), "task": task, **metadata}
     if standardize:
         x_tr, x_te, mean, std = _standardize(x_tr, x_te, a.standardize_axes)
+        _check_moments(mean, std, f"{fmt} {where}", "features", metadata.get("features"))
         meta["feature_mean"], meta["feature_std"] = mean[0], std[0]
     notes = []
     if task == "regression":
         if standardize_target:
             y_tr, y_te, t_mean, t_std = _standardize(y_tr, y_te, (0,))
+            _check_moments(t_mean, t_std, f"{fmt} {where}", "targets", _target_name(metadata))
             meta["target_mean"], meta["target_std"] = t_mean[0], t_std[0]
             notes.append("target standardised")
         num_classes, y_dtype = 0, torch.float32
@@ -322,17 +326,52 @@ def _build(name: str, fmt: str, p: Path, where: str, arrays: _Arrays, seed: int,
     notes.append("own test data" if has_test else
                  f"seeded test fraction {TEST_FRACTION if test_fraction is None else test_fraction}")
     notes.append("features standardised on the training split" if standardize else "features not standardised")
+    x_tr, x_te = (_as_float32(x, f"{fmt} {where}", "features", metadata.get("features")) for x in (x_tr, x_te))
+    if task == "regression":
+        y_tr, y_te = (_as_float32(y, f"{fmt} {where}", "targets", _target_name(metadata)) for y in (y_tr, y_te))
     return Dataset(
         name=name,
-        train_x=torch.from_numpy(np.ascontiguousarray(x_tr, dtype=np.float32)),
+        train_x=torch.from_numpy(x_tr),
         train_y=torch.from_numpy(np.ascontiguousarray(y_tr)).to(y_dtype),
-        test_x=torch.from_numpy(np.ascontiguousarray(x_te, dtype=np.float32)),
+        test_x=torch.from_numpy(x_te),
         test_y=torch.from_numpy(np.ascontiguousarray(y_te)).to(y_dtype),
         input_shape=tuple(int(s) for s in a.x.shape[1:]), num_classes=num_classes, task=task,
         source=f"{fmt} {p} ({'; '.join(notes)})",
         train_groups=None if groups is None else torch.from_numpy(groups.astype(np.int64)),
         metadata=meta,
     )
+
+
+def _column_names(bad: np.ndarray, names: Sequence[Any] | None) -> str:
+    """The columns flagged in ``bad`` (one flag per column), by name when ``names`` has one per column."""
+    columns = np.flatnonzero(bad)
+    if names is not None and len(names) == bad.shape[0]:
+        return _list([repr(names[c]) for c in columns])
+    return _list([str(int(c)) for c in columns])
+
+
+def _target_name(metadata: dict[str, Any]) -> list[Any] | None:
+    return [metadata["target"]] if "target" in metadata else None
+
+
+def _check_moments(mean: np.ndarray, std: np.ndarray, where: str, what: str, names: Sequence[Any] | None) -> None:
+    """Refuse a mean or standard deviation that overflowed float64 (values beyond about 1e154): the standardised
+    column would be silently zero or NaN."""
+    bad = ~(np.isfinite(mean) & np.isfinite(std)).reshape(-1)
+    if bad.any():
+        raise DataError(f"{where}: {what} in column(s) {_column_names(bad, names)} are too large to standardise "
+                        f"(their mean or standard deviation overflows); rescale them.")
+
+
+def _as_float32(x: np.ndarray, where: str, what: str, names: Sequence[Any] | None) -> np.ndarray:
+    """``x`` as a contiguous float32 array, refusing finite values beyond float32's range (±3.4e38)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(x, dtype=np.float32)
+    finite = np.isfinite(out.reshape(out.shape[0], -1)) if out.ndim > 1 else np.isfinite(out)[:, None]
+    if not finite.all():
+        raise DataError(f"{where}: {what} in column(s) {_column_names(~finite.all(0), names)} are beyond float32's "
+                        f"range (±3.4e38); rescale them.")
+    return out
 
 
 def _concat_targets(train: np.ndarray, test: np.ndarray) -> np.ndarray:
