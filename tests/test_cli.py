@@ -25,6 +25,22 @@ def test_run_then_report(tmp_path, capsys):
     assert "accuracy" in capsys.readouterr().out
 
 
+def test_rounds_whose_every_message_is_rejected_are_said(tmp_path, capsys):
+    # lr = 1e30 diverges at once: every client's message is non-finite and rejected, the model never moves
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('name = "div"\nrounds = 3\n[data]\nnum_clients = 4\n[model]\nname = "mlp"\nhidden = [16]\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "bad"), "--set", "client.lr=1e30"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("rejected all 4 messages") == 1 and "[div] warning: round 1 " in err  # said once, when it starts
+    assert "warning: every message was rejected in 3 of 3 rounds" in err
+    rows = [json.loads(line) for line in (tmp_path / "bad" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rejected"] for r in rows] == [4, 4, 4]
+    assert json.loads((tmp_path / "bad" / "summary.json").read_text())["rounds_all_rejected"] == 3
+    assert main(["run", str(cfg), "--out", str(tmp_path / "good"), "--quiet", "--set", "client.lr=0.2"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "good" / "summary.json").read_text())["rounds_all_rejected"] == 0
+
+
 def test_config_error_is_one_line(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[client]\nlr = -3\n")

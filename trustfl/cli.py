@@ -54,6 +54,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     primary = s.get("primary_metric", "accuracy")
     print(f"final {primary}: {s[f'final_{primary}']:.4f} (best {s[f'best_{primary}']:.4f}) after {s['rounds']} "
           f"rounds in {s['wall_time_s']:.1f} s")
+    if s.get("rounds_all_rejected"):
+        print(f"warning: every message was rejected in {s['rounds_all_rejected']} of {s['rounds']} rounds (the model "
+              f"did not move in them): see `rejected` in metrics.jsonl", file=sys.stderr)
     if "epsilon" in s and s["epsilon"]:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")

@@ -110,6 +110,7 @@ class Progress:
 
     def __init__(self, total: int, start: int, enabled: bool, name: str, primary: str) -> None:
         self.enabled, self.name, self.total, self.primary = enabled, name, total, primary
+        self.warned = False  # the first round whose every message was rejected is said once
         self.bar = None
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
@@ -122,6 +123,11 @@ class Progress:
     def update(self, row: dict[str, Any] | None, round_: int, evaluated: bool = True) -> None:
         """Advance by one round; ``row`` is the round's metrics row, ``evaluated`` whether it holds an evaluation."""
         shown = row is not None and evaluated
+        if self.enabled and not self.warned and row is not None and all_rejected(row):
+            self.warned = True
+            self._say(f"[{self.name}] warning: round {round_} rejected all {row['cohort_size']} messages (NaN or Inf, "
+                      f"malformed, or screened out), so the model did not move; a diverging local step (e.g. too "
+                      f"large a `client.lr`) is the usual cause. `rejected` in metrics.jsonl counts them per round.")
         if self.bar is not None:
             self.bar.update(1)
             if shown:
@@ -131,9 +137,21 @@ class Progress:
             print(f"[{self.name}] round {round_}/{self.total} {text} time={row['wall_time_s']:.1f}s",
                   file=sys.stderr, flush=True)
 
+    def _say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def all_rejected(row: dict[str, Any]) -> bool:
+    """Whether a round's metrics row says the server rejected every message of a non-empty cohort."""
+    size = row.get("cohort_size")
+    return isinstance(size, int) and size > 0 and row.get("rejected") == size
 
 
 def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, Any],
