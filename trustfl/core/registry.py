@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from trustfl.errors import RegistryError
+from trustfl.errors import ConfigError, RegistryError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,6 +31,10 @@ _ADAPTERS: dict[str, Callable[[Any, str], Callable[..., Any]]] = {}
 
 def register(kind: str, name: str) -> Callable[[F], F]:
     """Class or function decorator: make ``factory`` buildable as ``build(kind, name, **params)``."""
+
+    for what, value in (("kind", kind), ("name", name)):
+        if not isinstance(value, str) or not value.strip():
+            raise RegistryError(f"register(): the {what} must be a non-empty string, found {value!r}.")
 
     def deco(factory: F) -> F:
         table = _REGISTRY.setdefault(kind, {})
@@ -121,6 +126,8 @@ def lookup(kind: str, name: str) -> Callable[..., Any]:
     ``"file.py:Name"`` names (adapted for ``kind``, see :func:`register_adapter`); an unknown name lists the valid
     ones."""
     valid = names(kind)
+    if not isinstance(name, str):
+        raise RegistryError(f"The {kind} name must be a string, found {name!r}; valid names: {', '.join(valid)}.")
     if name in _REGISTRY[kind]:
         return _REGISTRY[kind][name]
     if ":" in name:
@@ -132,5 +139,17 @@ def lookup(kind: str, name: str) -> Callable[..., Any]:
 
 
 def build(kind: str, name: str, **params: Any) -> Any:
-    """Build the component registered as ``name`` under ``kind`` with its parameters."""
-    return lookup(kind, name)(**params)
+    """Build the component registered as ``name`` under ``kind`` with its parameters (a parameter it does not take,
+    or a required one left out, is a ConfigError that lists what it takes)."""
+    factory = lookup(kind, name)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: let the call check
+        return factory(**params)
+    try:
+        signature.bind(**params)
+    except TypeError as err:
+        takes = [n for n, p in signature.parameters.items()
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"]
+        raise ConfigError(f"{kind} {name!r}: {err}; it takes {', '.join(takes) or 'no parameters'}.") from None
+    return factory(**params)

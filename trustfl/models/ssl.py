@@ -27,6 +27,7 @@ from torch import nn
 
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
+from trustfl.models.zoo import check_input_shape
 
 OUTPUTS = ("projector", "backbone", "predictor", "projector_predictor")
 PREDICTOR = "predictor."
@@ -118,7 +119,7 @@ class SCMLP(_EncoderProjector):
                  predictor: Sequence[int] | None = None) -> None:
         super().__init__()
         self.init = _check_init(init)
-        sizes = [int(math.prod(input_shape)), *_sizes("hidden", hidden)]
+        sizes = [int(math.prod(check_input_shape(input_shape))), *_sizes("hidden", hidden)]
         layers: list[nn.Module] = [nn.Flatten()]
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), nn.ReLU()]
@@ -150,7 +151,7 @@ class SCCNN(_EncoderProjector):
                  init: str = "default", predictor: Sequence[int] | None = None) -> None:
         super().__init__()
         self.init = _check_init(init)
-        shape = tuple(input_shape)
+        shape = check_input_shape(input_shape)
         if len(shape) != 3 or shape[1] < 4 or shape[2] < 4:
             raise ConfigError(f"model 'sc_cnn' needs images (C, H, W) with H, W >= 4, found input shape {shape}.")
         c1, c2 = _sizes("channels", channels)[:2] if len(channels) >= 2 else (None, None)

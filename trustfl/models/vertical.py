@@ -19,6 +19,7 @@ from torch import nn
 
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
+from trustfl.models.zoo import check_input_shape, check_outputs
 
 PARTY_MODELS = ("mlp", "cnn")
 
@@ -96,9 +97,9 @@ class VerticalModel(nn.Module):
             else:
                 parties.append(_mlp([len(cols), *party_hidden, embedding_dim], last_relu=True))
         self.parties = nn.ModuleList(parties)
-        self.head = _mlp([len(blocks) * embedding_dim, *head_hidden, num_classes], last_relu=False)
+        self.head = _mlp([len(blocks) * embedding_dim, *head_hidden, check_outputs(num_classes)], last_relu=False)
         self.embedding_dim = embedding_dim
-        self.num_features = int(math.prod(input_shape))
+        self.num_features = int(math.prod(check_input_shape(input_shape)))
         for m, cols in enumerate(blocks):
             self.register_buffer(f"block_{m}", torch.as_tensor(list(cols), dtype=torch.long), persistent=False)
 

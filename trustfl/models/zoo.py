@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,8 +16,23 @@ from trustfl.core.registry import lookup, register, register_adapter
 from trustfl.errors import ConfigError
 
 
+def check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of positive integers (a ConfigError otherwise)."""
+    shape = tuple(input_shape) if isinstance(input_shape, Sequence) and not isinstance(input_shape, str) else None
+    if not shape or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1 for d in shape):
+        raise ConfigError(f"`input_shape` must be a non-empty sequence of positive integers, found {input_shape!r}.")
+    return tuple(int(d) for d in shape)
+
+
+def check_outputs(num_classes: int) -> int:
+    """``num_classes`` (the model's outputs) as a positive integer (a ConfigError otherwise)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+        raise ConfigError(f"`num_classes` (the model's outputs) must be a positive integer, found {num_classes!r}.")
+    return int(num_classes)
+
+
 def _features(input_shape: Sequence[int]) -> int:
-    return int(math.prod(input_shape))
+    return int(math.prod(check_input_shape(input_shape)))
 
 
 @register("model", "logreg")
@@ -25,7 +41,7 @@ class LogisticRegression(nn.Module):
 
     def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
         super().__init__()
-        self.linear = nn.Linear(_features(input_shape), num_classes)
+        self.linear = nn.Linear(_features(input_shape), check_outputs(num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x.flatten(1))
@@ -43,7 +59,7 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), nn.ReLU()]
-        layers.append(nn.Linear(sizes[-1], num_classes))
+        layers.append(nn.Linear(sizes[-1], check_outputs(num_classes)))
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +86,7 @@ class CafCorCNN(nn.Module):
         self.conv2 = nn.Conv2d(20, 50, 5)
         flat = 50 * (((self.side - 4) // 2 - 4) // 2) ** 2
         self.fc1 = nn.Linear(flat, 500)
-        self.fc2 = nn.Linear(500, num_classes)
+        self.fc2 = nn.Linear(500, check_outputs(num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _as_image(x, self.channels, self.side)
@@ -92,7 +108,7 @@ class RobustHDPCNN(nn.Module):
         self.channels, self.side = _image_geometry(input_shape, "cnn_rhdp")
         self.conv1 = nn.Conv2d(self.channels, 16, 5, padding=2)
         self.conv2 = nn.Conv2d(16, 32, 5, padding=2)
-        self.fc = nn.Linear(32 * (self.side // 4) ** 2, num_classes)
+        self.fc = nn.Linear(32 * (self.side // 4) ** 2, check_outputs(num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _as_image(x, self.channels, self.side)
@@ -102,7 +118,7 @@ class RobustHDPCNN(nn.Module):
 
 
 def _image_geometry(input_shape: Sequence[int], name: str) -> tuple[int, int]:
-    shape = tuple(input_shape)
+    shape = check_input_shape(input_shape)
     if len(shape) == 3 and shape[1] == shape[2]:
         channels, side = shape[0], shape[1]
     elif len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0]:

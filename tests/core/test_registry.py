@@ -1,0 +1,52 @@
+"""The public registry (``trustfl.build``, ``lookup``, ``register``): a caller's mistake is a TrustFLError that says
+what the component takes, never a TypeError or a torch RuntimeError from deep inside."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import trustfl
+from trustfl.core import registry
+from trustfl.errors import ConfigError, RegistryError
+
+
+@pytest.mark.parametrize("kind, name, params, error, fragment", [
+    ("aggregator", 5, {}, RegistryError, "The aggregator name must be a string, found 5; valid names: caf"),
+    ("aggregator", None, {}, RegistryError, "must be a string, found None"),
+    ("aggregator", "cwtm", {"f": 1, "bogus": 1}, ConfigError,
+     "aggregator 'cwtm': got an unexpected keyword argument 'bogus'; it takes f"),
+    ("aggregator", "cwtm", {}, ConfigError, "missing a required argument: 'f'"),
+    ("objective", "cross_entropy", {"weight": 1.0}, ConfigError, "it takes no parameters"),
+    ("dataset", "digits", {"nope": 1}, ConfigError, "it takes data_dir, seed, max_train, max_test"),
+    ("model", "mlp", {"num_classes": 3}, ConfigError, "missing a required argument: 'input_shape'"),
+])
+def test_build_refuses_what_the_component_does_not_take(kind, name, params, error, fragment):
+    with pytest.raises(error) as err:
+        trustfl.build(kind, name, **params)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("name, shape, classes, fragment", [
+    ("mlp", (0,), 10, "`input_shape` must be"), ("mlp", (-1,), 10, "`input_shape` must be"),
+    ("mlp", 5, 3, "`input_shape` must be"), ("mlp", (), 3, "`input_shape` must be"),
+    ("mlp", (5,), -3, "`num_classes`"), ("logreg", (3,), True, "`num_classes`"), ("logreg", (3,), 0, "`num_classes`"),
+    ("cnn_cafcor", (0, 28, 28), 10, "`input_shape` must be"), ("cnn_rhdp", (1, 28, 28), 0, "`num_classes`"),
+    ("sc_mlp", (0, 3), 0, "`input_shape` must be"), ("sc_cnn", (1, -8, 8), 0, "`input_shape` must be"),
+])
+def test_models_refuse_shapes_they_cannot_have(name, shape, classes, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        trustfl.build("model", name, input_shape=shape, num_classes=classes)
+
+
+def test_models_take_numpy_and_torch_sizes():
+    a = trustfl.build("model", "mlp", input_shape=(np.int64(4),), num_classes=np.int64(3), hidden=[5])
+    b = trustfl.build("model", "mlp", input_shape=torch.Size([4]), num_classes=3, hidden=[5])
+    assert [p.shape for p in a.parameters()] == [p.shape for p in b.parameters()] == [(5, 4), (5,), (3, 5), (3,)]
+
+
+@pytest.mark.parametrize("kind, name", [("aggregator", ""), ("", "x"), (None, "x"), ("aggregator", 3), ("a", "  ")])
+def test_register_refuses_empty_or_non_string_names(kind, name):
+    with pytest.raises(RegistryError, match="must be a non-empty string"):
+        registry.register(kind, name)
+    assert "" not in registry.kinds()
