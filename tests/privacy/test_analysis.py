@@ -68,10 +68,35 @@ def test_epsilon_edge_cases_and_monotonicity():
     dict(noise_multiplier=1.0, sample_rate=0.1, steps=-1, delta=1e-5),
     dict(noise_multiplier=1.0, sample_rate=0.1, steps=10, delta=1e-5, accountant="moments"),
     dict(noise_multiplier=1.0, sample_rate=0.1, steps=10, delta=1e-5, sampling="shuffle"),
+    dict(noise_multiplier=None, sample_rate=0.1, steps=10, delta=1e-5),
+    dict(noise_multiplier="1", sample_rate=0.1, steps=10, delta=1e-5),
+    dict(noise_multiplier=1.0, sample_rate=None, steps=10, delta=1e-5),
+    dict(noise_multiplier=1.0, sample_rate=True, steps=10, delta=1e-5),
+    dict(noise_multiplier=1.0, sample_rate=0.1, steps=True, delta=1e-5),
+    dict(noise_multiplier=1.0, sample_rate=0.1, steps=None, delta=1e-5),
+    dict(noise_multiplier=1.0, sample_rate=0.1, steps=10, delta="x"),
+    dict(noise_multiplier=1e-10, sample_rate=0.1, steps=1, delta=1e-5, accountant="pld"),  # PLD's grid overflows
 ])
 def test_epsilon_rejects_bad_arguments(kwargs):
     with pytest.raises(PrivacyError):
         gaussian.epsilon_subsampled_gaussian(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(epsilon=None, delta=1e-5, sample_rate=0.1, steps=10), dict(epsilon=1.0, delta=None, sample_rate=0.1, steps=10),
+    dict(epsilon=1.0, delta=1e-5, sample_rate="x", steps=10), dict(epsilon=1.0, delta=1e-5, sample_rate=0.1, steps=None),
+    dict(epsilon=1.0, delta=1e-5, sample_rate=0.1, steps=10, tol=None),
+])
+def test_calibration_rejects_arguments_that_are_not_numbers(kwargs):
+    with pytest.raises(PrivacyError, match="must be"):
+        gaussian.calibrate_noise_multiplier(**kwargs)
+
+
+@pytest.mark.parametrize("q", [1e-4, 0.1, 0.99])
+def test_a_vanishing_noise_multiplier_never_reads_as_private(q):
+    # below about 1e-152 dp_accounting's RDP series fails (NaN orders) and its conversion returned ε = 0
+    eps = [gaussian.epsilon_subsampled_gaussian(z, q, 10, 1e-5) for z in (1e-3, 1e-100, 1e-150, 1e-153, 1e-160)]
+    assert eps[0] < eps[1] < eps[2] < eps[3] <= eps[4] == math.inf
 
 
 def test_pld_refuses_sampling_without_replacement():

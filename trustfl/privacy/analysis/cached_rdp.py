@@ -12,7 +12,9 @@ Nothing in dp_accounting is modified.
 Bitwise equal to ``RdpAccountant``: that accountant adds ``count · rdp(event)`` to its running vector once per
 leaf event (``SelfComposedDpEvent`` multiplies the count down, ``ComposedDpEvent`` composes its events in
 order). The cached vector of a leaf is a fresh accountant's ``0 + count · rdp(event)``, the same floats, and
-:meth:`CachedRdpAccountant._maybe_compose` adds them to the running vector in the same order.
+:meth:`CachedRdpAccountant._maybe_compose` adds them to the running vector in the same order. One departure: an
+order whose RDP dp_accounting returns as NaN (its series did not converge) counts as +inf, no bound, where
+``RdpAccountant`` would report ε = 0 for the whole vector.
 
 Example:
   >>> from dp_accounting import dp_event
@@ -127,7 +129,11 @@ def _define_accountant() -> type:
             if not do_compose:
                 return self._reference._maybe_compose(event, count, False)  # a check: changes nothing
             for leaf, n in _leaves(event, count):
-                self._rdp += self._vector(leaf, n)
+                vector = self._vector(leaf, n)
+                # An order whose RDP dp_accounting could not compute is NaN (its series did not converge, e.g. for a
+                # noise multiplier below about 1e-152); its compute_epsilon then returns ε = 0 for the whole
+                # vector. Such an order gives no bound: +inf, which its conversion skips.
+                self._rdp += np.where(np.isnan(vector), np.inf, vector) if np.isnan(vector).any() else vector
             return None
 
         def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import numbers
 from fractions import Fraction
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from trustfl.errors import PrivacyError, UnsupportedEventError
 
@@ -85,10 +85,19 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
     raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
 
 
+def check_real(name: str, value: Any) -> float:
+    """``value`` as a float when it is a real number (not a bool, a string or None), else a PrivacyError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise PrivacyError(f"`{name}` must be a number, found {value!r}.")
+    return float(value)
+
+
 def _check_common(sample_rate: float, steps: int, delta: float) -> None:
+    check_real("sample_rate", sample_rate)
+    check_real("delta", delta)
     if not 0.0 <= float(sample_rate) <= 1.0:
         raise PrivacyError(f"`sample_rate` must be in [0, 1], found {sample_rate!r}.")
-    if not isinstance(steps, numbers.Integral) or steps < 0:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
         raise PrivacyError(f"`steps` must be an integer >= 0, found {steps!r}.")
     if not 0.0 < float(delta) < 1.0:
         raise PrivacyError(f"`delta` must be in (0, 1), found {delta!r}.")
@@ -106,7 +115,7 @@ def sampled_gaussian_event(noise_multiplier: float, sample_rate: float, steps: i
 
     if sampling not in SAMPLINGS:
         raise PrivacyError(f"`sampling` must be one of {SAMPLINGS}, found {sampling!r}.")
-    z = float(noise_multiplier)
+    z = check_real("noise_multiplier", noise_multiplier)
     if not z >= 0 or math.isinf(z):
         raise PrivacyError(f"`noise_multiplier` must be a finite number >= 0, found {noise_multiplier!r}.")
     q = float(sample_rate)
@@ -167,8 +176,13 @@ def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, ste
         return 0.0
     if float(noise_multiplier) == 0.0:
         return math.inf
-    acc.compose(event)
-    return float(acc.get_epsilon(float(delta)))
+    try:
+        acc.compose(event)
+        return float(acc.get_epsilon(float(delta)))
+    except (ArithmeticError, ValueError, MemoryError) as err:  # e.g. PLD's grid for a vanishing noise multiplier
+        raise PrivacyError(f"the {accountant!r} accountant cannot analyse noise_multiplier = {noise_multiplier!r}, "
+                           f"sample_rate = {sample_rate!r}, steps = {steps!r}, delta = {delta!r} ({type(err).__name__}:"
+                           f" {err}); such a setting is outside what it computes (try the 'rdp' accountant).") from None
 
 
 def solve_decreasing(fn: Callable[[float], float], target: float, *, tol: float, lo: float, hi: float,
@@ -270,9 +284,9 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, sample_rate: float,
       PrivacyError: an argument is out of range or no z in [1e-3, 1e6] reaches ``epsilon``.
     """
     _check_common(sample_rate, steps, delta)
-    if not float(epsilon) > 0 or math.isinf(float(epsilon)):
+    if not check_real("epsilon", epsilon) > 0 or math.isinf(float(epsilon)):
         raise PrivacyError(f"`epsilon` must be a finite number > 0, found {epsilon!r}.")
-    if not float(tol) > 0:
+    if not check_real("tol", tol) > 0:
         raise PrivacyError(f"`tol` must be > 0, found {tol!r}.")
     if steps == 0 or float(sample_rate) == 0.0:
         raise PrivacyError(f"Nothing to calibrate: with steps = {steps} and sample_rate = {sample_rate} no "
