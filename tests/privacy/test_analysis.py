@@ -224,3 +224,13 @@ def test_rhdp_rounding_and_errors():
         rhdp.compute_z(-1.0, 2400, 16)
     with pytest.raises(PrivacyError, match="out of reach"):
         rhdp.compute_z(1e-4, 2400, 128, global_rounds=200)
+
+
+@pytest.mark.parametrize("z", [1e-200, 1e200])
+def test_a_noise_multiplier_the_rdp_series_cannot_take_is_a_privacy_error(z):
+    # σ² under- or overflows inside dp_accounting: a ZeroDivisionError / OverflowError crashed the run's ledger
+    with pytest.raises(PrivacyError, match="cannot analyse .*GaussianDpEvent"):
+        gaussian.epsilon_subsampled_gaussian(z, 0.1, 10, 1e-5)
+    ledger = gaussian.make_accountant("rdp")
+    with pytest.raises(PrivacyError, match="outside what it computes"):
+        ledger.compose(gaussian.sampled_gaussian_event(z, 0.1, 10))

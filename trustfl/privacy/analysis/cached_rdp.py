@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from trustfl.errors import PrivacyError
+
 if TYPE_CHECKING:
     from dp_accounting import dp_event
     from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
@@ -64,7 +66,11 @@ def _fresh_vector(event: dp_event.DpEvent, count: int, orders: _OrdersKey,
     from dp_accounting.rdp import rdp_privacy_accountant
 
     acc = rdp_privacy_accountant.RdpAccountant(orders=list(orders[0]), neighboring_relation=relation)
-    vector = acc.compose(event, count).rdp  # a copy, owned here
+    try:
+        vector = acc.compose(event, count).rdp  # a copy, owned here
+    except ArithmeticError as err:  # e.g. σ² underflows to 0 (z below about 1e-154) or overflows (z above 1e154)
+        raise PrivacyError(f"the RDP accountant cannot analyse {event} ({type(err).__name__}: {err}); its noise "
+                           f"multiplier is outside what it computes (about 1e-150 to 1e150).") from None
     vector.flags.writeable = False  # shared by every accountant that composes this event
     return vector
 

@@ -179,6 +179,8 @@ def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, ste
     try:
         acc.compose(event)
         return float(acc.get_epsilon(float(delta)))
+    except PrivacyError:
+        raise
     except (ArithmeticError, ValueError, MemoryError) as err:  # e.g. PLD's grid for a vanishing noise multiplier
         raise PrivacyError(f"the {accountant!r} accountant cannot analyse noise_multiplier = {noise_multiplier!r}, "
                            f"sample_rate = {sample_rate!r}, steps = {steps!r}, delta = {delta!r} ({type(err).__name__}:"
