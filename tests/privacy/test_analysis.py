@@ -83,8 +83,10 @@ def test_epsilon_rejects_bad_arguments(kwargs):
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(epsilon=None, delta=1e-5, sample_rate=0.1, steps=10), dict(epsilon=1.0, delta=None, sample_rate=0.1, steps=10),
-    dict(epsilon=1.0, delta=1e-5, sample_rate="x", steps=10), dict(epsilon=1.0, delta=1e-5, sample_rate=0.1, steps=None),
+    dict(epsilon=None, delta=1e-5, sample_rate=0.1, steps=10),
+    dict(epsilon=1.0, delta=None, sample_rate=0.1, steps=10),
+    dict(epsilon=1.0, delta=1e-5, sample_rate="x", steps=10),
+    dict(epsilon=1.0, delta=1e-5, sample_rate=0.1, steps=None),
     dict(epsilon=1.0, delta=1e-5, sample_rate=0.1, steps=10, tol=None),
 ])
 def test_calibration_rejects_arguments_that_are_not_numbers(kwargs):

@@ -27,6 +27,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from trustfl.errors import PrivacyError, UnsupportedEventError
+from trustfl.privacy.analysis.checked import checked
 
 if TYPE_CHECKING:  # dp_accounting (and scipy behind it) is imported by the functions that use it
     from dp_accounting import dp_event
@@ -48,6 +49,7 @@ __all__ = ["ACCOUNTANTS", "GDP_FORMS", "PLD_DISCRETIZATION", "SAMPLINGS", "calib
            "epsilon_subsampled_gaussian", "make_accountant", "sampled_gaussian_event", "solve_decreasing"]
 
 
+@checked
 def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
                     orders: Optional[Sequence[float]] = None) -> PrivacyAccountant:
     """A fresh dp_accounting accountant.
@@ -61,6 +63,9 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
         sampling without replacement).
       orders: RDP orders (RDP only); ``None`` uses :data:`DEFAULT_RDP_ORDERS`.
     """
+    if not isinstance(accountant, str) or not isinstance(neighboring, str):
+        raise PrivacyError(f"`accountant` and `neighboring` must be strings, found {accountant!r} and "
+                           f"{neighboring!r}.")
     if neighboring not in NEIGHBORINGS:
         raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
     from dp_accounting.privacy_accountant import NeighboringRelation
@@ -103,6 +108,7 @@ def _check_common(sample_rate: float, steps: int, delta: float) -> None:
         raise PrivacyError(f"`delta` must be in (0, 1), found {delta!r}.")
 
 
+@checked
 def sampled_gaussian_event(noise_multiplier: float, sample_rate: float, steps: int, sampling: str = "poisson",
                            dataset_size: Optional[int] = None) -> dp_event.DpEvent:
     """``steps`` compositions of the Gaussian mechanism (noise multiplier z) on a sample of rate q.
@@ -143,6 +149,7 @@ def _check_supported(accountant: str, sampling: str, sample_rate: float) -> None
                                     f"(sampling='without_replacement'); use accountant='rdp' or sampling='poisson'.")
 
 
+@checked
 def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
                                 accountant: str = "rdp", sampling: str = "poisson", *,
                                 dataset_size: Optional[int] = None,
@@ -187,6 +194,7 @@ def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, ste
                            f" {err}); such a setting is outside what it computes (try the 'rdp' accountant).") from None
 
 
+@checked
 def solve_decreasing(fn: Callable[[float], float], target: float, *, tol: float, lo: float, hi: float,
                      lo_limit: float = 1e-3, hi_limit: float = 1e6, name: str = "noise_multiplier") -> float:
     """Find x with ``target − tol <= fn(x) <= target`` for a decreasing ``fn`` (e.g. ε as a function of σ).
@@ -273,6 +281,7 @@ def _gdp_noise_guess(epsilon: float, delta: float, sample_rate: float, steps: in
     return z if 1e-3 <= z <= 1e6 else None
 
 
+@checked
 def calibrate_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int,
                                accountant: str = "rdp", sampling: str = "poisson", tol: float = 1e-4, *,
                                dataset_size: Optional[int] = None,

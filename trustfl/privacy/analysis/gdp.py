@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from trustfl.errors import PrivacyError
+from trustfl.privacy.analysis.checked import checked
 
 __all__ = ["delta_from_mu", "dpzv_noise_std", "epsilon_from_mu", "mu_from_epsilon", "mu_gaussian",
            "mu_poisson_clt", "mu_poisson_clt_first_order"]
@@ -41,6 +42,7 @@ def _delta_in_01(delta: float) -> float:
     return d
 
 
+@checked
 def mu_gaussian(noise_multiplier: float, steps: int = 1) -> float:
     """μ of ``steps`` compositions of the Gaussian mechanism with noise multiplier σ: μ = √T / σ."""
     sigma = _positive("noise_multiplier", noise_multiplier)
@@ -49,6 +51,7 @@ def mu_gaussian(noise_multiplier: float, steps: int = 1) -> float:
     return math.sqrt(steps) / sigma
 
 
+@checked
 def mu_poisson_clt(noise_multiplier: float, sample_rate: float, steps: int) -> float:
     """CLT μ of T Poisson-subsampled Gaussian steps: μ = q·√(T·(e^{1/σ²} − 1)) (Bu et al. 2020, Thm 4)."""
     sigma = _positive("noise_multiplier", noise_multiplier)
@@ -57,12 +60,14 @@ def mu_poisson_clt(noise_multiplier: float, sample_rate: float, steps: int) -> f
     return float(sample_rate) * math.sqrt(steps * math.expm1(1.0 / sigma**2))
 
 
+@checked
 def mu_poisson_clt_first_order(noise_multiplier: float, sample_rate: float, steps: int) -> float:
     """DPZV's Thm C.2 form μ = q·√T/σ: the σ → ∞ limit of :func:`mu_poisson_clt` (optimistic for small σ)."""
     sigma = _positive("noise_multiplier", noise_multiplier)
     return float(sample_rate) * math.sqrt(steps) / sigma
 
 
+@checked
 def delta_from_mu(epsilon: float, mu: float) -> float:
     """δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) for a μ-GDP mechanism (DPZV eq. 11).
 
@@ -85,6 +90,7 @@ def delta_from_mu(epsilon: float, mu: float) -> float:
     return float(min(1.0, max(0.0, first - second)))
 
 
+@checked
 def epsilon_from_mu(mu: float, delta: float) -> float:
     """The smallest ε with δ(ε; μ) <= ``delta``: a 1-D root find (δ is decreasing in ε)."""
     m = float(mu)
@@ -94,13 +100,16 @@ def epsilon_from_mu(mu: float, delta: float) -> float:
     if delta_from_mu(0.0, m) <= d:
         return 0.0
     hi = max(1.0, m * m)
-    while delta_from_mu(hi, m) > d:
+    while math.isinf(hi) or delta_from_mu(hi, m) > d:
+        if math.isinf(hi):  # μ = ∞ (no noise) or so large (μ² overflows) that no finite ε is found: no privacy
+            return math.inf
         hi *= 2.0
     from scipy import optimize
 
     return float(optimize.brentq(lambda e: delta_from_mu(e, m) - d, 0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
+@checked
 def mu_from_epsilon(epsilon: float, delta: float) -> float:
     """The largest μ whose mechanism is (ε, δ)-DP: root of δ(ε; μ) = δ on [1e-6, 50] (δ is increasing in μ)."""
     eps = float(epsilon)
@@ -117,6 +126,7 @@ def mu_from_epsilon(epsilon: float, delta: float) -> float:
     return float(optimize.brentq(lambda m: delta_from_mu(eps, m) - d, lo, hi, xtol=1e-14, rtol=1e-12))
 
 
+@checked
 def dpzv_noise_std(clip_norm: float, steps: int, dataset_size: int, mu: float) -> float:
     """DPZV's noise std σ_dp = 2C√T / (D·μ) (Thm 6.1), i.e. q·(2C/B)·√T/μ with q = B/D.
 

@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from trustfl.errors import PrivacyError
+from trustfl.privacy.analysis.checked import checked
 from trustfl.privacy.analysis.gaussian import solve_decreasing
 
 RHDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 65)))
@@ -54,6 +55,7 @@ def _rdp_one_step(q: float, z: float, orders: tuple[float, ...]) -> tuple[float,
     return tuple(float(r) for r in acc.rdp)
 
 
+@checked
 def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float,
                          orders: Sequence[float] = RHDP_ORDERS) -> np.ndarray:
     """RDP of **one** Poisson-sampled Gaussian step at ``orders``, from dp_accounting (cached per (q, z))."""
@@ -66,6 +68,7 @@ def rdp_poisson_gaussian(sample_rate: float, noise_multiplier: float,
     return np.asarray(_rdp_one_step(q, z, tuple(float(a) for a in orders)))
 
 
+@checked
 def classic_rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> float:
     """The classic RDP → (ε, δ) conversion ε = min_α [RDP(α) − log δ/(α − 1)] (Mironov 2017, Prop. 3)."""
     if not 0.0 < float(delta) < 1.0:
@@ -77,6 +80,7 @@ def classic_rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta:
     return float(np.nanmin(r - math.log(float(delta)) / (a - 1.0)))
 
 
+@checked
 def rhdp_epsilon(noise_multiplier: float, sample_rate: float, steps: float, delta: float,
                  orders: Sequence[float] = RHDP_ORDERS) -> float:
     """ε of ``steps`` (a real number, as in the paper's code) Poisson-sampled Gaussian steps, classic conversion."""
@@ -86,6 +90,7 @@ def rhdp_epsilon(noise_multiplier: float, sample_rate: float, steps: float, delt
     return classic_rdp_to_epsilon(orders, rdp, delta)
 
 
+@checked
 def calibrate_z(epsilon: float, sample_rate: float, steps: float, delta: float = 1e-4,
                 round_decimals: Optional[int] = 2, method: str = "bisect") -> float:
     """The noise multiplier z with ε(z) = ``epsilon`` (within 1e-6) under :func:`rhdp_epsilon`.
@@ -133,6 +138,7 @@ def calibrate_z(epsilon: float, sample_rate: float, steps: float, delta: float =
     return round(z, round_decimals) if round_decimals is not None else z
 
 
+@checked
 def compute_z(epsilon: float, dataset_size: int, batch_size: int, local_epochs: int = 1,
               global_rounds: int = 200, delta: float = 1e-4, round_decimals: Optional[int] = 2,
               method: str = "bisect") -> float:

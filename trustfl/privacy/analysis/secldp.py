@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from trustfl.errors import PrivacyError
+from trustfl.privacy.analysis.checked import checked
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ def _nonneg(name: str, value: float) -> float:
     return v
 
 
+@checked
 def lemma_a4_step(clip_norm: float, num_workers: int, num_byzantine: int, num_colluding: int,
                   sigma_cor: float, sigma_ind: float) -> float:
     """ε_step of Lemma A.4: one step is (α, α·ε_step)-SecRDP against a server colluding with q workers.
@@ -97,6 +99,7 @@ def lemma_a4_step(clip_norm: float, num_workers: int, num_byzantine: int, num_co
     return 2.0 * c * c / ((num_workers - num_colluding) * s_cor2 + s_ind2) * (1.0 + s_cor2 / residual)
 
 
+@checked
 def threat_model_step(threat_model: str, clip_norm: float, num_workers: int, num_byzantine: int,
                       sigma_cor: float, sigma_ind: float, num_colluding: Optional[int] = None) -> float:
     """ε_step (RDP slope per step) under a named threat model; see the module docstring.
@@ -125,6 +128,7 @@ def threat_model_step(threat_model: str, clip_norm: float, num_workers: int, num
     return 2.0 * c * c / (honest * s_ind**2)
 
 
+@checked
 def equivalent_noise_multiplier(step: float) -> float:
     """z_eff = 1/√(2ε_step): the Gaussian mechanism with the same Rényi divergences as one step."""
     s = float(step)
@@ -133,6 +137,7 @@ def equivalent_noise_multiplier(step: float) -> float:
     return 1.0 / math.sqrt(2.0 * s)
 
 
+@checked
 def step_event(step: float) -> dp_event.GaussianDpEvent:
     """The dp_accounting event of one CafCor step: a Gaussian with noise multiplier z_eff (exact)."""
     from dp_accounting import dp_event
@@ -140,6 +145,7 @@ def step_event(step: float) -> dp_event.GaussianDpEvent:
     return dp_event.GaussianDpEvent(equivalent_noise_multiplier(step))
 
 
+@checked
 def mironov_epsilon(step: float, steps: int, delta: float) -> float:
     """ε = Tε_step + 2√(Tε_step·log(1/δ)) (Mironov's conversion at the optimal real order)."""
     if not 0.0 < float(delta) < 1.0:
@@ -148,6 +154,7 @@ def mironov_epsilon(step: float, steps: int, delta: float) -> float:
     return x + 2.0 * math.sqrt(x * math.log(1.0 / float(delta)))
 
 
+@checked
 def secldp_epsilon(step: float, steps: int, delta: float, conversion: str = "opacus") -> float:
     """ε at ``delta`` after ``steps`` CafCor steps of RDP slope ``step`` (Thm 4.1 composition)."""
     if conversion not in CONVERSIONS:
@@ -162,6 +169,7 @@ def secldp_epsilon(step: float, steps: int, delta: float, conversion: str = "opa
     return epsilon_subsampled_gaussian(z, 1.0, steps, delta, "pld")
 
 
+@checked
 def calibrate_step(epsilon: float, delta: float, steps: int, conversion: str = "opacus",
                    tol: float = 1e-4) -> float:
     """The largest ε_step whose T-step composition is (ε, δ)-DP (ε within ``tol`` below the target).
@@ -202,6 +210,7 @@ class SecLdpNoise:
 _DEFAULT_RATIO = {"secldp": 0.0, "byzldp": 1.0}
 
 
+@checked
 def calibrate_secldp(threat_model: str, epsilon: float, delta: float, steps: int, clip_norm: float,
                      num_workers: int, num_byzantine: int, *, num_colluding: Optional[int] = None,
                      ind_to_cor: Optional[float] = None, conversion: str = "opacus",
@@ -235,6 +244,7 @@ def calibrate_secldp(threat_model: str, epsilon: float, delta: float, steps: int
     return SecLdpNoise(sigma_cor=0.0, sigma_ind=math.sqrt(unit / target), step=target)
 
 
+@checked
 def corollary_4_1_sigma(epsilon: float, delta: float, steps: int, clip_norm: float, num_workers: int,
                         num_byzantine: int) -> float:
     """Cor. 4.1's closed-form worst-case (q = f) calibration σ_cor = σ_ind = √(32C²T·log(1/δ) / (ε²(n−f))).
