@@ -267,3 +267,20 @@ def test_tensorboard_writes_every_rows_scalars(tmp_path, monkeypatch):
     resumed = run_experiment(None, resume=res.run_dir, progress=False, plots=False)
     assert _FakeWriter.made[-1].purge_step == 3
     assert {s for _, _, s in _FakeWriter.made[-1].scalars} == {3} and len(resumed.rows) == 3
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (open, ("ran-on-load.txt", "w"))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path, monkeypatch):
+    # resuming a run directory from elsewhere must not unpickle arbitrary objects (torch.load weights_only)
+    from trustfl.engine.loop import load_checkpoint
+    from trustfl.errors import CheckpointError
+
+    monkeypatch.chdir(tmp_path)
+    torch.save({"config_hash": "abc", "state": {"round": 1, "payload": _RunsCode()}}, tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        load_checkpoint(tmp_path, "abc")
+    assert not (tmp_path / "ran-on-load.txt").exists()

@@ -152,6 +152,13 @@ def test_trace_must_cover_exactly_the_clients(tmp_path):
         Trace(path=tmp_path / "absent.csv")
 
 
+@pytest.mark.parametrize("path", [1, True, 0, None, "", 2.5])
+def test_a_trace_path_that_is_not_a_string_is_refused(path):
+    # open(1) is the process's stdout: reading it as a trace, then closing it, silenced everything printed after
+    with pytest.raises(ConfigError, match=r"^`engine.speed.path` must be the path of a CSV file"):
+        Trace(path=path)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_draws_and_clock():
     dev = torch.device("cuda")

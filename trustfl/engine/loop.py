@@ -46,8 +46,8 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     path = run_dir / CHECKPOINT
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: nothing to resume (was checkpoint_every 0?).")
-    try:
-        data = torch.load(path, map_location=map_location, weights_only=False)
+    try:  # weights_only: tensors, numbers, strings and containers only, so a foreign file cannot run code
+        data = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # a truncated or foreign file
         raise CheckpointError(f"{path} cannot be read: {err}") from None
     if data.get("config_hash") != cfg_hash:

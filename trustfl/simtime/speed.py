@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -347,6 +348,9 @@ class Trace(AbstractSpeedModel):
     _counts: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.path, bool) or not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
+            # an int would be opened as a file descriptor (1: stdout, closed afterwards)
+            raise ConfigError(f"`{_KEY}.path` must be the path of a CSV file (a string), found {self.path!r}.")
         where = f"`{_KEY}.path` file {str(self.path)!r}"
         try:
             with open(self.path, newline="") as fh:
