@@ -50,3 +50,17 @@ def test_register_refuses_empty_or_non_string_names(kind, name):
     with pytest.raises(RegistryError, match="must be a non-empty string"):
         registry.register(kind, name)
     assert "" not in registry.kinds()
+
+
+@pytest.mark.parametrize("kind, name, params, fragment", [
+    ("attack", "alie_ls", {"aggregator_params": True}, "attack 'alie_ls' with {'aggregator_params': True}"),
+    ("server_optimizer", "sgd", {"lr": "x"}, "server_optimizer 'sgd'"),
+    ("evaluator", "class_accuracy", {"classes": 3.5}, "evaluator 'class_accuracy'"),
+    ("model", "vertical", {"input_shape": (4,), "num_classes": 2, "blocks": 2}, "`blocks` must be a non-empty list"),
+    ("model", "vertical", {"input_shape": (4,), "num_classes": 2, "blocks": [[0, 9]]}, r"column indices in \[0, 4\)"),
+    ("objective", "spectral_contrastive", {"reference": (1,)}, "`reference` must be an \\(H, H\\) tensor"),
+])
+def test_build_turns_ill_typed_parameters_into_config_errors(kind, name, params, fragment):
+    # a config reports these with the key (build_component); the Python API said TypeError / KeyError / AttributeError
+    with pytest.raises(ConfigError, match=fragment):
+        trustfl.build(kind, name, **params)

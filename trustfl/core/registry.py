@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from trustfl.errors import ConfigError, RegistryError
+from trustfl.errors import ConfigError, RegistryError, TrustFLError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -152,4 +152,9 @@ def build(kind: str, name: str, **params: Any) -> Any:
         takes = [n for n, p in signature.parameters.items()
                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"]
         raise ConfigError(f"{kind} {name!r}: {err}; it takes {', '.join(takes) or 'no parameters'}.") from None
-    return factory(**params)
+    try:
+        return factory(**params)
+    except (TypeError, ValueError) as err:  # a parameter of the wrong type: as a config's `[table]` reports it
+        if isinstance(err, TrustFLError):
+            raise
+        raise ConfigError(f"{kind} {name!r} with {params!r}: {err}") from None

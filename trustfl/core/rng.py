@@ -7,9 +7,12 @@ draws exactly what an uninterrupted one would.
 from __future__ import annotations
 
 import hashlib
+import numbers
 
 import numpy as np
 import torch
+
+from trustfl.errors import ConfigError
 
 SERVER = -1
 """Client id used for draws made by the server (cohort sampling, central noise, attacks)."""
@@ -28,6 +31,8 @@ def derive_seed(seed: int, *keys: object) -> int:
       >>> derive_seed(0, 1, 2, "noise") != derive_seed(0, 1, 3, "noise")
       True
     """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):  # 1.5 would be 1, inf an OverflowError
+        raise ConfigError(f"`seed` must be an integer, found {seed!r}.")
     text = repr((int(seed),) + tuple(keys)).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)
 

@@ -12,6 +12,7 @@ slice of the flat vector (:meth:`VerticalModel.slices`).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Sequence
 
 import torch
@@ -84,8 +85,17 @@ class VerticalModel(nn.Module):
             raise ConfigError(f"`model.embedding_dim` must be an integer >= 1, found {embedding_dim!r}.")
         party_hidden = _positive_ints("party_hidden", party_hidden)
         head_hidden = _positive_ints("head_hidden", head_hidden)
-        if not blocks:
-            raise ConfigError("the vertical model needs at least one feature block.")
+        input_shape = check_input_shape(input_shape)
+        num_features = int(math.prod(input_shape))
+        if not isinstance(blocks, Sequence) or isinstance(blocks, str) or not blocks or any(
+                not isinstance(cols, Sequence) or isinstance(cols, str) or not cols
+                or any(isinstance(c, bool) or not isinstance(c, numbers.Integral) or not 0 <= c < num_features
+                       for c in cols) for cols in blocks):
+            raise ConfigError(f"`blocks` must be a non-empty list of non-empty lists of column indices in "
+                              f"[0, {num_features}), found {blocks!r}.")
+        if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+            raise ConfigError(f"`model.width` must be an integer >= 0 (0: the input's last dimension), found "
+                              f"{width!r}.")
         width = width or int(input_shape[-1])
         parties: list[nn.Module] = []
         for m, cols in enumerate(blocks):
@@ -99,7 +109,7 @@ class VerticalModel(nn.Module):
         self.parties = nn.ModuleList(parties)
         self.head = _mlp([len(blocks) * embedding_dim, *head_hidden, check_outputs(num_classes)], last_relu=False)
         self.embedding_dim = embedding_dim
-        self.num_features = int(math.prod(check_input_shape(input_shape)))
+        self.num_features = num_features
         for m, cols in enumerate(blocks):
             self.register_buffer(f"block_{m}", torch.as_tensor(list(cols), dtype=torch.long), persistent=False)
 

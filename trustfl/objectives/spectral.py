@@ -208,6 +208,8 @@ class SpectralContrastive(AbstractObjective):
         check_number("alpha", self.alpha, low=0, high=1)
         check_number("mu", self.mu, low=0, low_open=True, finite=True, allow_none=True)
         check_number("scale", self.scale, low=0, low_open=True, finite=True)
+        if self.reference is not None and not isinstance(self.reference, torch.Tensor):
+            raise ConfigError(f"`reference` must be an (H, H) tensor or None, found {type(self.reference).__name__}.")
         if self.reference is not None and (self.reference.dim() != 2
                                            or self.reference.shape[0] != self.reference.shape[1]):
             raise ConfigError(f"`reference` must be a square (H, H) matrix, found {tuple(self.reference.shape)}.")
