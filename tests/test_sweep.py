@@ -126,6 +126,21 @@ def test_compare_cli_on_run_dirs_one_seed_has_no_std(sweep_dir, tmp_path, capsys
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_compare_of_a_diverged_run_gives_nan_and_inf_not_a_crash(sweep_dir, tmp_path):
+    # a run whose last row holds NaN / Infinity (e.g. it diverged): statistics' exact sums raised AttributeError
+    diverged = tmp_path / "diverged"
+    shutil.copytree(sweep_dir / "client.lr=0.05__seed=0", diverged)
+    rows = (diverged / "metrics.jsonl").read_text().splitlines()
+    rows[-1] = rows[-1].replace('"loss": ', '"loss": Infinity, "was": ', 1)
+    rows[-1] = rows[-1].replace('"accuracy": ', '"accuracy": NaN, "was_acc": ', 1)
+    (diverged / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    result = compare_runs([diverged, sweep_dir / "client.lr=0.05__seed=1"], write=False)
+    (row,) = result.rows
+    assert row["n"] == 2 and row["final_loss_mean"] == float("inf") and row["final_accuracy_mean"] != row[
+        "final_accuracy_mean"]  # NaN
+    assert row["final_loss_std"] != row["final_loss_std"]  # NaN: no spread of an infinite value
+
+
 def test_interrupted_sweep_reruns_only_what_is_missing(sweep_dir, tmp_path, calls):
     out = tmp_path / "sw"
     shutil.copytree(sweep_dir, out)

@@ -178,10 +178,13 @@ def _varied_keys(runs: list[RunRecord], ignore: frozenset[str]) -> list[str]:
 def _stats(values: list[float]) -> tuple[float, float | None]:
     if not values:
         return math.nan, None
-    mean = statistics.mean(values) if not any(math.isnan(v) for v in values) else math.nan
+    if not all(math.isfinite(v) for v in values):  # a diverged run (NaN or ±inf): statistics' exact sums refuse inf
+        mean = sum(values) / len(values)
+        return mean, (None if len(values) < 2 else math.nan)
+    mean = statistics.mean(values)
     if len(values) < 2:
         return mean, None
-    return mean, statistics.stdev(values) if not math.isnan(mean) else math.nan
+    return mean, statistics.stdev(values)
 
 
 def _primary(runs: list[RunRecord], metrics: list[str], metric: str | None) -> str:
