@@ -18,6 +18,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -126,12 +127,32 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
       ConfigError: under torchrun, a vertical engine (it does not split across processes).
       DistributedError: a malformed torchrun environment, or ranks that diverged.
     """
+    _check_arguments(cfg, out, resume, data_dir, checkpoint_every, stop_after, on_eval, engine)
     tune_allocator()
     ranks = ranks_from_env()
     with session(ranks):
         return _run(cfg, out, ranks, resume=resume, data_dir=data_dir, progress=progress,
                     checkpoint_every=checkpoint_every, stop_after=stop_after, on_eval=on_eval, plots=plots,
                     engine=engine, device=device)
+
+
+def _check_arguments(cfg: Any, out: Any, resume: Any, data_dir: Any, checkpoint_every: Any, stop_after: Any,
+                     on_eval: Any, engine: Any) -> None:
+    """Refuse :func:`run_experiment` arguments of the wrong kind before anything is built or written."""
+    def fail(name: str, value: Any, allowed: str) -> None:
+        raise ConfigError(f"run_experiment: `{name}` must be {allowed}, found {value!r}.")
+
+    if resume is None and not isinstance(cfg, ExperimentConfig):
+        fail("cfg", cfg, "an ExperimentConfig (e.g. from trustfl.config.load.load_config), or None with `resume`")
+    for name, value in (("out", out), ("resume", resume), ("data_dir", data_dir)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            fail(name, value, "a path (a string or os.PathLike) or None")
+    for name, value in (("checkpoint_every", checkpoint_every), ("stop_after", stop_after)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            fail(name, value, "an integer >= 0 or None")
+    for name, value in (("on_eval", on_eval), ("engine", engine)):
+        if value is not None and not callable(value):
+            fail(name, value, "a function or None")
 
 
 def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, resume: str | Path | None,

@@ -284,3 +284,20 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path, monkeypatc
     with pytest.raises(CheckpointError, match="cannot be read"):
         load_checkpoint(tmp_path, "abc")
     assert not (tmp_path / "ran-on-load.txt").exists()
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"out": 123}, "`out` must be a path"),
+    ({"checkpoint_every": -1}, "`checkpoint_every` must be an integer >= 0"),  # -1 checkpointed every round
+    ({"checkpoint_every": "x"}, "`checkpoint_every` must be an integer >= 0"),
+    ({"stop_after": -2}, "`stop_after` must be an integer >= 0"),
+    ({"data_dir": 5}, "`data_dir` must be a path"),
+    ({"on_eval": 5}, "`on_eval` must be a function"),
+    ({"engine": 5}, "`engine` must be a function"),
+    ({"cfg": None}, "`cfg` must be an ExperimentConfig"),
+])
+def test_run_experiment_refuses_arguments_of_the_wrong_kind_before_writing(kwargs, fragment, tmp_path):
+    args = {"cfg": _cfg(), "out": tmp_path / "run", **kwargs}
+    with pytest.raises(ConfigError, match=f"^run_experiment: {fragment}"):
+        run_experiment(args.pop("cfg"), args.pop("out"), progress=False, plots=False, **args)
+    assert not (tmp_path / "run").exists()
