@@ -83,6 +83,8 @@ def delta_from_mu(epsilon: float, mu: float) -> float:
         return 0.0
     if math.isinf(m):
         return 1.0
+    if math.isinf(eps):  # no failure probability is left at ε = ∞
+        return 0.0
     from scipy import special
 
     first = special.ndtr(-eps / m + m / 2.0)
