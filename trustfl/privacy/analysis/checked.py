@@ -36,7 +36,7 @@ _KINDS = {"float": ("float", False), "int": ("int", False), "Optional[float]": (
 
 
 def _kind(annotation: Any) -> tuple[str | None, bool]:
-    """(``"float"``, ``"int"`` or None, whether None is allowed) of a parameter's annotation."""
+    """(the check a parameter's annotation asks for, or None; whether None is allowed)."""
     if not isinstance(annotation, str):
         annotation = getattr(annotation, "__name__", "")
     return _KINDS.get(annotation.replace(" ", ""), (None, False))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import numbers
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from trustfl.errors import PrivacyError, UnsupportedEventError
 from trustfl.privacy.analysis.checked import checked
@@ -90,16 +90,8 @@ def make_accountant(accountant: str = "rdp", neighboring: str = "add_remove",
     raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
 
 
-def check_real(name: str, value: Any) -> float:
-    """``value`` as a float when it is a real number (not a bool, a string or None), else a PrivacyError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise PrivacyError(f"`{name}` must be a number, found {value!r}.")
-    return float(value)
-
-
 def _check_common(sample_rate: float, steps: int, delta: float) -> None:
-    check_real("sample_rate", sample_rate)
-    check_real("delta", delta)
+    """Ranges (the types are checked by :func:`~trustfl.privacy.analysis.checked.checked`)."""
     if not 0.0 <= float(sample_rate) <= 1.0:
         raise PrivacyError(f"`sample_rate` must be in [0, 1], found {sample_rate!r}.")
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
@@ -121,7 +113,7 @@ def sampled_gaussian_event(noise_multiplier: float, sample_rate: float, steps: i
 
     if sampling not in SAMPLINGS:
         raise PrivacyError(f"`sampling` must be one of {SAMPLINGS}, found {sampling!r}.")
-    z = check_real("noise_multiplier", noise_multiplier)
+    z = float(noise_multiplier)
     if not z >= 0 or math.isinf(z):
         raise PrivacyError(f"`noise_multiplier` must be a finite number >= 0, found {noise_multiplier!r}.")
     q = float(sample_rate)
@@ -295,9 +287,9 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, sample_rate: float,
       PrivacyError: an argument is out of range or no z in [1e-3, 1e6] reaches ``epsilon``.
     """
     _check_common(sample_rate, steps, delta)
-    if not check_real("epsilon", epsilon) > 0 or math.isinf(float(epsilon)):
+    if not float(epsilon) > 0 or math.isinf(float(epsilon)):
         raise PrivacyError(f"`epsilon` must be a finite number > 0, found {epsilon!r}.")
-    if not check_real("tol", tol) > 0:
+    if not float(tol) > 0:
         raise PrivacyError(f"`tol` must be > 0, found {tol!r}.")
     if steps == 0 or float(sample_rate) == 0.0:
         raise PrivacyError(f"Nothing to calibrate: with steps = {steps} and sample_rate = {sample_rate} no "
