@@ -78,6 +78,23 @@ def test_bad_import_paths_are_one_line_config_errors(tmp_path, monkeypatch, name
     assert "model" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("where", ["plugins", "model"])
+def test_a_plugin_whose_own_code_raises_is_one_line_naming_it(tmp_path, monkeypatch, where):
+    (tmp_path / "broken.py").write_text("import math\n\nvalue = math.sqrt(-1)  # the user's bug\n")
+    monkeypatch.chdir(tmp_path)
+    from trustfl.config.build import build_federation
+    override = 'plugins=["broken.py"]' if where == "plugins" else 'model={name="broken.py:Net"}'
+    cfg = load_config(REPO / "configs" / "quickstart.toml", [override])
+    with pytest.raises(ConfigError) as err:
+        build_federation(cfg, quiet=True)
+    message = str(err.value)
+    assert "'broken.py'" in message and "raised ValueError: math domain error" in message and "\n" not in message
+    assert message.endswith(f"(at {tmp_path / 'broken.py'}, line 3)")
+    assert "trustfl_plugin_broken" not in sys.modules  # a failed import leaves nothing behind
+    with pytest.raises(ConfigError, match=r"`plugins\[0\]` is empty"):
+        build_federation(load_config(REPO / "configs" / "quickstart.toml", ['plugins=[""]']), quiet=True)
+
+
 def test_the_example_data_script_runs(tmp_path):
     out = subprocess.run([sys.executable, str(EXAMPLE / "make_data.py"), str(tmp_path / "s.csv")],
                          capture_output=True, text=True, check=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 import sys
+import traceback
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -79,12 +80,18 @@ def _stage_chain(kind: str, comps: list[Component], path: str):
 def import_plugins(cfg: ExperimentConfig) -> None:
     """Import the modules of ``plugins`` (module names, or ``.py`` paths relative to the working directory)."""
     for i, target in enumerate(cfg.plugins):
+        if not target.strip():
+            raise ConfigError(f"`plugins[{i}]` is empty; give a module name or the path of a .py file.")
         try:
             import_module_or_file(target)
         except (ImportError, SyntaxError) as err:
             raise ConfigError(f"`plugins[{i}]`: cannot import {target!r}: {err}") from None
         except TrustFLError as err:
             raise ConfigError(f"`plugins[{i}]` ({target!r}): {err}") from None
+        except Exception as err:  # the plugin's own code raised while it was imported: say where, in one line
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            raise ConfigError(f"`plugins[{i}]`: importing {target!r} raised {type(err).__name__}: {err} (at "
+                              f"{where.filename}, line {where.lineno})") from err
 
 
 def resolve_engine(cfg: ExperimentConfig, kind: str | None = None) -> AbstractEngine:

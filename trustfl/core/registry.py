@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import pkgutil
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -84,6 +85,12 @@ def import_object(spec: str) -> Any:
         obj = import_module_or_file(module_name)
     except (ImportError, SyntaxError) as err:
         raise RegistryError(f"cannot import {module_name!r} (from {spec!r}): {err}") from None
+    except RegistryError:
+        raise
+    except Exception as err:  # the module's own code raised while it was imported: say where, in one line
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        raise RegistryError(f"importing {module_name!r} (from {spec!r}) raised {type(err).__name__}: {err} (at "
+                            f"{where.filename}, line {where.lineno})") from err
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise RegistryError(f"{module_name!r} has no attribute {attr!r} (from {spec!r}).")
