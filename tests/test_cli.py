@@ -60,3 +60,17 @@ def test_import_flag_registers_parts_like_plugins(tmp_path, capsys, monkeypatch)
     assert "my_mean_from_flag" in capsys.readouterr().err
     assert main(args + ["--import", "myagg.py"]) == 0
     assert "valid" in capsys.readouterr().out
+
+
+def test_metrics_rows_that_are_not_trustfl_rows_are_one_line(tmp_path, capsys):
+    for body, fragment in (('[1, 2, 3]\n', "a row must be a JSON object, found list"),
+                           ('{"accuracy": 0.5}\n', "`round` must be an integer >= 0, found None"),
+                           ('{"round": "x"}\n', "`round` must be an integer >= 0, found 'x'"),
+                           ('{"round": 1}\n{"round": 1e400}\n', "line 2: `round` must be an integer >= 0, found inf")):
+        run = tmp_path / "run"
+        run.mkdir(exist_ok=True)
+        (run / "metrics.jsonl").write_text(body)
+        for command in (["report", str(run)], ["compare", str(run), "--no-plots", "--out", str(tmp_path)]):
+            assert main(command) == 2  # compare crashed with AttributeError on a JSON array
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and "is not a trustfl metrics file" in err and fragment in err, err

@@ -44,9 +44,19 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if line.strip():
                 rows.append(json.loads(line))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                _check_row(rows[-1])
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as err:
         raise UsageError(f"{path} is not a trustfl metrics file (line {number}: {err}).") from None
     return rows
+
+
+def _check_row(row: Any) -> None:
+    """A metrics row is a JSON object whose ``round`` is a whole number >= 0 (the key every reader sorts on)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, found {type(row).__name__}")
+    r = row.get("round")
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ValueError(f"`round` must be an integer >= 0, found {r!r}")
 
 
 def metric_rows(rows: Iterable[dict[str, Any]], metric: str | Sequence[str]) -> list[dict[str, Any]]:
