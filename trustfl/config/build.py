@@ -9,8 +9,6 @@ import inspect
 import math
 import sys
 import traceback
-import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,12 +18,13 @@ from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.device import device_info, on_device, resolve_engine_device
+from trustfl.config.model import build_config_model
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import import_module_or_file, lookup
-from trustfl.core.rng import derive_seed, numpy_rng
+from trustfl.core.rng import numpy_rng
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
 from trustfl.engine import chunking
@@ -35,9 +34,8 @@ from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
 from trustfl.engine.federation import ClientRows, CohortSampler, Federation
 from trustfl.engine.links import Links
 from trustfl.engine.local import LocalTraining, TrainData
-from trustfl.errors import BudgetExceededError, ConfigError, DataError, PrivacyError, RegistryError, TrustFLError
+from trustfl.errors import BudgetExceededError, ConfigError, PrivacyError, RegistryError, TrustFLError
 from trustfl.evaluate.base import default_evaluators
-from trustfl.models.zoo import build_model
 from trustfl.objectives.base import AbstractObjective
 from trustfl.server.downlink import Downlink
 from trustfl.types import ParamLayout
@@ -232,7 +230,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     blocks = feature_blocks(cfg, dataset, seed, info) if vertical else None
     if "notice" in info and not quiet:
         print(info["notice"], file=sys.stderr)
-    model = _build_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes),
+    model = build_config_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes),
                          blocks=None if blocks is None else [b.tolist() for b in blocks])
     model.to(device)  # built and seeded on the CPU (the same values on every device), then moved once
     params = {k: v.detach() for k, v in model.named_parameters()}
@@ -417,90 +415,6 @@ def _server_params(cfg: ExperimentConfig) -> dict[str, Any]:
     if s.optimizer == "sgd":
         return {"lr": s.lr, "momentum": s.momentum}
     return {"lr": s.lr, "beta1": s.beta1, "beta2": s.beta2, "tau": s.tau}
-
-
-def _build_model(cfg: ExperimentConfig, dataset, seed: int, num_outputs: int, blocks: list | None = None):
-    try:
-        lookup("model", cfg.model.name)
-    except RegistryError as err:
-        raise ConfigError(f"`model.name`: {err}") from None
-    params = {k: v for k, v in cfg.model.params.items() if k != "init_from"}
-    if "blocks" in params:
-        raise ConfigError("`model.blocks` is set by the feature split (`data.features`); remove it.")
-    if blocks is not None:
-        params["blocks"] = blocks
-    try:
-        model = build_model(cfg.model.name, dataset.input_shape, num_outputs, derive_seed(seed, "model"), **params)
-    except TypeError as err:
-        raise ConfigError(f"`model` ({cfg.model.name!r}): {err}") from None
-    except TrustFLError as err:
-        raise ConfigError(f"`model`: {err}") from None
-    except (RuntimeError, MemoryError, OverflowError) as err:  # e.g. a layer too large to allocate
-        raise ConfigError(f"`model` ({cfg.model.name!r}) cannot be built: {str(err).splitlines()[0]}") from None
-    if cfg.model.params.get("init_from"):
-        load_initial_weights(model, cfg.model.params["init_from"], cfg.model.name)
-    return model
-
-
-def _shape(t: torch.Tensor) -> str:
-    return str(tuple(t.shape))
-
-
-def load_initial_weights(model: torch.nn.Module, source: str, name: str = "") -> None:
-    """Load ``model.init_from`` into ``model`` in place: a file holding a ``state_dict()`` of the model (keys and
-    shapes as ``model.state_dict()``; e.g. a run's ``model.pt``) or a flat tensor of all its parameters in
-    ``named_parameters()`` order (the layout of trustfl's messages).
-
-    Raises:
-      ConfigError: the file does not exist.
-      DataError: the file is not a tensor file, or its keys, shapes, length or values do not fit the model.
-    """
-    path = Path(source).expanduser().resolve()
-    what = f"model {name!r}" if name else "the model"
-    if not path.is_file():
-        raise ConfigError(f"`model.init_from`: no file {str(path)!r} (a path is read from the working directory).")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # a truncated or foreign file, or pickled objects (never unpickled here)
-        if zipfile.is_zipfile(path) and "weights only" in str(err).lower():
-            raise DataError(f"`model.init_from`: {path} holds objects other than tensors (e.g. a pickled module), "
-                            f"which are not loaded; save the model's state_dict() (as a run's model.pt) or a flat "
-                            f"parameter tensor.") from None
-        raise DataError(f"`model.init_from`: {path} is not a tensor file written by torch.save "
-                        f"({type(err).__name__}).") from None
-    own = model.state_dict()
-    if isinstance(data, torch.Tensor):
-        names = [k for k, _ in model.named_parameters()]
-        layout = ParamLayout.of({k: own[k] for k in names})
-        if data.dim() != 1 or data.numel() != layout.numel:
-            raise DataError(f"`model.init_from`: {path} holds a tensor of shape {_shape(data)}; {what} takes a "
-                            f"flat tensor of shape ({layout.numel},) (all its parameters in named_parameters() "
-                            f"order) or a state_dict().")
-        loaded = dict(layout.unflatten(data))
-    elif isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
-        loaded = data
-        missing = [k for k in own if k not in loaded]
-        if missing:
-            raise DataError(f"`model.init_from`: {path} has no tensor {missing[0]!r}, which {what} has "
-                            f"({len(missing)} of its {len(own)} keys missing).")
-        extra = [k for k in loaded if k not in own]
-        if extra:
-            raise DataError(f"`model.init_from`: {path} has a tensor {extra[0]!r}, which {what} does not have "
-                            f"(its keys: {', '.join(own)}).")
-        for k, v in own.items():
-            if loaded[k].shape != v.shape:
-                raise DataError(f"`model.init_from`: {k!r} has shape {_shape(loaded[k])} in {path}, {what} "
-                                f"expects {_shape(v)}.")
-    else:
-        raise DataError(f"`model.init_from`: {path} holds a {type(data).__name__}, not a state_dict (a mapping of "
-                        f"names to tensors) or a flat parameter tensor.")
-    for k, v in loaded.items():
-        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
-            raise DataError(f"`model.init_from`: {k!r} in {path} holds non-finite values (NaN or Inf).")
-    with torch.no_grad():
-        for k, v in own.items():
-            if k in loaded:
-                v.copy_(loaded[k])
 
 
 def _recipe(name: str):

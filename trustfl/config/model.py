@@ -1,0 +1,102 @@
+"""The model a config names: built from the registry with seeded weights, or started from ``model.init_from``."""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import torch
+
+from trustfl.config.schema import ExperimentConfig
+from trustfl.core.registry import lookup
+from trustfl.core.rng import derive_seed
+from trustfl.data.datasets import Dataset
+from trustfl.errors import ConfigError, DataError, RegistryError, TrustFLError
+from trustfl.models.zoo import build_model
+from trustfl.types import ParamLayout
+
+
+def build_config_model(cfg: ExperimentConfig, dataset: Dataset, seed: int, num_outputs: int,
+                       blocks: list | None = None) -> torch.nn.Module:
+    """The model ``[model]`` names, built with weights drawn from ``seed`` (or loaded from ``model.init_from``),
+    ``num_outputs`` outputs and, for the vertical model, the feature ``blocks``; errors name the ``model`` key."""
+    try:
+        lookup("model", cfg.model.name)
+    except RegistryError as err:
+        raise ConfigError(f"`model.name`: {err}") from None
+    params = {k: v for k, v in cfg.model.params.items() if k != "init_from"}
+    if "blocks" in params:
+        raise ConfigError("`model.blocks` is set by the feature split (`data.features`); remove it.")
+    if blocks is not None:
+        params["blocks"] = blocks
+    try:
+        model = build_model(cfg.model.name, dataset.input_shape, num_outputs, derive_seed(seed, "model"), **params)
+    except TypeError as err:
+        raise ConfigError(f"`model` ({cfg.model.name!r}): {err}") from None
+    except TrustFLError as err:
+        raise ConfigError(f"`model`: {err}") from None
+    except (RuntimeError, MemoryError, OverflowError) as err:  # e.g. a layer too large to allocate
+        raise ConfigError(f"`model` ({cfg.model.name!r}) cannot be built: {str(err).splitlines()[0]}") from None
+    if cfg.model.params.get("init_from"):
+        load_initial_weights(model, cfg.model.params["init_from"], cfg.model.name)
+    return model
+
+
+def _shape(t: torch.Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def load_initial_weights(model: torch.nn.Module, source: str, name: str = "") -> None:
+    """Load ``model.init_from`` into ``model`` in place: a file holding a ``state_dict()`` of the model (keys and
+    shapes as ``model.state_dict()``; e.g. a run's ``model.pt``) or a flat tensor of all its parameters in
+    ``named_parameters()`` order (the layout of trustfl's messages).
+
+    Raises:
+      ConfigError: the file does not exist.
+      DataError: the file is not a tensor file, or its keys, shapes, length or values do not fit the model.
+    """
+    path = Path(source).expanduser().resolve()
+    what = f"model {name!r}" if name else "the model"
+    if not path.is_file():
+        raise ConfigError(f"`model.init_from`: no file {str(path)!r} (a path is read from the working directory).")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated or foreign file, or pickled objects (never unpickled here)
+        if zipfile.is_zipfile(path) and "weights only" in str(err).lower():
+            raise DataError(f"`model.init_from`: {path} holds objects other than tensors (e.g. a pickled module), "
+                            f"which are not loaded; save the model's state_dict() (as a run's model.pt) or a flat "
+                            f"parameter tensor.") from None
+        raise DataError(f"`model.init_from`: {path} is not a tensor file written by torch.save "
+                        f"({type(err).__name__}).") from None
+    own = model.state_dict()
+    if isinstance(data, torch.Tensor):
+        names = [k for k, _ in model.named_parameters()]
+        layout = ParamLayout.of({k: own[k] for k in names})
+        if data.dim() != 1 or data.numel() != layout.numel:
+            raise DataError(f"`model.init_from`: {path} holds a tensor of shape {_shape(data)}; {what} takes a "
+                            f"flat tensor of shape ({layout.numel},) (all its parameters in named_parameters() "
+                            f"order) or a state_dict().")
+        loaded = dict(layout.unflatten(data))
+    elif isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
+        loaded = data
+        missing = [k for k in own if k not in loaded]
+        if missing:
+            raise DataError(f"`model.init_from`: {path} has no tensor {missing[0]!r}, which {what} has "
+                            f"({len(missing)} of its {len(own)} keys missing).")
+        extra = [k for k in loaded if k not in own]
+        if extra:
+            raise DataError(f"`model.init_from`: {path} has a tensor {extra[0]!r}, which {what} does not have "
+                            f"(its keys: {', '.join(own)}).")
+        for k, v in own.items():
+            if loaded[k].shape != v.shape:
+                raise DataError(f"`model.init_from`: {k!r} has shape {_shape(loaded[k])} in {path}, {what} "
+                                f"expects {_shape(v)}.")
+    else:
+        raise DataError(f"`model.init_from`: {path} holds a {type(data).__name__}, not a state_dict (a mapping of "
+                        f"names to tensors) or a flat parameter tensor.")
+    for k, v in loaded.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise DataError(f"`model.init_from`: {k!r} in {path} holds non-finite values (NaN or Inf).")
+    with torch.no_grad():
+        for k, v in own.items():
+            if k in loaded:
+                v.copy_(loaded[k])
