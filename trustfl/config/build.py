@@ -8,7 +8,6 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-import traceback
 from typing import Any
 
 import numpy as np
@@ -86,10 +85,6 @@ def import_plugins(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"`plugins[{i}]`: cannot import {target!r}: {err}") from None
         except TrustFLError as err:
             raise ConfigError(f"`plugins[{i}]` ({target!r}): {err}") from None
-        except Exception as err:  # the plugin's own code raised while it was imported: say where, in one line
-            where = traceback.extract_tb(err.__traceback__)[-1]
-            raise ConfigError(f"`plugins[{i}]`: importing {target!r} raised {type(err).__name__}: {err} (at "
-                              f"{where.filename}, line {where.lineno})") from err
 
 
 def resolve_engine(cfg: ExperimentConfig, kind: str | None = None) -> AbstractEngine:

@@ -55,7 +55,24 @@ def register_adapter(kind: str, adapter: Callable[[Any, str], Callable[..., Any]
 
 def import_module_or_file(target: str) -> Any:
     """Import a module by name (the working directory on ``sys.path``) or a ``.py`` file by path (relative to the
-    working directory; imported once, as ``trustfl_plugin_<stem>``). Raises ImportError / SyntaxError."""
+    working directory; imported once, as ``trustfl_plugin_<stem>``).
+
+    Raises:
+      ImportError / SyntaxError: the module cannot be found or parsed, or its own code raised while it was imported
+        (then an ImportError naming that exception and the file and line where it was raised).
+      TrustFLError: raised by a registration in the module (e.g. a name registered twice).
+    """
+    try:
+        return _import(target)
+    except (ImportError, SyntaxError, TrustFLError):
+        raise
+    except Exception as err:  # the module's own code: say what and where, in one line
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        raise ImportError(f"its code raised {type(err).__name__}: {err} (at {where.filename}, line "
+                          f"{where.lineno})") from err
+
+
+def _import(target: str) -> Any:
     if target.endswith(".py"):
         path = Path(target).expanduser().resolve()
         if not path.is_file():
@@ -85,12 +102,6 @@ def import_object(spec: str) -> Any:
         obj = import_module_or_file(module_name)
     except (ImportError, SyntaxError) as err:
         raise RegistryError(f"cannot import {module_name!r} (from {spec!r}): {err}") from None
-    except RegistryError:
-        raise
-    except Exception as err:  # the module's own code raised while it was imported: say where, in one line
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        raise RegistryError(f"importing {module_name!r} (from {spec!r}) raised {type(err).__name__}: {err} (at "
-                            f"{where.filename}, line {where.lineno})") from err
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise RegistryError(f"{module_name!r} has no attribute {attr!r} (from {spec!r}).")
