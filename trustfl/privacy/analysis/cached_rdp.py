@@ -71,6 +71,11 @@ def _fresh_vector(event: dp_event.DpEvent, count: int, orders: _OrdersKey,
     except ArithmeticError as err:  # e.g. σ² underflows to 0 (z below about 1e-154) or overflows (z above 1e154)
         raise PrivacyError(f"the RDP accountant cannot analyse {event} ({type(err).__name__}: {err}); its noise "
                            f"multiplier is outside what it computes (about 1e-150 to 1e150).") from None
+    if np.isnan(vector).any():
+        # An order whose RDP dp_accounting could not compute is NaN (its series did not converge, e.g. for a noise
+        # multiplier below about 1e-152); its compute_epsilon then returns ε = 0 for the whole vector. Such an
+        # order gives no bound: +inf, which its conversion skips.
+        vector = np.where(np.isnan(vector), np.inf, vector)
     vector.flags.writeable = False  # shared by every accountant that composes this event
     return vector
 
@@ -135,11 +140,7 @@ def _define_accountant() -> type:
             if not do_compose:
                 return self._reference._maybe_compose(event, count, False)  # a check: changes nothing
             for leaf, n in _leaves(event, count):
-                vector = self._vector(leaf, n)
-                # An order whose RDP dp_accounting could not compute is NaN (its series did not converge, e.g. for a
-                # noise multiplier below about 1e-152); its compute_epsilon then returns ε = 0 for the whole
-                # vector. Such an order gives no bound: +inf, which its conversion skips.
-                self._rdp += np.where(np.isnan(vector), np.inf, vector) if np.isnan(vector).any() else vector
+                self._rdp += self._vector(leaf, n)
             return None
 
         def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:

@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 from fractions import Fraction
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -94,7 +93,7 @@ def _check_common(sample_rate: float, steps: int, delta: float) -> None:
     """Ranges (the types are checked by :func:`~trustfl.privacy.analysis.checked.checked`)."""
     if not 0.0 <= float(sample_rate) <= 1.0:
         raise PrivacyError(f"`sample_rate` must be in [0, 1], found {sample_rate!r}.")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+    if steps < 0:
         raise PrivacyError(f"`steps` must be an integer >= 0, found {steps!r}.")
     if not 0.0 < float(delta) < 1.0:
         raise PrivacyError(f"`delta` must be in (0, 1), found {delta!r}.")
