@@ -22,7 +22,7 @@ from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
-from trustfl.core.registry import import_module_or_file, lookup
+from trustfl.core.registry import import_module_or_file, keyword_parameters, lookup
 from trustfl.core.rng import numpy_rng
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
@@ -48,8 +48,7 @@ def build_component(kind: str, comp: Component, path: str, **extra: Any) -> Any:
         raise ConfigError(f"`{path}.name`: {err}") from None
     sig = inspect.signature(factory)
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
-    allowed = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               and n not in extra and n != "self"]
+    allowed = [n for n in keyword_parameters(sig) if n not in extra]
     for key in comp.params:
         if key not in allowed and not accepts_any:
             raise ConfigError(f"Unknown key `{path}.{key}` for {kind} {comp.name!r}; allowed: "

@@ -156,6 +156,12 @@ def lookup(kind: str, name: str) -> Callable[..., Any]:
                         f"'module:Name').")
 
 
+def keyword_parameters(signature: inspect.Signature) -> list[str]:
+    """The parameters a factory takes by keyword, in order (what a component table may set)."""
+    return [n for n, p in signature.parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"]
+
+
 def build(kind: str, name: str, **params: Any) -> Any:
     """Build the component registered as ``name`` under ``kind`` with its parameters (a parameter it does not take,
     or a required one left out, is a ConfigError that lists what it takes)."""
@@ -167,8 +173,7 @@ def build(kind: str, name: str, **params: Any) -> Any:
     try:
         signature.bind(**params)
     except TypeError as err:
-        takes = [n for n, p in signature.parameters.items()
-                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"]
+        takes = keyword_parameters(signature)
         raise ConfigError(f"{kind} {name!r}: {err}; it takes {', '.join(takes) or 'no parameters'}.") from None
     try:
         return factory(**params)
