@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from trustfl.client.linear_stack import applies, linear_stack, mean_grad
+from trustfl.client.linear_stack import applies, linear_stack, mean_grad, sgd_step
 from trustfl.client.per_example import batched_mean_grad
 from trustfl.models.zoo import MLP, LogisticRegression
 from trustfl.objectives.builtin import BinaryCrossEntropy, CrossEntropy, SquaredError
@@ -147,3 +147,49 @@ def test_objectives_and_params_it_cannot_compute_take_the_generic_path():
     assert not applies(linear_stack(plain), CrossEntropy(), {"0.weight": torch.zeros(2, 3, 4, dtype=torch.float64),
                                                             "0.bias": torch.zeros(2, 3, dtype=torch.float64)},
                        {**batch, "x": batch["x"].unsqueeze(2)})  # no Flatten: the input must be (m, B, features)
+
+
+@pytest.mark.parametrize("layout", ["row-major", "gradient layout"])
+@pytest.mark.parametrize("case", ["mlp, cross-entropy", "sequential with Flatten, no biases, mse",
+                                  "sequential without Flatten, bce"])
+def test_fused_sgd_step_equals_gradient_then_update(case, layout, device):
+    """sgd_step's in-place update is θ − η·mean_grad(θ), against the unfused path in float64 (1e-12), padded and
+    with an empty client (which must not move), on both memory layouts the executor keeps parameters in."""
+    build, objective, shape, targets = CASES[case]
+    gen = torch.Generator().manual_seed(11)
+    model = build().double().to(device)
+    params = _stacked(model, M, device, gen)
+    if layout == "gradient layout":
+        params = {k: v.transpose(1, 2).contiguous().transpose(1, 2) if v.dim() == 3 else v for k, v in params.items()}
+    x = torch.randn(M, B, *shape, generator=gen, dtype=torch.float64).to(device)
+    y = {"class": lambda: torch.randint(0, 3, (M, B), generator=gen),
+         "real2": lambda: torch.randn(M, B, 2, generator=gen, dtype=torch.float64),
+         "binary": lambda: torch.randint(0, 2, (M, B), generator=gen).double()}[targets]().to(device)
+    batch, mask, lr = {"x": x, "y": y}, _mask(device), 0.3
+    stack = linear_stack(model)
+    grads, want_losses = mean_grad(stack, objective, params, batch, mask.double())
+    want = {k: v - lr * grads[k] for k, v in params.items()}
+    stepped = {k: v.clone(memory_format=torch.preserve_format) for k, v in params.items()}
+    losses = sgd_step(stack, objective, stepped, batch, mask.double(), lr)
+    torch.testing.assert_close(losses, want_losses, rtol=1e-12, atol=1e-15)
+    for k in params:
+        torch.testing.assert_close(stepped[k], want[k], rtol=1e-12, atol=1e-15)
+        assert stepped[k].stride() == params[k].stride(), k  # updated in its own storage
+        assert torch.equal(stepped[k][2], params[k][2]), k  # the client without examples did not move
+        assert not torch.equal(stepped[k][0], params[k][0]), k
+
+
+def test_fused_sgd_step_in_float32_agrees_to_rounding():
+    """In float32 the fused product rounds W − η·GᵀH once where the unfused path rounds GᵀH first: not bitwise,
+    within a few units in the last place of the weights."""
+    gen = torch.Generator().manual_seed(5)
+    model = MLP((20,), 4, hidden=(16, 8))
+    params = {k: v.float() for k, v in _stacked(model, M, "cpu", gen).items()}
+    batch = {"x": torch.randn(M, B, 20, generator=gen), "y": torch.randint(0, 4, (M, B), generator=gen)}
+    mask = _mask("cpu")
+    stack = linear_stack(model)
+    grads, _ = mean_grad(stack, CrossEntropy(), params, batch, mask.float())
+    stepped = {k: v.clone() for k, v in params.items()}
+    sgd_step(stack, CrossEntropy(), stepped, batch, mask.float(), 0.5)
+    for k in params:
+        torch.testing.assert_close(stepped[k], params[k] - 0.5 * grads[k], rtol=1e-6, atol=1e-6)

@@ -121,6 +121,31 @@ def test_loss_sum_equals_sum_of_losses(name, make):
     assert abs(float(total) - ref) <= 1e-6 * abs(ref)
 
 
+@pytest.mark.parametrize("name,make", [
+    ("cross_entropy", lambda g: (torch.randn(9, 4, generator=g, dtype=DT) * 3, torch.randint(0, 4, (9,), generator=g))),
+    ("mse", lambda g: (torch.randn(9, 1, generator=g, dtype=DT), torch.randn(9, generator=g, dtype=DT))),
+    ("bce", lambda g: (torch.randn(9, 2, generator=g, dtype=DT), torch.randint(0, 2, (9, 2), generator=g).to(DT))),
+])
+def test_weighted_loss_grad_is_the_gradient_of_the_weighted_loss_sum(name, make):
+    """Per-example losses and ∂(Σ_n c_n ℓ_n)/∂z against hand-written derivatives (cross-entropy computes it in
+    closed form, the others by the default autograd), with a zero weight (a padded row: zero gradient)."""
+    obj = trustfl.build("objective", name)
+    out, y = make(_gen(8))
+    c = torch.rand(9, generator=_gen(9), dtype=DT)
+    c[3] = 0.0
+    losses, grad = obj.weighted_loss_grad(out, {"y": y}, c)
+    torch.testing.assert_close(losses, obj.losses(out, {"y": y}), rtol=1e-12, atol=1e-15)
+    if name == "cross_entropy":  # c_n (softmax(z_n) − e_{y_n})
+        want = (torch.softmax(out, 1) - torch.nn.functional.one_hot(y, 4).to(DT)) * c.unsqueeze(1)
+    elif name == "mse":  # ℓ_n = (z_n − y_n)²: 2 c_n (z_n − y_n)
+        want = 2 * (out - y.unsqueeze(1)) * c.unsqueeze(1)
+    else:  # ℓ_n = mean_k BCE: c_n (σ(z_nk) − y_nk) / K
+        want = (torch.sigmoid(out) - y) * c.unsqueeze(1) / out.shape[1]
+    assert grad.shape == out.shape
+    torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-15)
+    assert bool((grad[3] == 0).all())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # check_data and num_outputs
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from typing import ClassVar, Mapping
 import torch
 from torch import nn
 
-from trustfl.client.per_example import METHODS, batched_mean_grad, clipped_batch_mean, clipped_grad_sum
+from trustfl.client.per_example import (METHODS, batched_mean_grad, clipped_batch_mean, clipped_grad_sum,
+                                         fused_sgd_step)
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, PrivacyError
@@ -45,6 +46,13 @@ class AbstractGradientMethod(abc.ABC):
         ``full``: the caller knows (on the host) that every row of ``mask`` is real, so a method may skip masking.
         """
 
+    def sgd_step(self, model: nn.Module, objective: AbstractObjective, params: Params, batch: Batch,
+                 mask: torch.Tensor, lr: float) -> torch.Tensor | None:
+        """``θ_i ← θ_i − η g_i`` for every row in place, fused with :meth:`compute` where this method can, and the
+        losses ``(m,)``; ``None`` (nothing done) where it cannot. The executor asks only when the local chain is
+        this method and plain SGD, and every row steps. Default: ``None``."""
+        return None
+
 
 def _check_clip(clip: float) -> None:
     check_number("clip", clip, low=0, low_open=True, finite=True, error=PrivacyError)
@@ -57,6 +65,9 @@ class PlainGradient(AbstractGradientMethod):
 
     def compute(self, model, objective, params, batch, mask, cohort, full=False):
         return batched_mean_grad(model, objective, params, batch, mask, full, cohort.personal)
+
+    def sgd_step(self, model, objective, params, batch, mask, lr):
+        return fused_sgd_step(model, objective, params, batch, mask, lr)
 
 
 @register("gradient_method", "per_example")

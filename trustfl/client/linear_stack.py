@@ -13,6 +13,11 @@ on the weights' own memory layout, so the result is bitwise the generic path's (
 what goes is that path's per-step overhead: ``vmap``'s batching of every operation and the autograd graph through the
 model. The weight gradients keep the generic path's memory layout (``(m, out, in)`` stored ``(m, in, out)``).
 
+:func:`sgd_step` goes one step further for plain local SGD: it applies ``W ← W − η G_kᵀ h_{k−1}`` inside the product
+that computes the gradient (no gradient tensor, the weights streamed once), with ``G_L`` from the objective's
+``weighted_loss_grad`` (cross-entropy: ``softmax − one-hot`` in closed form). It agrees with :func:`mean_grad` and
+a separate update to float rounding, not bitwise.
+
 Any other model, a model with hooks, or an objective with its own forward takes the generic path.
 """
 from __future__ import annotations
@@ -98,16 +103,10 @@ def applies(stack: LinearStack | None, objective: AbstractObjective, params: Map
             and (stack.flattens or x.dim() == 3))
 
 
-def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
-              row_weights: torch.Tensor) -> tuple[Params, torch.Tensor]:
-    """Per-client gradients of the masked mean losses ``L_i = Σ_b w_ib ℓ_ib / max(Σ_b w_ib, 1)``, and the losses
-    ``(m,)``: what :func:`trustfl.client.per_example.batched_mean_grad` returns, for a model :func:`applies` to.
-
-    ``row_weights`` ``(m, B)``: 1 for a real row, 0 for padding, in the parameters' dtype.
-    """
-    m, b = row_weights.shape
+def _forward(stack: LinearStack, params: Mapping[str, torch.Tensor], x: torch.Tensor,
+             m: int, b: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each layer's input ``h_{k−1}`` ``(m, B, in)`` and the logits ``(m, B, out)``."""
     with torch.no_grad():
-        x = batch[objective.input_key]
         h = x.reshape(m, b, -1)
         inputs = []
         for k, (w_name, b_name) in enumerate(stack.layers):
@@ -119,11 +118,31 @@ def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[
                 h = h + params[b_name].detach().unsqueeze(1)
             if k < len(stack.layers) - 1:
                 h = h.relu_()
+    return inputs, h
+
+
+def _logit_grad(objective: AbstractObjective, logits: torch.Tensor, batch: Batch,
+                row_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``G_L = ∂(Σ_i L_i)/∂z`` ``(m, B, out)`` by autograd on the logits alone, and the losses ``L_i`` ``(m,)``."""
+    m, b = row_weights.shape
     with torch.enable_grad():
-        logits = h.detach().requires_grad_(True)
-        losses = objective.losses(logits.flatten(0, 1), flat_batch(batch, 2)).view(m, b)
+        leaf = logits.detach().requires_grad_(True)
+        losses = objective.losses(leaf.flatten(0, 1), flat_batch(batch, 2)).view(m, b)
         per_client = masked_mean(losses, row_weights)
-        (out_grad,) = torch.autograd.grad(per_client.sum(), [logits])
+        (out_grad,) = torch.autograd.grad(per_client.sum(), [leaf])
+    return out_grad, per_client.detach()
+
+
+def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
+              row_weights: torch.Tensor) -> tuple[Params, torch.Tensor]:
+    """Per-client gradients of the masked mean losses ``L_i = Σ_b w_ib ℓ_ib / max(Σ_b w_ib, 1)``, and the losses
+    ``(m,)``: what :func:`trustfl.client.per_example.batched_mean_grad` returns, for a model :func:`applies` to.
+
+    ``row_weights`` ``(m, B)``: 1 for a real row, 0 for padding, in the parameters' dtype.
+    """
+    m, b = row_weights.shape
+    inputs, logits = _forward(stack, params, batch[objective.input_key], m, b)
+    out_grad, losses = _logit_grad(objective, logits, batch, row_weights)
     grads: Params = {}
     with torch.no_grad():
         for k in range(len(stack.layers) - 1, -1, -1):
@@ -135,4 +154,39 @@ def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[
             if k:
                 out_grad = torch.ops.aten.threshold_backward(torch.bmm(out_grad, params[w_name].detach()),
                                                              inputs[k], 0)
-    return {name: grads[name] for name in params}, per_client.detach()
+    return {name: grads[name] for name in params}, losses
+
+
+def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
+             row_weights: torch.Tensor, lr: float) -> torch.Tensor:
+    """One local SGD step ``θ_i ← θ_i − η ∇L_i(θ_i)`` of every client in place, and the losses ``L_i`` ``(m,)``.
+
+    The gradients of :func:`mean_grad`, with each weight's update fused into the product that computes its gradient
+    (``W ← W − η G_kᵀ h_{k−1}``, one ``baddbmm_`` on the weight's own storage, after ``G_{k−1}`` has read ``W``):
+    no gradient tensor is allocated and the weights are streamed once instead of three times. BLAS rounds the fused
+    ``W − η·(GᵀH)`` differently from a separate subtraction: the result agrees with :func:`mean_grad` followed by
+    ``W − η g`` to float rounding, not bitwise (``tests/client/test_linear_stack.py``).
+    """
+    m, b = row_weights.shape
+    inputs, logits = _forward(stack, params, batch[objective.input_key], m, b)
+    # G_L from the objective's weighted_loss_grad (cross-entropy: in closed form) with c_ib = w_ib / max(Σ_b w_ib, 1)
+    scale = row_weights / row_weights.sum(1, keepdim=True).clamp(min=1)
+    per_example, out_grad = objective.weighted_loss_grad(logits.flatten(0, 1), flat_batch(batch, 2), scale.flatten())
+    losses = masked_mean(per_example.view(m, b), row_weights)
+    out_grad = out_grad.view(m, b, -1)
+    with torch.no_grad():
+        for k in range(len(stack.layers) - 1, -1, -1):
+            w_name, b_name = stack.layers[k]
+            weight = params[w_name]
+            below = None
+            if k:  # G_{k−1} from the weight before its update
+                below = torch.ops.aten.threshold_backward(torch.bmm(out_grad, weight), inputs[k], 0)
+            if weight.transpose(1, 2).is_contiguous():  # (m, in, out) storage: W_kᵀ ← W_kᵀ − η h_{k−1}ᵀ G_k
+                weight.transpose(1, 2).baddbmm_(inputs[k].transpose(1, 2), out_grad, alpha=-lr)
+            else:
+                weight.baddbmm_(out_grad.transpose(1, 2), inputs[k], alpha=-lr)
+            if b_name is not None:
+                params[b_name].sub_(out_grad.sum(1), alpha=lr)
+            if below is not None:
+                out_grad = below
+    return losses

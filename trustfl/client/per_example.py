@@ -36,6 +36,7 @@ from trustfl.client.cohort_forward import _cohort_forward
 from trustfl.client.ghost_plan import Plan, ghost_plan
 from trustfl.client.linear_stack import applies, linear_stack
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
+from trustfl.client.linear_stack import sgd_step as stack_sgd_step
 from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch, masked_mean
@@ -455,6 +456,20 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
         grads = torch.autograd.grad(per_client.sum(), list(leaves.values()), allow_unused=True)
     out = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
     return out, per_client.detach()
+
+
+def fused_sgd_step(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
+                   batch: Batch, mask: torch.Tensor, lr: float) -> torch.Tensor | None:
+    """A plain SGD step of every client in place, fused into its gradient computation, and the losses ``(m,)``,
+    for a stack of linear layers and ReLUs and several clients (:func:`trustfl.client.linear_stack.sgd_step`);
+    ``None`` (nothing done) for any other model, objective or a single client."""
+    if mask.shape[0] < 2 or objective.batch_coupled:
+        return None
+    stack = linear_stack(model)
+    if not applies(stack, objective, params_stacked, batch):
+        return None
+    w = mask.to(batch[objective.input_key].dtype)
+    return stack_sgd_step(stack, objective, params_stacked, batch, w, lr)  # type: ignore[arg-type]
 
 
 def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],

@@ -147,6 +147,12 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         if job.augment is not None:
             batch = job.augment.apply(batch, augment_state)
         step_cohort = replace(cohort, personal={**cohort.personal, **local}) if local else cohort
+        # after the first step (the parameters in their gradients' layout), a step every row takes may be fused
+        fused = chain.fused_step(job.model, job.objective, params, batch, masks[s]) \
+            if states is not None and everyone[s] and not local else None
+        if fused is not None:
+            loss_sum += fused.double()
+            continue
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], step_cohort, full[s])
         if states is None:
             params = _like_gradients(params, grads)

@@ -52,6 +52,16 @@ class AbstractObjective(abc.ABC):
         """``Σ_n losses[n]`` (an objective may compute it in one fused call)."""
         return self.losses(outputs, batch).sum()
 
+    def weighted_loss_grad(self, outputs: torch.Tensor, batch: Batch,
+                           weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(losses (N,), ∂(Σ_n c_n ℓ_n)/∂outputs)`` for per-example weights ``c`` ``(N,)``: autograd on the
+        outputs alone by default; an objective with a closed form overrides it (cross-entropy)."""
+        with torch.enable_grad():
+            leaf = outputs.detach().requires_grad_(True)
+            losses = self.losses(leaf, batch)
+            (grad,) = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), [leaf])
+        return losses.detach(), grad
+
     def per_example(self, model: nn.Module, params: Mapping[str, torch.Tensor],
                     batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(losses (N,), outputs)`` of one client's batch."""

@@ -26,6 +26,15 @@ class CrossEntropy(AbstractObjective):
     def loss_sum(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         return F.cross_entropy(outputs, batch["y"], reduction="sum")
 
+    def weighted_loss_grad(self, outputs: torch.Tensor, batch: Batch,
+                           weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ℓ_n`` and ``c_n (softmax(z_n) − e_{y_n})`` from one log-softmax (no autograd graph)."""
+        log_p = torch.log_softmax(outputs.detach(), -1)
+        y = batch["y"].unsqueeze(1)
+        losses = -log_p.gather(1, y).squeeze(1)
+        grad = log_p.exp_().scatter_add_(1, y, torch.full(y.shape, -1.0, dtype=log_p.dtype, device=y.device))
+        return losses, grad.mul_(weights.to(grad.dtype).unsqueeze(1))
+
     def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
         if targets.is_floating_point() or targets.dim() != 1 or num_classes < 2:
             raise ConfigError(f"`objective`: cross_entropy needs integer class labels of shape (N,) and >= 2 "
