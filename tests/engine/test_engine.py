@@ -7,6 +7,7 @@ import torch
 
 from trustfl.experiment import run_experiment
 from tests.engine.rounds import train
+from trustfl.engine.sync import run_round
 
 
 
@@ -53,6 +54,20 @@ def test_plain_sgd_steps_of_an_mlp_cohort_are_fused_and_agree_with_the_unfused_c
     torch.testing.assert_close(vec.params, seq.params, rtol=1e-5, atol=1e-5)
     for a, b in zip(hist, hist_unfused):
         assert math.isclose(a["train_loss"], b["train_loss"], rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("executor, chunk", [("vectorized", 0), ("vectorized", 2), ("sequential", 0)])
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_local_training_never_writes_into_the_round_s_starting_state(small_config, executor, chunk, momentum):
+    """Clients start from views of the received model (no copy until their first update): the state a round
+    started from, its server model included, is unchanged after the round."""
+    cfg = small_config(engine__executor=executor, engine__max_clients_per_batch=chunk, client__momentum=momentum,
+                       client__weight_decay=0.0)
+    fed, state, _ = train(cfg, 1)
+    before = state.params.clone()
+    after, _ = run_round(fed, state)
+    assert torch.equal(state.params, before)
+    assert not torch.equal(after.params, before)
 
 
 def test_vectorized_handles_unequal_sizes_and_batch_sizes(small_config):

@@ -123,10 +123,12 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans], device=device) \
         if any(p.flip_labels for p in plans) else False
 
+    owned = True  # params are this group's own tensors (else views of the received model, copied before a step)
     if start is None and job.chain.personalizes:  # FedU / FedEMA: each client mixes the global with its own model
         params = {k: v.clone() for k, v in layout.unflatten(job.chain.personalize(received, cohort)).items()}
-    elif start is None:
-        params = {k: v.detach().unsqueeze(0).repeat(m, *([1] * v.dim())) for k, v in layout.unflatten(received).items()}
+    elif start is None:  # the received model broadcast, no copy: the first step only reads it (see _like_gradients)
+        params = {k: v.detach().unsqueeze(0).expand(m, *v.shape) for k, v in layout.unflatten(received).items()}
+        owned = False
     elif job.chain.personalizes:
         raise ConfigError(f"`client.transforms`: {[n for n, t in job.chain.transforms if t.personalizes]} choose "
                           f"where a client starts each round, but this engine's clients continue from their own "
@@ -155,7 +157,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             continue
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], step_cohort, full[s])
         if states is None:
-            params = _like_gradients(params, grads)
+            params = _like_gradients(params, grads, owned)
             states = chain.init(params, cohort)
         if everyone[s]:
             loss_sum += losses.detach().double()
@@ -167,15 +169,24 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
                 local = job.objective.local_state_update(local, params, None if everyone[s] else has_step[s],
                                                          batch, masks[s])
     if states is None:
+        params = _like_gradients(params, {}, owned)
         states = chain.init(params, cohort)
-    end_flat = layout.flatten(params, batch_dims=1)
     steps_t = torch.tensor(num_steps, dtype=torch.float64, device=device)
-    client_state, extras = chain.finish(states, start_flat, end_flat, steps_t)
-    updates = end_flat - start_flat  # each client's progress from where it started (the received model by default)
+    if chain.transforms:
+        end_flat = layout.flatten(params, batch_dims=1)
+        client_state, extras = chain.finish(states, start_flat, end_flat, steps_t)
+        updates = end_flat - start_flat  # each client's progress from where it started (the received model by default)
+    else:  # nothing reads the end point: the same differences, written straight into the flat messages
+        client_state, extras = {}, {}
+        updates = torch.empty_like(start_flat, memory_format=torch.contiguous_format)
+        for out, end, begin in zip(layout.unflatten(updates).values(), (params[n] for n in layout.names),
+                                   layout.unflatten(start_flat).values()):
+            torch.sub(end, begin, out=out)
     return ClientResults(updates, (loss_sum / steps_t.clamp(min=1)).float(), num_steps, client_state, extras)
 
 
-def _like_gradients(params: dict[str, torch.Tensor], grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _like_gradients(params: dict[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
+                    owned: bool) -> dict[str, torch.Tensor]:
     """``params`` copied into the memory layout of their gradients where the two differ (same values).
 
     Batched linear layers return weight gradients transposed in memory (``(m, in, out)`` storage for an
@@ -183,15 +194,21 @@ def _like_gradients(params: dict[str, torch.Tensor], grads: Mapping[str, torch.T
     against its storage order, which costs several times a streaming update on the CPU (the whole stacked model
     is read and written every local step); once the parameters share the gradients' layout, the SGD step, the
     momentum and every gradient transform stream through both. Done once per round, before the first step.
+
+    ``owned`` False: ``params`` are still the received model broadcast over the clients (views of it, which the
+    first step only reads); every client's own copy is written here, once, in its gradient's layout.
     """
     out = {}
     for name, p in params.items():
         g = grads.get(name)
-        if g is None or g.shape != p.shape or g.stride() == p.stride():
+        if g is None or g.shape != p.shape:
+            out[name] = p if owned else p.clone(memory_format=torch.contiguous_format)
+            continue
+        if g.stride() == p.stride() and owned:
             out[name] = p
             continue
         like = torch.empty_like(g, dtype=p.dtype)  # the gradient's strides when they are dense, else row-major
-        out[name] = p if like.stride() == p.stride() else like.copy_(p)
+        out[name] = p if like.stride() == p.stride() and owned else like.copy_(p)
     return out
 
 
