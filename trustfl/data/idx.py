@@ -107,7 +107,9 @@ def read_idx(path: PathLike) -> np.ndarray:
                 arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
                 return arr.astype(dtype.newbyteorder("="), copy=True)
             shape, dtype, header = _layout(path, head, os.fstat(file.fileno()).st_size)
-            arr = np.empty(shape, dtype=dtype)
+            # a bytearray, not np.empty: NumPy asks for transparent huge pages for large arrays, and where the kernel
+            # must compact memory to find them, MNIST's 47 MB took 0.1 s to fault in instead of 0.02 s
+            arr = np.frombuffer(bytearray(int(np.prod(shape)) * dtype.itemsize), dtype=dtype).reshape(shape)
             file.seek(header)
             read = file.readinto(memoryview(arr).cast("B")) if arr.size else 0
     except FileNotFoundError as exc:
