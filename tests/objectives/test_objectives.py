@@ -146,6 +146,22 @@ def test_weighted_loss_grad_is_the_gradient_of_the_weighted_loss_sum(name, make)
     assert bool((grad[3] == 0).all())
 
 
+def test_a_cross_entropy_subclass_with_its_own_losses_gets_their_gradient_not_the_closed_form():
+    from trustfl.objectives.builtin import CrossEntropy
+
+    class Smoothed(CrossEntropy):
+        def losses(self, outputs, batch):
+            return torch.nn.functional.cross_entropy(outputs, batch["y"], reduction="none", label_smoothing=0.2)
+
+    out = torch.randn(6, 3, generator=_gen(2), dtype=DT)
+    y = torch.randint(0, 3, (6,), generator=_gen(3))
+    c = torch.full((6,), 0.5, dtype=DT)
+    losses, grad = Smoothed().weighted_loss_grad(out, {"y": y}, c)
+    target = 0.8 * torch.nn.functional.one_hot(y, 3).to(DT) + 0.2 / 3  # the smoothed target distribution
+    torch.testing.assert_close(grad, (torch.softmax(out, 1) - target) * 0.5, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(losses, -(target * torch.log_softmax(out, 1)).sum(1), rtol=1e-12, atol=1e-15)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # check_data and num_outputs
 # ---------------------------------------------------------------------------------------------------------------

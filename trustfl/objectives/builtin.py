@@ -28,7 +28,10 @@ class CrossEntropy(AbstractObjective):
 
     def weighted_loss_grad(self, outputs: torch.Tensor, batch: Batch,
                            weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``ℓ_n`` and ``c_n (softmax(z_n) − e_{y_n})`` from one log-softmax (no autograd graph)."""
+        """``ℓ_n`` and ``c_n (softmax(z_n) − e_{y_n})`` from one log-softmax (no autograd graph); a subclass that
+        computes other losses gets the autograd default."""
+        if type(self).losses is not CrossEntropy.losses:
+            return super().weighted_loss_grad(outputs, batch, weights)
         log_p = torch.log_softmax(outputs.detach(), -1)
         y = batch["y"].unsqueeze(1)
         losses = -log_p.gather(1, y).squeeze(1)
