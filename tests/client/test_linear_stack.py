@@ -193,3 +193,26 @@ def test_fused_sgd_step_in_float32_agrees_to_rounding():
     sgd_step(stack, CrossEntropy(), stepped, batch, mask.float(), 0.5)
     for k in params:
         torch.testing.assert_close(stepped[k], params[k] - 0.5 * grads[k], rtol=1e-6, atol=1e-6)
+
+
+def test_a_client_that_does_not_step_keeps_its_parameters_bitwise_even_non_finite():
+    """``active``: rows that sit the step out keep their parameters bit for bit, even a row whose weights hold inf
+    and NaN (whose products would give NaN times zero); the others take the step of the unfused path."""
+    gen = torch.Generator().manual_seed(13)
+    model = MLP((6,), 3, hidden=(5, 4)).double()
+    params = _stacked(model, M, "cpu", gen)
+    params["net.2.weight"][1, 0, 0] = float("inf")  # client 1 sits out, with non-finite weights
+    params["net.0.weight"][1, 2, 3] = float("nan")
+    batch = {"x": torch.randn(M, B, 6, generator=gen, dtype=torch.float64) * 1e200,  # huge inputs: inf activations
+             "y": torch.randint(0, 3, (M, B), generator=gen)}
+    batch["x"][0] /= 1e200  # client 0 steps on ordinary inputs
+    active = torch.tensor([True, False, True, False])
+    mask = _mask("cpu")
+    stack = linear_stack(model)
+    grads, _ = mean_grad(stack, CrossEntropy(), params, batch, mask.double())
+    stepped = {k: v.clone() for k, v in params.items()}
+    sgd_step(stack, CrossEntropy(), stepped, batch, mask.double(), 0.1, active)
+    for k in params:
+        for i in (1, 3):
+            assert torch.equal(stepped[k][i].nan_to_num(7.0), params[k][i].nan_to_num(7.0)), (k, i)
+        torch.testing.assert_close(stepped[k][0], params[k][0] - 0.1 * grads[k][0], rtol=1e-12, atol=1e-15)

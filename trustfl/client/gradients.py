@@ -47,10 +47,11 @@ class AbstractGradientMethod(abc.ABC):
         """
 
     def sgd_step(self, model: nn.Module, objective: AbstractObjective, params: Params, batch: Batch,
-                 mask: torch.Tensor, lr: float) -> torch.Tensor | None:
-        """``θ_i ← θ_i − η g_i`` for every row in place, fused with :meth:`compute` where this method can, and the
-        losses ``(m,)``; ``None`` (nothing done) where it cannot. The executor asks only when the local chain is
-        this method and plain SGD, and every row steps. Default: ``None``."""
+                 mask: torch.Tensor, lr: float, active: torch.Tensor | None) -> torch.Tensor | None:
+        """``θ_i ← θ_i − η g_i`` in place for the rows ``active`` marks (``None``: all; the others must keep their
+        parameters bitwise), fused with :meth:`compute` where this method can, and the losses ``(m,)``; ``None``
+        (nothing done) where it cannot. The executor asks only when the local chain is this method and plain SGD.
+        Default: ``None``."""
         return None
 
 
@@ -66,8 +67,8 @@ class PlainGradient(AbstractGradientMethod):
     def compute(self, model, objective, params, batch, mask, cohort, full=False):
         return batched_mean_grad(model, objective, params, batch, mask, full, cohort.personal)
 
-    def sgd_step(self, model, objective, params, batch, mask, lr):
-        return fused_sgd_step(model, objective, params, batch, mask, lr)
+    def sgd_step(self, model, objective, params, batch, mask, lr, active):
+        return fused_sgd_step(model, objective, params, batch, mask, lr, active)
 
 
 @register("gradient_method", "per_example")

@@ -158,7 +158,7 @@ def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[
 
 
 def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
-             row_weights: torch.Tensor, lr: float) -> torch.Tensor:
+             row_weights: torch.Tensor, lr: float, active: torch.Tensor | None = None) -> torch.Tensor:
     """One local SGD step ``θ_i ← θ_i − η ∇L_i(θ_i)`` of every client in place, and the losses ``L_i`` ``(m,)``.
 
     The gradients of :func:`mean_grad`, with each weight's update fused into the product that computes its gradient
@@ -166,6 +166,10 @@ def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[s
     no gradient tensor is allocated and the weights are streamed once instead of three times. BLAS rounds the fused
     ``W − η·(GᵀH)`` differently from a separate subtraction: the result agrees with :func:`mean_grad` followed by
     ``W − η g`` to float rounding, not bitwise (``tests/client/test_linear_stack.py``).
+
+    ``active`` ``(m,)`` (``None``: every row steps): a row that does not step keeps its parameters bitwise, even
+    non-finite ones. Its ``G_k`` and its layer inputs are set to exact zeros (``where``, not a product, so that an
+    inf or NaN of its own cannot reach its update): its products are exact zeros and ``W − η·0 = W``.
     """
     m, b = row_weights.shape
     inputs, logits = _forward(stack, params, batch[objective.input_key], m, b)
@@ -174,17 +178,20 @@ def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[s
     per_example, out_grad = objective.weighted_loss_grad(logits.flatten(0, 1), flat_batch(batch, 2), scale.flatten())
     losses = masked_mean(per_example.view(m, b), row_weights)
     out_grad = out_grad.view(m, b, -1)
+    steps = None if active is None else active.view(m, 1, 1)
     with torch.no_grad():
         for k in range(len(stack.layers) - 1, -1, -1):
             w_name, b_name = stack.layers[k]
-            weight = params[w_name]
+            weight, h = params[w_name], inputs[k]
+            if steps is not None:
+                out_grad, h = torch.where(steps, out_grad, 0.0), torch.where(steps, h, 0.0)
             below = None
             if k:  # G_{k−1} from the weight before its update
                 below = torch.ops.aten.threshold_backward(torch.bmm(out_grad, weight), inputs[k], 0)
             if weight.transpose(1, 2).is_contiguous():  # (m, in, out) storage: W_kᵀ ← W_kᵀ − η h_{k−1}ᵀ G_k
-                weight.transpose(1, 2).baddbmm_(inputs[k].transpose(1, 2), out_grad, alpha=-lr)
+                weight.transpose(1, 2).baddbmm_(h.transpose(1, 2), out_grad, alpha=-lr)
             else:
-                weight.baddbmm_(out_grad.transpose(1, 2), inputs[k], alpha=-lr)
+                weight.baddbmm_(out_grad.transpose(1, 2), h, alpha=-lr)
             if b_name is not None:
                 params[b_name].sub_(out_grad.sum(1), alpha=lr)
             if below is not None:

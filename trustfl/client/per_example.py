@@ -459,17 +459,19 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
 
 
 def fused_sgd_step(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
-                   batch: Batch, mask: torch.Tensor, lr: float) -> torch.Tensor | None:
-    """A plain SGD step of every client in place, fused into its gradient computation, and the losses ``(m,)``,
-    for a stack of linear layers and ReLUs and several clients (:func:`trustfl.client.linear_stack.sgd_step`);
-    ``None`` (nothing done) for any other model, objective or a single client."""
+                   batch: Batch, mask: torch.Tensor, lr: float,
+                   active: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A plain SGD step of the ``active`` clients (``None``: all) in place, fused into its gradient computation, and
+    the losses ``(m,)``, for a stack of linear layers and ReLUs and several clients
+    (:func:`trustfl.client.linear_stack.sgd_step`); ``None`` (nothing done) for any other model, objective or a
+    single client."""
     if mask.shape[0] < 2 or objective.batch_coupled:
         return None
     stack = linear_stack(model)
     if not applies(stack, objective, params_stacked, batch):
         return None
     w = mask.to(batch[objective.input_key].dtype)
-    return stack_sgd_step(stack, objective, params_stacked, batch, w, lr)  # type: ignore[arg-type]
+    return stack_sgd_step(stack, objective, params_stacked, batch, w, lr, active)  # type: ignore[arg-type]
 
 
 def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],

@@ -149,11 +149,12 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         if job.augment is not None:
             batch = job.augment.apply(batch, augment_state)
         step_cohort = replace(cohort, personal={**cohort.personal, **local}) if local else cohort
-        # after the first step (the parameters in their gradients' layout), a step every row takes may be fused
-        fused = chain.fused_step(job.model, job.objective, params, batch, masks[s]) \
-            if states is not None and everyone[s] and not local else None
+        # after the first step (the parameters in their gradients' layout) a step may be fused
+        active = None if everyone[s] else has_step[s]
+        fused = chain.fused_step(job.model, job.objective, params, batch, masks[s], active) \
+            if states is not None and not local else None
         if fused is not None:
-            loss_sum += fused.double()
+            loss_sum += fused.double() if everyone[s] else torch.where(has_step[s], fused.double(), 0.0)
             continue
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], step_cohort, full[s])
         if states is None:
@@ -164,10 +165,9 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         else:
             loss_sum += torch.where(has_step[s], losses.detach().double(), 0.0)
         with torch.no_grad():
-            chain.step(grads, states, params, None if everyone[s] else has_step[s])
+            chain.step(grads, states, params, active)
             if local:
-                local = job.objective.local_state_update(local, params, None if everyone[s] else has_step[s],
-                                                         batch, masks[s])
+                local = job.objective.local_state_update(local, params, active, batch, masks[s])
     if states is None:
         params = _like_gradients(params, {}, owned)
         states = chain.init(params, cohort)
