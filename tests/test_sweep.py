@@ -231,6 +231,29 @@ def test_bad_grid_and_unknown_keys_are_config_errors_before_anything_runs(tmp_pa
     assert calls == [] and not (tmp_path / "x").exists()
 
 
+def test_a_sweep_of_more_than_max_points_is_refused_before_anything_is_built(tmp_path, calls, capsys, monkeypatch):
+    """A typo such as --seeds 0-100000 is refused at once (no list of its seeds, no run directories), as is a grid
+    whose product with the seeds exceeds the cap; exactly the cap is allowed."""
+    from trustfl.report.sweep_points import MAX_POINTS
+
+    # 10^18 seeds: a range materialised before the check would run out of memory instead
+    with pytest.raises(ConfigError, match=r"--seeds '0-1000000000000000000' names more than 10,000 seeds"):
+        parse_seeds("0-1000000000000000000")
+    assert len(parse_seeds(f"0-{MAX_POINTS - 1}")) == MAX_POINTS
+    with pytest.raises(ConfigError, match=r"10,000 seeds"):
+        parse_seeds(f"0-{MAX_POINTS - 1},{MAX_POINTS}")
+    monkeypatch.setattr("trustfl.report.sweep.MAX_POINTS", 6)  # the product of grids and seeds, on a small cap
+    with pytest.raises(ConfigError, match=r"has 9 points \(3 values of client.lr × 3 seeds\); .* at most 6"):
+        run_sweep(TINY, ["client.lr=0.1,0.2,0.3"], "0-2", out=tmp_path / "x")
+    monkeypatch.undo()
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY_TOML)
+    assert main(["sweep", str(cfg), "--seeds", "0-20000", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "10,000" in err
+    assert calls == [] and not (tmp_path / "x").exists()
+
+
 def test_a_directory_of_another_config_is_refused(sweep_dir, tmp_path, calls):
     out = tmp_path / "sw"
     shutil.copytree(sweep_dir, out)

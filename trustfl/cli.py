@@ -95,9 +95,9 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json")
 def _make_run_dir(out: str, overwrite: bool = False) -> None:
     """Create ``--out`` now, so that an unusable path, or one that holds another run (unless ``overwrite``), is a
     one-line error before the experiment is built."""
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out!r} is a file, not a directory.")
+    from trustfl.core.runfiles import check_out_dir
+
+    path = check_out_dir(out)
     held = [name for name in RUN_FILES if (path / name).exists()]
     if held and not overwrite:
         raise UsageError(f"--out {out!r} already holds a run ({', '.join(held)}): continue it with `trustfl run "

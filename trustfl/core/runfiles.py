@@ -26,6 +26,14 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def check_out_dir(out: str | Path) -> Path:
+    """``out`` as a path for a command's ``--out`` directory, refused (UsageError) when it names a file."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file, not a directory.")
+    return path
+
+
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
 

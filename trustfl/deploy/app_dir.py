@@ -11,6 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
+from trustfl.core.runfiles import check_out_dir
 from trustfl.errors import UsageError
 
 PACKAGE = "trustfl_app"
@@ -51,8 +52,7 @@ def write_app(config: Path | str, out: Path | str, overrides: list[str] = (), ru
 
 def _check_out(out: Path) -> None:
     """Refuse an ``out`` that is a file, or that holds a ``pyproject.toml`` this command did not write."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file, not a directory.")
+    check_out_dir(out)
     project = out / "pyproject.toml"
     if project.is_file():
         try:

@@ -35,8 +35,10 @@ from typing import Any, Callable, Mapping, Sequence
 from trustfl.config.load import (apply_override, config_from_dict, config_to_dict, dump_toml, load_config,
                                  parse_override, read_toml)
 from trustfl.config.schema import ExperimentConfig
+from trustfl.core.runfiles import check_out_dir
 from trustfl.errors import CheckpointError, ConfigError, TrustFLError, UsageError
-from trustfl.report.sweep_points import _MAX_NAME, _digest, _grids, flatten_config, parse_seeds, point_name
+from trustfl.report.sweep_points import (_MAX_NAME, MAX_POINTS, _digest, _grids, flatten_config, parse_seeds,
+                                        point_name)
 
 __all__ = ["MANIFEST", "SweepPoint", "SweepResult", "load_manifest", "run_finished", "run_sweep"]
 
@@ -250,9 +252,12 @@ def run_sweep(config: str | Path | Mapping[str, Any], grid: Sequence[str] | Mapp
         seed_list = [seed] if isinstance(seed, int) and not isinstance(seed, bool) else parse_seeds(seed)
     else:
         seed_list = parse_seeds(seeds)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file, not a directory.")
+    out = check_out_dir(out)
+    count = math.prod(len(values) for _, values in grids) * len(seed_list)
+    if count > MAX_POINTS:
+        sizes = [f"{len(values)} values of {key}" for key, values in grids] + [f"{len(seed_list)} seeds"]
+        raise ConfigError(f"the sweep has {count:,} points ({' × '.join(sizes)}); a sweep runs at most "
+                          f"{MAX_POINTS:,}.")
 
     points: list[SweepPoint] = []
     for combo in itertools.product(*[values for _, values in grids]):

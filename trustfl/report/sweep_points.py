@@ -19,6 +19,9 @@ __all__ = ["flatten_config", "parse_grid", "parse_seeds", "point_name"]
 
 _SAFE = re.compile(r"[^A-Za-z0-9._,+=-]")
 _MAX_NAME = 150
+MAX_POINTS = 10_000
+"""The most points (grid values × seeds) one sweep runs: a larger request is a typo (``--seeds 0-100000``), refused
+before anything is built rather than filling the disk with run directories."""
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -80,7 +83,8 @@ def parse_seeds(text: str | int | Sequence[int]) -> list[int]:
     """``"0-2"`` → [0, 1, 2]; ``"0,3,5"``, ``"0-2,7"``; an int or a list of ints as they are.
 
     Raises:
-      ConfigError: a malformed range or number, a reversed range, a negative or repeated seed.
+      ConfigError: a malformed range or number, a reversed range, a negative or repeated seed, more than
+        :data:`MAX_POINTS` seeds.
     """
     if isinstance(text, bool):
         raise ConfigError(f"--seeds takes integers, found {text!r}.")
@@ -97,6 +101,9 @@ def parse_seeds(text: str | int | Sequence[int]) -> list[int]:
             lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
             if hi < lo:
                 raise ConfigError(f"--seeds: range {part!r} is reversed; write {hi}-{lo}.")
+            if len(seeds) + hi - lo + 1 > MAX_POINTS:
+                raise ConfigError(f"--seeds {text!r} names more than {MAX_POINTS:,} seeds; a sweep runs at most "
+                                  f"{MAX_POINTS:,} points.")
             seeds += range(lo, hi + 1)
     else:
         if not isinstance(text, (list, tuple, range)):
