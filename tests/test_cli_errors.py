@@ -155,3 +155,17 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "_cmd_list", bug)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["list"])
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("client.epochs=1000000000", "`client.epochs` = 1000000000 gives a client"),
+    ("client.steps=1000001", "`client.steps` = 1000001 gives a client 1,000,001 local steps per round"),
+])
+def test_a_local_schedule_too_long_to_draw_is_refused_before_training(small, tmp_path, capsys, setting, fragment):
+    """client.epochs = 10^9 asked torch for hundreds of GB for the round's batch schedule and crashed with a
+    traceback; it is one line naming the key, at validation and before any round."""
+    for command in (["validate", str(small)], ["run", str(small), "--out", str(tmp_path / "run"), "--quiet"]):
+        assert main([*command, "--set", setting]) == 2
+        line = _one_line(capsys)
+        assert fragment in line and "at most 1,000,000" in line
+    assert main(["validate", str(small), "--set", "client.steps=1000000"]) == 0  # the limit itself is allowed

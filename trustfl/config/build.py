@@ -32,7 +32,7 @@ from trustfl.engine.asynchronous import Timing
 from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
 from trustfl.engine.federation import ClientRows, CohortSampler, Federation
 from trustfl.engine.links import Links
-from trustfl.engine.local import LocalTraining, TrainData
+from trustfl.engine.local import LocalTraining, TrainData, check_local_steps
 from trustfl.errors import BudgetExceededError, ConfigError, PrivacyError, RegistryError, TrustFLError
 from trustfl.evaluate.base import default_evaluators
 from trustfl.objectives.base import AbstractObjective
@@ -239,6 +239,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     training = LocalTraining(sampler=sampler, lr=cfg.client.lr, epochs=cfg.client.epochs, steps=cfg.client.steps,
                              momentum=cfg.client.momentum, weight_decay=cfg.client.weight_decay,
                              dp_mode=dp.mode, clip=dp.clip, dp_method=dp.method, lr_schedule=cfg.client.lr_schedule)
+    check_local_steps(training, sizes, batch_sizes)
     if cfg.client.lr_schedule != "constant" and cfg.engine.kind != "sync":
         raise ConfigError(f"`client.lr_schedule` = {cfg.client.lr_schedule!r} runs in the synchronous engine only; "
                           f"`engine.kind` is {cfg.engine.kind!r}.")

@@ -19,6 +19,7 @@ import torch
 from trustfl.core.rng import make_generator
 from trustfl.data.population import AbstractPopulation, NotMaterialised
 from trustfl.data.sampling import AbstractBatchSampler
+from trustfl.errors import ConfigError
 
 if TYPE_CHECKING:
     from dp_accounting import dp_event
@@ -189,3 +190,23 @@ def num_local_steps(training: LocalTraining, num_samples: int, batch_size: int) 
     if training.steps > 0:
         return training.steps
     return training.epochs * math.ceil(num_samples / min(batch_size, num_samples))
+
+
+MAX_LOCAL_STEPS = 1_000_000
+"""The most local steps one client may take in a round: each round's batch schedule is drawn in memory (a step's
+indices), so ``client.epochs = 10**9`` would ask for hundreds of GB before the first step."""
+
+
+def check_local_steps(training: LocalTraining, sizes: Sequence[int], batch_sizes: Sequence[int]) -> None:
+    """Refuse (ConfigError naming ``client.epochs`` or ``client.steps``) a schedule that gives some client more
+    than :data:`MAX_LOCAL_STEPS` local steps per round."""
+    if not len(sizes):
+        return
+    n = torch.as_tensor(list(sizes), dtype=torch.float64)
+    b = torch.minimum(torch.as_tensor(list(batch_sizes), dtype=torch.float64), n.clamp(min=1))
+    per_epoch = int(torch.ceil(n / b).max())
+    steps = training.steps if training.steps > 0 else training.epochs * per_epoch
+    if steps > MAX_LOCAL_STEPS:
+        key, value = ("client.steps", training.steps) if training.steps > 0 else ("client.epochs", training.epochs)
+        raise ConfigError(f"`{key}` = {value} gives a client {steps:,} local steps per round; at most "
+                          f"{MAX_LOCAL_STEPS:,} (a round's batch schedule is drawn in memory).")
