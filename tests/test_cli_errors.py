@@ -169,3 +169,42 @@ def test_a_local_schedule_too_long_to_draw_is_refused_before_training(small, tmp
         line = _one_line(capsys)
         assert fragment in line and "at most 1,000,000" in line
     assert main(["validate", str(small), "--set", "client.steps=1000000"]) == 0  # the limit itself is allowed
+
+
+def test_an_allocation_that_fails_inside_a_round_is_one_line_saying_how_much(small, tmp_path, capsys, monkeypatch):
+    """torch's allocator failing in a round (recipe.views = 10^9 asked for 1 TB) was a traceback; it is one line
+    (ResourceError) naming the round, the amount and the settings that size a round. Other RuntimeErrors stay bugs."""
+    from trustfl.config.load import load_config
+    from trustfl.engine.sync import SyncEngine
+    from trustfl.errors import ResourceError
+    from trustfl.experiment import run_experiment
+
+    def fails(self, fed, state):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 1024000000000 bytes. Error code 12")
+    monkeypatch.setattr(SyncEngine, "run_round", fails)
+    assert main(["run", str(small), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    line = _one_line(capsys)
+    assert "round 1 needs more memory than this machine has (1,024.0 GB asked for)" in line and "cohort.size" in line
+
+    monkeypatch.setattr(SyncEngine, "run_round", lambda self, fed, state: (_ for _ in ()).throw(MemoryError()))
+    with pytest.raises(ResourceError, match="round 1 needs more memory"):
+        run_experiment(load_config(small), tmp_path / "run2", progress=False, plots=False)
+
+    monkeypatch.setattr(SyncEngine, "run_round", lambda self, fed, state: (_ for _ in ()).throw(
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied")))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as caught:
+        run_experiment(load_config(small), tmp_path / "run3", progress=False, plots=False)
+    assert not isinstance(caught.value, ResourceError)
+
+
+def test_a_views_shift_of_an_image_s_side_or_on_non_images_is_refused_at_validation(tmp_path, capsys):
+    config = "configs/fedsc/digits_canvas_1class.toml"
+    assert main(["validate", config, "--set", 'recipe.augment={shift_mode="keep", shift=10}']) == 2
+    assert "`client.augment.shift` (`recipe.augment.shift` in the self-supervised recipes) = 10 moves an image by " \
+           "its side (10 pixels) or more; at most 9" in _one_line(capsys)
+    assert main(["validate", config, "--set", 'recipe.augment={shift_mode="keep", shift=9}']) == 0
+    capsys.readouterr()
+    assert main(["validate", config, "--set", 'data.dataset="breast_cancer"', "--set",
+                 "data.partition={name=\"iid\"}"]) == 2
+    assert "augmentation 'views' needs image examples (C, H, W)" in _one_line(capsys)

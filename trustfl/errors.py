@@ -54,3 +54,8 @@ class MessageError(TrustFLError, ValueError):
 class DistributedError(TrustFLError):
     """A torchrun (``torch.distributed``) run that cannot go on: a malformed ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``,
     a part that does not run split across processes, or ranks that no longer hold the same state."""
+
+
+class ResourceError(TrustFLError):
+    """The machine cannot hold what a run asks for: an allocation failed (the message says what it was doing and
+    how much it asked for, and names the settings that size it)."""

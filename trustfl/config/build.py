@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -280,7 +280,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                           f"sample-level DP (`client.dp`) instead.")
     info["local_chain"] = [type(local_chain.method).__name__] + local_chain.names
     step_budget = build_component("step_budget", cfg.client.step_budget, "client.step_budget")
-    augment, statistics = build_selfsup_parts(cfg, objective, sizes)
+    augment, statistics = build_selfsup_parts(cfg, objective, sizes, dataset.input_shape)
     downlink = Downlink(tuple(_named("downlink_stage", cfg.downlink, "downlink")))
     fed = Federation(
         seed=seed, rounds=cfg.rounds, dataset=dataset, model=model, layout=layout,
@@ -327,12 +327,16 @@ def _partition(cfg: ExperimentConfig, dataset: Dataset, holders: int, seed: int)
     return client_rows, partition.summary
 
 
-def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective,
-                        sizes: list[int]) -> tuple[Any, tuple[tuple[str, Any], ...]]:
-    """``client.augment`` and ``client.statistics``, checked against the objective and the engine."""
+def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective, sizes: list[int],
+                        input_shape: Sequence[int]) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    """``client.augment`` and ``client.statistics``, checked against the objective, the data's example shape
+    (an augmentation's optional ``check_input_shape``) and the engine."""
     augment = None
     if cfg.client.augment.name != "none":
         augment = build_component("augmentation", cfg.client.augment, "client.augment")
+        check = getattr(augment, "check_input_shape", None)
+        if check is not None:
+            check(tuple(input_shape))
     elif cfg.client.augment.params:
         raise ConfigError(f"`client.augment.{sorted(cfg.client.augment.params)[0]}` is set but `client.augment` "
                           f"is not used (its name is \"none\").")

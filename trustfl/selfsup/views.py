@@ -58,6 +58,17 @@ class CohortViews:
                                                         self.dropout, self.noise_std, self.flip,
                                                         self.shift_mode))
 
+    def check_input_shape(self, shape: Sequence[int]) -> None:
+        """Refuse examples that are not images ``(C, H, W)``, and a shift of an image's side or more (it would move
+        the image out of its frame and pad every view by that much); ConfigError naming the key."""
+        if len(shape) != 3:
+            raise ConfigError(f"`client.augment`: augmentation 'views' needs image examples (C, H, W), the data set's "
+                              f"have shape {tuple(shape)}; use an image data set (e.g. digits_canvas).")
+        side = min(shape[1:])
+        if self.shift >= side:
+            raise ConfigError(f"`client.augment.shift` (`recipe.augment.shift` in the self-supervised recipes) = "
+                              f"{self.shift} moves an image by its side ({side} pixels) or more; at most {side - 1}.")
+
     def init(self, cohort: CohortContext) -> list[torch.Generator]:
         """The cohort's ``"views"`` generators of the round, one per client, on its device."""
         return [cohort.generator(i, "views") for i in range(cohort.size)]
