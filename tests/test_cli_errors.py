@@ -208,3 +208,14 @@ def test_a_views_shift_of_an_image_s_side_or_on_non_images_is_refused_at_validat
     assert main(["validate", config, "--set", 'data.dataset="breast_cancer"', "--set",
                  "data.partition={name=\"iid\"}"]) == 2
     assert "augmentation 'views' needs image examples (C, H, W)" in _one_line(capsys)
+
+
+def test_a_representation_evaluator_on_a_model_without_named_outputs_is_refused_at_validation(capsys):
+    """knn / linear_probe read the model's "projector" or "backbone" output: on a plain MLP this was a TypeError
+    traceback at the first evaluation; it is one line naming the evaluator's key, and output = "model" runs."""
+    for evaluator, index in (('{name="knn", k=5}', 1), ('{name="linear_probe", output="backbone"}', 1)):
+        assert main(["validate", "configs/quickstart.toml", "--set",
+                     f'evaluators=[{{name="accuracy"}},{evaluator}]']) == 2
+        assert f"`evaluators[{index}].output` = " in _one_line(capsys)
+    assert main(["validate", "configs/quickstart.toml", "--set",
+                 'evaluators=[{name="accuracy"},{name="knn", k=5, output="model"}]']) == 0

@@ -35,6 +35,7 @@ from trustfl.engine.links import Links
 from trustfl.engine.local import LocalTraining, TrainData, check_local_steps
 from trustfl.errors import BudgetExceededError, ConfigError, PrivacyError, RegistryError, TrustFLError
 from trustfl.evaluate.base import default_evaluators
+from trustfl.evaluate.representation import check_model_outputs
 from trustfl.objectives.base import AbstractObjective
 from trustfl.server.downlink import Downlink
 from trustfl.types import ParamLayout
@@ -227,6 +228,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     model = build_config_model(cfg, dataset, seed, objective.num_outputs(dataset.train_y, dataset.num_classes),
                          blocks=None if blocks is None else [b.tolist() for b in blocks])
     model.to(device)  # built and seeded on the CPU (the same values on every device), then moved once
+    check_model_outputs(evaluators, model)
     params = {k: v.detach() for k, v in model.named_parameters()}
     layout = ParamLayout.of(params)
     info["num_parameters"] = layout.numel

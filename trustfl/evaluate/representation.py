@@ -29,6 +29,7 @@ Example:
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
@@ -240,6 +241,19 @@ class KNN(AbstractEvaluator):
 
 
 OUTPUT_NAMES = ("backbone", "projector", "model")
+
+
+def check_model_outputs(evaluators: Sequence[Any], model: nn.Module, path: str = "evaluators") -> None:
+    """Refuse (ConfigError naming ``evaluators[i].output``) an evaluator that reads a named output
+    (``"backbone"``/``"projector"``) of a model whose forward takes no ``output`` argument."""
+    params = inspect.signature(model.forward).parameters
+    named = "output" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for i, e in enumerate(evaluators):
+        output = getattr(e, "output", "model")
+        if output != "model" and not named:
+            raise ConfigError(f"`{path}[{i}].output` = {output!r}: the model ({type(model).__name__}) has no named "
+                              f"outputs (its forward takes no `output`); set `output = \"model\"` to use its plain "
+                              f"forward, or use a self-supervised model (sc_mlp, sc_cnn).")
 
 
 def representations(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, output: str,
