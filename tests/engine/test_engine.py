@@ -7,6 +7,7 @@ import torch
 
 from trustfl.experiment import run_experiment
 from tests.engine.rounds import train
+from trustfl.engine.local import TrainData
 from trustfl.engine.sync import run_round
 
 
@@ -23,17 +24,17 @@ def test_vectorized_equals_sequential(small_config, dp, rounds):
 @pytest.mark.parametrize("partition", ["iid", "dirichlet"])
 def test_plain_sgd_steps_of_an_mlp_cohort_are_fused_and_agree_with_the_unfused_chain(small_config, monkeypatch,
                                                                                      partition):
-    """Plain local SGD on an MLP: every step but each round's first (which lays the parameters out) runs fused
-    (linear_stack.sgd_step), also the steps some clients sit out (unequal data sizes); the model agrees with the
-    unfused chain and with the sequential executor to float rounding."""
-    import trustfl.client.per_example as per_example
+    """Plain local SGD on an MLP: every step but each round's first (which lays the parameters out as their
+    gradients) runs fused (linear_stack.FusedSGD), also the steps some clients sit out (unequal data sizes); the
+    model agrees with the unfused chain and with the sequential executor to float rounding."""
     from trustfl.client.gradients import PlainGradient
+    from trustfl.client.linear_stack import FusedSGD
     from trustfl.client.transforms import LocalChain
 
     part = {"name": "iid"} if partition == "iid" else {"name": "dirichlet", "alpha": 0.5}
     cfg = dict(client__momentum=0.0, client__weight_decay=0.0, client__batch_size=8, rounds=3, data__partition=part)
-    calls = {"fused": 0, "unfused": 0}
-    fused, compute = per_example.stack_sgd_step, PlainGradient.compute
+    calls = {"fused": 0, "unfused": 0, "steps": 0}
+    fused, compute, gather = FusedSGD.step, PlainGradient.compute, TrainData.gather
 
     def count(kind, f):
         def counted(*a, **k):
@@ -41,18 +42,16 @@ def test_plain_sgd_steps_of_an_mlp_cohort_are_fused_and_agree_with_the_unfused_c
             return f(*a, **k)
         return counted
 
-    monkeypatch.setattr(per_example, "stack_sgd_step", count("fused", fused))
+    monkeypatch.setattr(FusedSGD, "step", count("fused", fused))
     monkeypatch.setattr(PlainGradient, "compute", count("unfused", compute))
+    monkeypatch.setattr(TrainData, "gather", count("steps", gather))  # one gather per executor step
     fed, vec, hist = train(small_config(**cfg), 3)
     steps = {-(-n // 8) for n in fed.client_rows.sizes()}
     assert (len(steps) == 1) == (partition == "iid")
-    assert calls["unfused"] == 3, calls
-    if partition == "iid":  # every client takes the same number of steps
-        assert calls["fused"] == 3 * (steps.pop() - 1), calls
-    else:
-        assert calls["fused"] >= 3 * (min(steps) - 1), calls
-    monkeypatch.setattr(LocalChain, "fused_step", lambda *a, **k: None)
+    assert calls["unfused"] == 3 and calls["fused"] == calls["steps"] - 3 >= 3 * (min(steps) - 1), calls
+    monkeypatch.setattr(LocalChain, "fused_sgd", lambda *a, **k: None)
     _, unfused, hist_unfused = train(small_config(**cfg), 3)
+    assert calls["unfused"] > 0
     _, seq, _ = train(small_config(engine__executor="sequential", **cfg), 3)
     assert not torch.equal(vec.params, unfused.params)  # rounded differently, ...
     torch.testing.assert_close(vec.params, unfused.params, rtol=1e-5, atol=1e-6)  # ... the same to rounding

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import nn
 
 from trustfl.client.per_example import (METHODS, batched_mean_grad, clipped_batch_mean, clipped_grad_sum,
-                                         fused_sgd_step)
+                                         fused_sgd)
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, PrivacyError
@@ -46,12 +46,13 @@ class AbstractGradientMethod(abc.ABC):
         ``full``: the caller knows (on the host) that every row of ``mask`` is real, so a method may skip masking.
         """
 
-    def sgd_step(self, model: nn.Module, objective: AbstractObjective, params: Params, batch: Batch,
-                 mask: torch.Tensor, lr: float, active: torch.Tensor | None) -> torch.Tensor | None:
-        """``θ_i ← θ_i − η g_i`` in place for the rows ``active`` marks (``None``: all; the others must keep their
-        parameters bitwise), fused with :meth:`compute` where this method can, and the losses ``(m,)``; ``None``
-        (nothing done) where it cannot. The executor asks only when the local chain is this method and plain SGD.
-        Default: ``None``."""
+    def fused_sgd(self, model: nn.Module, objective: AbstractObjective, params: Params, batch: Batch,
+                  lr: float) -> Any:
+        """Plain SGD steps ``θ_i ← θ_i − η g_i`` fused with :meth:`compute` where this method can, for a group of
+        clients whose parameters and batch are ``params`` and ``batch``: an object with ``own(params)`` (the
+        parameters to update, in its layout) and ``step(params, batch, mask, active)`` (one step in place for the
+        ``active`` rows, the others bitwise unchanged; the losses ``(m,)``), or ``None``. The executor asks only
+        when the local chain is this method and plain SGD. Default: ``None``."""
         return None
 
 
@@ -67,8 +68,8 @@ class PlainGradient(AbstractGradientMethod):
     def compute(self, model, objective, params, batch, mask, cohort, full=False):
         return batched_mean_grad(model, objective, params, batch, mask, full, cohort.personal)
 
-    def sgd_step(self, model, objective, params, batch, mask, lr, active):
-        return fused_sgd_step(model, objective, params, batch, mask, lr, active)
+    def fused_sgd(self, model, objective, params, batch, lr):
+        return fused_sgd(model, objective, params, batch, lr)
 
 
 @register("gradient_method", "per_example")

@@ -197,3 +197,31 @@ def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[s
             if below is not None:
                 out_grad = below
     return losses
+
+
+@dataclass(frozen=True)
+class FusedSGD:
+    """Plain local SGD of one cohort on a recognised stack, by :func:`sgd_step`; chosen once per group of clients
+    (the model, the objective and the parameters' names and dtype do not change between its steps)."""
+
+    stack: LinearStack
+    objective: AbstractObjective
+    lr: float
+
+    def own(self, params: Mapping[str, torch.Tensor]) -> Params:
+        """The group's parameters with every weight stored ``(m, in, out)``, where a batched ``baddbmm_`` of the
+        weight gradient streams through it (the layout the unfused path's gradients have already given them; a
+        weight stored otherwise is copied)."""
+        out: Params = {}
+        for name, p in params.items():
+            if p.dim() == 3 and not p.transpose(1, 2).is_contiguous():
+                m, rows, cols = p.shape
+                p = torch.empty((m, cols, rows), dtype=p.dtype, device=p.device).transpose(1, 2).copy_(p)
+            out[name] = p
+        return out
+
+    def step(self, params: Mapping[str, torch.Tensor], batch: Batch, mask: torch.Tensor,
+             active: torch.Tensor | None) -> torch.Tensor:
+        """One step of the ``active`` rows (``None``: all) in place; the losses ``(m,)``."""
+        w = mask.to(batch[self.objective.input_key].dtype)
+        return sgd_step(self.stack, self.objective, params, batch, w, self.lr, active)

@@ -36,7 +36,7 @@ from trustfl.client.cohort_forward import _cohort_forward
 from trustfl.client.ghost_plan import Plan, ghost_plan
 from trustfl.client.linear_stack import applies, linear_stack
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
-from trustfl.client.linear_stack import sgd_step as stack_sgd_step
+from trustfl.client.linear_stack import FusedSGD
 from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch, masked_mean
@@ -458,20 +458,18 @@ def batched_mean_grad(model: nn.Module, objective: AbstractObjective, params_sta
     return out, per_client.detach()
 
 
-def fused_sgd_step(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
-                   batch: Batch, mask: torch.Tensor, lr: float,
-                   active: torch.Tensor | None = None) -> torch.Tensor | None:
-    """A plain SGD step of the ``active`` clients (``None``: all) in place, fused into its gradient computation, and
-    the losses ``(m,)``, for a stack of linear layers and ReLUs and several clients
-    (:func:`trustfl.client.linear_stack.sgd_step`); ``None`` (nothing done) for any other model, objective or a
-    single client."""
-    if mask.shape[0] < 2 or objective.batch_coupled:
+def fused_sgd(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
+              batch: Batch, lr: float) -> FusedSGD | None:
+    """Plain SGD steps fused into their gradient computation (:class:`trustfl.client.linear_stack.FusedSGD`) for
+    a stack of linear layers and ReLUs and several clients; ``None`` for any other model, objective or a single
+    client."""
+    m = next(iter(params_stacked.values())).shape[0] if params_stacked else 0
+    if m < 2 or objective.batch_coupled:
         return None
     stack = linear_stack(model)
-    if not applies(stack, objective, params_stacked, batch):
+    if stack is None or not applies(stack, objective, params_stacked, batch):
         return None
-    w = mask.to(batch[objective.input_key].dtype)
-    return stack_sgd_step(stack, objective, params_stacked, batch, w, lr, active)  # type: ignore[arg-type]
+    return FusedSGD(stack, objective, lr)
 
 
 def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],

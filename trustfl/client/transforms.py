@@ -253,14 +253,14 @@ class LocalChain:
         views = {n: self._view(n, cohort) for n, _ in self.transforms}
         return {"views": views, **{n: t.init(params, views[n]) for n, t in self.transforms}}
 
-    def fused_step(self, model: torch.nn.Module, objective: Any, params: Params, batch: Mapping[str, torch.Tensor],
-                   mask: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor | None:
-        """A whole local step of the ``active`` rows (``None``: all) in place when the chain is its gradient method
-        and plain SGD (no transforms) and the method fuses the two (:meth:`AbstractGradientMethod.sgd_step`); the
-        losses ``(m,)``, or ``None`` (nothing done): then :meth:`step` runs after the method's ``compute``."""
+    def fused_sgd(self, model: torch.nn.Module, objective: Any, params: Params,
+                  batch: Mapping[str, torch.Tensor]) -> Any:
+        """The gradient method's fused SGD steps (:meth:`AbstractGradientMethod.fused_sgd`) when the chain is that
+        method and plain SGD (no transforms), else ``None``: then every step runs the method's ``compute`` and
+        :meth:`step`."""
         if self.transforms:
             return None
-        return self.method.sgd_step(model, objective, params, batch, mask, self.optimizer.lr, active)
+        return self.method.fused_sgd(model, objective, params, batch, self.optimizer.lr)
 
     def step(self, grads: Params, states: dict[str, Any], params: Params, active: torch.Tensor | None) -> None:
         """Run the transforms on ``grads`` and apply the optimizer to ``params`` in place."""

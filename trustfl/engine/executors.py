@@ -144,17 +144,21 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     all_rows = torch.gather(own_rows.expand(total_steps, m, longest), 2, pos.clamp(min=0))
     augment_state = None if job.augment is None else job.augment.init(cohort)
     local = job.objective.local_state_init(params, cohort)  # e.g. BYOL's target network, read through `personal`
+    fused = None
     for s in range(total_steps):
         batch = job.data.gather(all_rows[s], flip)
         if job.augment is not None:
             batch = job.augment.apply(batch, augment_state)
         step_cohort = replace(cohort, personal={**cohort.personal, **local}) if local else cohort
-        # after the first step (the parameters in their gradients' layout) a step may be fused
         active = None if everyone[s] else has_step[s]
-        fused = chain.fused_step(job.model, job.objective, params, batch, masks[s], active) \
-            if states is not None and not local else None
+        if s == 1 and not local:  # plain SGD fused into the gradient's products, decided once per group; the
+            # first step ran unfused and laid the parameters out as their gradients (bits kept since it was added)
+            fused = chain.fused_sgd(job.model, job.objective, params, batch)
+            if fused is not None:
+                params = fused.own(params)
         if fused is not None:
-            loss_sum += fused.double() if everyone[s] else torch.where(has_step[s], fused.double(), 0.0)
+            losses = fused.step(params, batch, masks[s], active)
+            loss_sum += losses.double() if everyone[s] else torch.where(has_step[s], losses.double(), 0.0)
             continue
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], step_cohort, full[s])
         if states is None:
