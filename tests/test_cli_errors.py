@@ -219,3 +219,20 @@ def test_a_representation_evaluator_on_a_model_without_named_outputs_is_refused_
         assert f"`evaluators[{index}].output` = " in _one_line(capsys)
     assert main(["validate", "configs/quickstart.toml", "--set",
                  'evaluators=[{name="accuracy"},{name="knn", k=5, output="model"}]']) == 0
+
+
+def test_a_data_set_too_large_to_load_is_one_line_naming_its_settings(small, tmp_path, capsys, monkeypatch):
+    """data.num_clients = 10^12 (synthetic) asked NumPy for 7.28 TiB while the data set was built: a traceback; now
+    one ResourceError line naming the data set and `data.num_clients`."""
+    import numpy as np
+
+    import trustfl.config.build as build
+
+    def huge(name, *args, **kwargs):
+        np.empty(10 ** 15)  # fails at once: more than any machine's address space allows
+
+    monkeypatch.setattr(build, "load_dataset", huge)
+    assert main(["validate", str(small)]) == 2
+    line = _one_line(capsys)
+    assert "loading data set 'digits' needs more memory than this machine has" in line
+    assert "asked for" in line and "`data.num_clients`" in line

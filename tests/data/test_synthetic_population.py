@@ -140,7 +140,7 @@ def test_a_million_synthetic_clients_run_one_round_under_2_gb(tmp_path):
 @pytest.mark.parametrize("option, value", [("alpha", -1.0), ("alpha", math.nan), ("beta", math.inf),
                                            ("beta", "1"), ("num_clients", 0), ("min_samples", 0),
                                            ("max_samples", 10), ("samples", -1), ("dim", 0), ("classes", 1),
-                                           ("test_clients", 0)])
+                                           ("test_clients", 0), ("test_clients", 100_001)])
 def test_bad_options_are_refused_naming_the_option(option, value):
     with pytest.raises(ConfigError, match=f"`{option}`"):
         load_dataset("synthetic", **{"num_clients": 10, option: value})

@@ -18,6 +18,7 @@ from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerEx
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.device import device_info, on_device, resolve_engine_device
 from trustfl.config.model import build_config_model
+from trustfl.core.memory import out_of_memory_as_error
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
@@ -193,7 +194,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         options["path"] = cfg.data.path
     try:
         options = population_options(cfg, name, options)
-        dataset = load_dataset(name, data_dir or cfg.data.data_dir or None, seed=seed, **options)
+        with out_of_memory_as_error(f"loading data set {name!r}", "`data.num_clients` or `data.options`"):
+            dataset = load_dataset(name, data_dir or cfg.data.data_dir or None, seed=seed, **options)
     except RegistryError as err:
         raise ConfigError(f"`data.dataset`: {err}") from None
     except (ConfigError, TypeError, ValueError) as err:

@@ -166,6 +166,11 @@ def power_law_sizes(seed: int, num_clients: int, min_samples: int = 50, max_samp
     return np.minimum(np.minimum(draws, 2.0 ** 62).astype(np.int64) + min_samples, max_samples)
 
 
+MAX_TEST_CLIENTS = 100_000
+"""The most clients whose test shares make the synthetic test set (generated at start, one client at a time:
+``test_clients = 10**12`` ran for hours before the first round)."""
+
+
 @register("dataset", "synthetic")
 def synthetic(data_dir: str | None = None, seed: int = 0, *, num_clients: int = 30, alpha: float = 1.0,
               beta: float = 1.0, min_samples: int = 50, max_samples: int = 1000, samples: int = 0, dim: int = 60,
@@ -183,7 +188,8 @@ def synthetic(data_dir: str | None = None, seed: int = 0, *, num_clients: int = 
       samples: > 0: every client holds exactly this many examples instead of the power law (0: the power law).
       dim: d, the number of features (60 in the paper; 784 gives MNIST-shaped inputs).
       classes: C >= 2.
-      test_clients: the test set is the test shares of the first ``min(test_clients, num_clients)`` clients.
+      test_clients: the test set is the test shares of the first ``min(test_clients, num_clients)`` clients; at most
+        :data:`MAX_TEST_CLIENTS` (the test set is generated, one client after another, before the first round).
 
     Returns:
       A :class:`Dataset` whose ``population`` generates the training data; ``train_x`` / ``train_y`` are empty
@@ -206,7 +212,7 @@ def synthetic(data_dir: str | None = None, seed: int = 0, *, num_clients: int = 
     samples = _integer("samples", samples, 0)
     dim = _integer("dim", dim, 1)
     classes = _integer("classes", classes, 2)
-    test_clients = _integer("test_clients", test_clients, 1)
+    test_clients = _integer("test_clients", test_clients, 1, MAX_TEST_CLIENTS)
     sizes = (np.full(num_clients, samples, dtype=np.int64) if samples
              else power_law_sizes(seed, num_clients, min_samples, max_samples))
     population = SyntheticPopulation(seed, float(alpha), float(beta), dim, classes, sizes)

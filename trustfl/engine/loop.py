@@ -10,23 +10,25 @@ with the same model.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.errors import CheckpointError, ResourceError
+from trustfl.core.memory import out_of_memory_as_error
+from trustfl.errors import CheckpointError
 from trustfl.evaluate.base import evaluate_model
 from trustfl.core.runfiles import append_metrics
 
 CHECKPOINT = "checkpoint.pt"
+ROUND_SIZES = ("`cohort.size` or `engine.max_clients_per_batch`, `client.batch_size`, the model, the number of "
+               "views")
+"""What sizes a round's memory (named when an allocation inside a round fails)."""
 MODEL = "model.pt"
 
 
@@ -166,27 +168,6 @@ def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, An
             "wall_time_s": state.wall_time_s, "rejected_total": state.rejected_total, **_privacy_row(fed)}
 
 
-_OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "storage size calculation overflowed")
-
-
-@contextlib.contextmanager
-def out_of_memory_as_error(what: str) -> Iterator[None]:
-    """Turn a failed allocation inside the block (MemoryError, torch's CPU or CUDA allocator) into a
-    :class:`ResourceError` saying ``what`` was running and how much it asked for; other errors pass unchanged."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as err:
-        text = str(err)
-        if not isinstance(err, MemoryError) and not any(m in text.lower() for m in _OUT_OF_MEMORY):
-            raise
-        asked = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGTP]?i?B)", text)
-        amount = "" if asked is None else (f" ({int(asked.group(1)) / 1e9:,.1f} GB asked for)" if asked.group(1)
-                                           else f" ({asked.group(2)} asked for)")
-        raise ResourceError(f"{what} needs more memory than this machine has{amount}: lower what sizes a round "
-                            f"(`cohort.size` or `engine.max_clients_per_batch`, `client.batch_size`, the model, "
-                            f"the number of views) or use a larger machine.") from None
-
-
 def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, run_dir: Path, cfg_hash: str,
                rounds: int, last: int, checkpoint_every: int, progress: Progress,
                on_eval: Callable[[dict[str, Any]], None] | None = None,
@@ -199,13 +180,13 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
     metrics_path = run_dir / "metrics.jsonl"
     try:
         while state.round < last and not engine.finished(fed, state):
-            with out_of_memory_as_error(f"round {state.round + 1}"):
+            with out_of_memory_as_error(f"round {state.round + 1}", ROUND_SIZES):
                 state, round_metrics = engine.run_round(fed, state)
             done = engine.finished(fed, state)
             if not record:
                 continue
             due = state.round % fed.eval_every == 0 or state.round == rounds or done
-            with out_of_memory_as_error(f"the evaluation after round {state.round}"):
+            with out_of_memory_as_error(f"the evaluation after round {state.round}", ROUND_SIZES):
                 evaluated = evaluate(fed, state.params) if due else None
             row = metrics_row(fed, state, round_metrics, evaluated)
             append_metrics(metrics_path, row)
