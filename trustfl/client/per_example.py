@@ -34,9 +34,8 @@ from torch.func import grad, vmap
 from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward
 from trustfl.client.ghost_plan import Plan, ghost_plan
-from trustfl.client.linear_stack import applies, linear_stack
+from trustfl.client.linear_stack import FusedSGD, applies, linear_stack
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
-from trustfl.client.linear_stack import FusedSGD
 from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch, masked_mean
@@ -467,9 +466,9 @@ def fused_sgd(model: nn.Module, objective: AbstractObjective, params_stacked: Ma
     if m < 2 or objective.batch_coupled:
         return None
     stack = linear_stack(model)
-    if stack is None or not applies(stack, objective, params_stacked, batch):
+    if not applies(stack, objective, params_stacked, batch):
         return None
-    return FusedSGD(stack, objective, lr)
+    return FusedSGD(stack, objective, lr)  # type: ignore[arg-type]
 
 
 def _one_client_mean_grad(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],

@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 import torch
 
+from trustfl.core.memory import out_of_memory_as_error
+from trustfl.core.runfiles import append_metrics
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.core.memory import out_of_memory_as_error
 from trustfl.errors import CheckpointError
 from trustfl.evaluate.base import evaluate_model
-from trustfl.core.runfiles import append_metrics
 
 CHECKPOINT = "checkpoint.pt"
 ROUND_SIZES = ("`cohort.size` or `engine.max_clients_per_batch`, `client.batch_size`, the model, the number of "
