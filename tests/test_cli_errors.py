@@ -236,3 +236,22 @@ def test_a_data_set_too_large_to_load_is_one_line_naming_its_settings(small, tmp
     line = _one_line(capsys)
     assert "loading data set 'digits' needs more memory than this machine has" in line
     assert "asked for" in line and "`data.num_clients`" in line
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ('aggregator={name="cwtm", f=5}', "CoordinateWiseTrimmedMean needs at least 11 messages, found 10"),
+    ('aggregator={name="krum", f=4}', "Krum needs at least 11 messages, found 10"),
+    ('pre_aggregators=[{name="nnm", f=10}]', "NNM needs at least 11 messages, found 10"),
+])
+def test_a_rule_that_needs_more_messages_than_a_round_brings_is_refused_at_validation(capsys, setting, fragment):
+    """cwtm with f = 100 on a cohort of 10 validated and then stopped in round 1; validation now names the rule,
+    what it needs and what the cohort brings (a rule that fits exactly still validates)."""
+    assert main(["validate", "configs/quickstart.toml", "--set", setting]) == 2
+    line = _one_line(capsys)
+    assert fragment in line and "(a round brings at most 10 messages: `cohort.size`)" in line
+    assert main(["validate", "configs/quickstart.toml", "--set", 'aggregator={name="krum", f=4}', "--set",
+                 'pre_aggregators=[{name="bucketing", bucket_size=2}]']) == 2
+    assert "Krum needs at least 11 rows, and the pre-aggregators turn 10 messages into 5" in _one_line(capsys)
+    for fits in (['aggregator={name="cwtm", f=4}'], ['aggregator={name="krum", f=3}'],
+                 ['aggregator={name="cwtm", f=9}', 'cohort={sampler="all"}']):  # all 20 clients: 19 needed
+        assert main(["validate", "configs/quickstart.toml", *[a for f in fits for a in ("--set", f)]]) == 0

@@ -211,3 +211,49 @@ def test_errors_are_trustfl_value_errors():
     with pytest.raises(ConfigError, match="f=5 and n=4") as info:
         NNM(f=5)(torch.randn(4, 2))
     assert isinstance(info.value, ValueError)
+
+
+def _registered(kind: str) -> list:
+    from trustfl.core.registry import lookup, names
+
+    out = []
+    for name in names(kind):
+        cls = lookup(kind, name)
+        try:
+            out.append((name, cls(f=3)))
+        except TypeError:  # a rule without f
+            try:
+                out.append((name, cls(bucket_size=3) if name == "bucketing" else cls()))
+            except TypeError:
+                continue
+    assert out
+    return out
+
+
+@pytest.mark.parametrize("kind", ["aggregator", "pre_aggregator"])
+def test_declared_minimum_and_output_rows_are_what_each_stage_does(kind):
+    """min_messages (what validation checks against the cohort) is each rule's runtime requirement: one message
+    fewer is refused, exactly that many runs; rows_out is the row count a pre-aggregator returns."""
+    gen = torch.Generator().manual_seed(0)
+    declared = []
+    for name, stage in _registered(kind):
+        k = stage.min_messages()
+        if k > 1:  # a rule with a requirement (the others may need per-row reports to run at all)
+            declared.append(name)
+            with pytest.raises(ConfigError, match="needs"):
+                run(stage, torch.randn(k - 1, 4, generator=gen))
+            run(stage, torch.randn(k, 4, generator=gen))
+        if kind == "pre_aggregator" and stage.rows_out(9) is not None:
+            assert run(PreAggregated((stage,), RowsSeen()), torch.randn(9, 4, generator=gen)).metrics["rows"] \
+                == stage.rows_out(9), name
+    assert set(declared) >= ({"caf", "cwtm", "krum", "mda", "meamed", "multi_krum"} if kind == "aggregator"
+                             else {"arc", "nnm"})
+
+
+def test_too_few_follows_the_rows_through_the_pre_aggregators():
+    chain = PreAggregated((NNM(f=2), Bucketing(bucket_size=2)), CoordinateWiseTrimmedMean(f=2))
+    assert chain.too_few(2) == "NNM needs at least 3 messages, found 2"
+    assert chain.too_few(8) == ("CoordinateWiseTrimmedMean needs at least 5 rows, and the pre-aggregators turn 8 "
+                                "messages into 4")
+    assert chain.too_few(9) is None  # 9 messages -> 5 buckets
+    assert PreAggregated((StaticClip(1.0),), Mean()).too_few(1) is None

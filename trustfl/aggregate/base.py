@@ -102,6 +102,10 @@ class AbstractAggregator(AbstractStage):
         [3, 7] are not finite (NaN or ±inf); ...".
     """
 
+    def min_messages(self) -> int:
+        """The fewest messages the rule accepts (its requirement, e.g. ``n > 2f``): 1 by default."""
+        return 1
+
     def __call__(self, x: torch.Tensor, weights: torch.Tensor | None = None, *, seed: int = 0,
                  reports: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
         check_messages(x, self, "aggregator")
@@ -118,6 +122,14 @@ class AbstractPreAggregator(AbstractStage):
     pre-aggregator and the bad rows; ``apply`` relies on the engine's screening.
     """
 
+    def min_messages(self) -> int:
+        """The fewest messages it accepts (e.g. ``n > f``): 1 by default."""
+        return 1
+
+    def rows_out(self, n: int) -> int | None:
+        """How many rows it returns for ``n`` messages; ``None`` (the default): not known before it runs."""
+        return None
+
     def __call__(self, x: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
         check_messages(x, self, "pre_aggregator")
         state = self.init(ParamLayout(("x",), ((x.shape[1],),)))
@@ -133,6 +145,22 @@ class PreAggregated(AbstractAggregator):
 
     def init(self, layout: ParamLayout) -> dict[str, Any]:
         return {"pre": [p.init(layout) for p in self.pre], "inner": self.inner.init(layout)}
+
+    def too_few(self, n: int) -> str | None:
+        """Why ``n`` messages can never be aggregated (a stage's :meth:`min_messages` above what reaches it), or
+        ``None`` (enough, or a pre-aggregator whose output rows are not known in advance)."""
+        messages = n
+        for stage in self.pre:
+            if n < stage.min_messages():
+                return f"{type(stage).__name__} needs at least {stage.min_messages()} messages, found {n}"
+            rows = stage.rows_out(n)
+            if rows is None:
+                return None
+            n = rows
+        if n < self.inner.min_messages():
+            return f"{type(self.inner).__name__} needs at least {self.inner.min_messages()} rows, and the " \
+                   f"pre-aggregators turn {messages} messages into {n}"
+        return None
 
     def apply(self, x: torch.Tensor, state: dict[str, Any], ctx: RoundContext) -> StageOut:
         metrics: dict[str, float] = {}

@@ -141,6 +141,9 @@ class CAF(AbstractAggregator):
         check_number("power_iters", self.power_iters, integer=True, low=1)
         check_number("power_tol", self.power_tol, low=0)
 
+    def min_messages(self) -> int:
+        return 2 * self.f + 1  # n > 2f
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, d = x.shape
         check_n_vs_f(n, self.f, "caf (n > 2f)", 2 * self.f + 1)

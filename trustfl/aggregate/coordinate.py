@@ -96,6 +96,9 @@ class CoordinateWiseTrimmedMean(AbstractAggregator):
     def __post_init__(self) -> None:
         require_f(self.f)
 
+    def min_messages(self) -> int:
+        return 2 * self.f + 1  # n > 2f
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, f = x.shape[0], self.f
         check_n_vs_f(n, f, "cwtm (n > 2f)", 2 * f + 1)
@@ -163,6 +166,9 @@ class Meamed(AbstractAggregator):
 
     def __post_init__(self) -> None:
         require_f(self.f)
+
+    def min_messages(self) -> int:
+        return 2 * self.f + 1  # n > 2f
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, f = x.shape[0], self.f

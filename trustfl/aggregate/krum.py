@@ -76,6 +76,9 @@ class Krum(AbstractAggregator):
     def __post_init__(self) -> None:
         require_f(self.f)
 
+    def min_messages(self) -> int:
+        return 2 * self.f + 3 if self.f > 0 else 1  # n > 2f + 2
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         scores, atol = krum_scores(x, self.f)
         return StageOut(_average_best(x, scores, 1, atol), state, {"min_score": float(scores.min())})
@@ -114,6 +117,9 @@ class MultiKrum(AbstractAggregator):
     def __post_init__(self) -> None:
         require_f(self.f)
         check_number("m", self.m, integer=True, low=1, allow_none=True, note="messages averaged; None: n − f")
+
+    def min_messages(self) -> int:
+        return 2 * self.f + 3 if self.f > 0 else 1  # n > 2f + 2
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]

@@ -76,6 +76,9 @@ class MinimumDiameterAveraging(AbstractAggregator):
         require_f(self.f)
         check_number("max_subsets", self.max_subsets, integer=True, low=1)
 
+    def min_messages(self) -> int:
+        return 2 * self.f + 1  # n > 2f
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, f = x.shape[0], self.f
         check_n_vs_f(n, f, "mda (n > 2f)", 2 * f + 1)

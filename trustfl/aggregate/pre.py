@@ -85,6 +85,12 @@ class NNM(AbstractPreAggregator):
     def __post_init__(self) -> None:
         require_f(self.f)
 
+    def min_messages(self) -> int:
+        return self.f + 1  # n > f
+
+    def rows_out(self, n: int) -> int:
+        return n
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]
         if n <= self.f:
@@ -129,6 +135,9 @@ class Bucketing(AbstractPreAggregator):
 
     def __post_init__(self) -> None:
         check_number("bucket_size", self.bucket_size, integer=True, low=1)
+
+    def rows_out(self, n: int) -> int:
+        return -(-n // self.bucket_size)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, d = x.shape
@@ -185,6 +194,9 @@ class StaticClip(AbstractPreAggregator):
         check_number("max_norm", self.max_norm, low=0, low_open=True, finite=True)
         _check_in_place(self.in_place)
 
+    def rows_out(self, n: int) -> int:
+        return n
+
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         norms = _row_norms(x)
         scale = (self.max_norm / norms.clamp_min(self.max_norm)).where(norms > self.max_norm, 1.0)
@@ -223,6 +235,12 @@ class ARC(AbstractPreAggregator):
     def __post_init__(self) -> None:
         require_f(self.f)
         _check_in_place(self.in_place)
+
+    def min_messages(self) -> int:
+        return self.f + 1  # n > f
+
+    def rows_out(self, n: int) -> int:
+        return n
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]

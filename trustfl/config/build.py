@@ -268,6 +268,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         pre = tuple(build_component("pre_aggregator", c, f"pre_aggregators[{i}]")
                     for i, c in enumerate(cfg.pre_aggregators))
         aggregator = PreAggregated(pre, aggregator)
+    if cfg.engine.kind == "sync":
+        _check_enough_messages(cfg, aggregator)
     server_opt = build_component("server_optimizer", Component(cfg.server.optimizer, _server_params(cfg)),
                                  "server")
     executor = (VectorizedExecutor(cfg.engine.max_clients_per_batch) if cfg.engine.executor == "vectorized"
@@ -329,6 +331,22 @@ def _partition(cfg: ExperimentConfig, dataset: Dataset, holders: int, seed: int)
         raise ConfigError(f"`data.partition` with `data.num_clients` = {n}: {err}") from None
     client_rows = ClientRows.from_arrays(partition.indices, n)
     return client_rows, partition.summary
+
+
+def _check_enough_messages(cfg: ExperimentConfig, aggregator: Any) -> None:
+    """Refuse a rule (with its pre-aggregators) that needs more messages than a synchronous round can ever bring:
+    every round would stop with the rule's error (e.g. cwtm with f = 100 on a cohort of 10)."""
+    most = cfg.data.num_clients if cfg.cohort.sampler != "uniform" else min(cfg.cohort.size, cfg.data.num_clients)
+    if isinstance(aggregator, PreAggregated):
+        problem = aggregator.too_few(most)
+    elif most < aggregator.min_messages():
+        problem = f"{type(aggregator).__name__} needs at least {aggregator.min_messages()} messages, found {most}"
+    else:
+        problem = None
+    if problem is not None:
+        key = "cohort.size" if cfg.cohort.sampler == "uniform" else "data.num_clients"
+        raise ConfigError(f"`aggregator`: {problem} (a round brings at most {most} messages: `{key}`); lower `f`, "
+                          f"or aggregate more clients.")
 
 
 def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective, sizes: list[int],
