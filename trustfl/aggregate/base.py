@@ -106,6 +106,10 @@ class AbstractAggregator(AbstractStage):
         """The fewest messages the rule accepts (its requirement, e.g. ``n > 2f``): 1 by default."""
         return 1
 
+    def too_few(self, n: int) -> str | None:
+        """Why ``n`` messages can never be aggregated by this rule, or ``None`` (enough)."""
+        return _needs(self, n)
+
     def __call__(self, x: torch.Tensor, weights: torch.Tensor | None = None, *, seed: int = 0,
                  reports: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
         check_messages(x, self, "aggregator")
@@ -136,6 +140,13 @@ class AbstractPreAggregator(AbstractStage):
         return self.apply(x, state, _default_context(x.shape[0], None, seed)).x
 
 
+def _needs(stage: Any, n: int) -> str | None:
+    """``stage`` needs more than ``n`` messages: what it needs, or ``None``."""
+    if n >= stage.min_messages():
+        return None
+    return f"{type(stage).__name__} needs at least {stage.min_messages()} messages, found {n}"
+
+
 @dataclass(frozen=True)
 class PreAggregated(AbstractAggregator):
     """Apply ``pre`` (one or several pre-aggregators, in order), then ``inner``."""
@@ -151,8 +162,8 @@ class PreAggregated(AbstractAggregator):
         ``None`` (enough, or a pre-aggregator whose output rows are not known in advance)."""
         messages = n
         for stage in self.pre:
-            if n < stage.min_messages():
-                return f"{type(stage).__name__} needs at least {stage.min_messages()} messages, found {n}"
+            if (problem := _needs(stage, n)) is not None:
+                return problem
             rows = stage.rows_out(n)
             if rows is None:
                 return None

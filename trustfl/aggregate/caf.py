@@ -146,7 +146,7 @@ class CAF(AbstractAggregator):
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, d = x.shape
-        check_n_vs_f(n, self.f, "caf (n > 2f)", 2 * self.f + 1)
+        check_n_vs_f(n, self.f, "caf (n > 2f)", self.min_messages())
         if self.f == 0:
             return StageOut(mean_rows(x), state, {"iterations": 0.0, "best_iteration": 0.0})
         project = None

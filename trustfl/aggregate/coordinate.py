@@ -101,7 +101,7 @@ class CoordinateWiseTrimmedMean(AbstractAggregator):
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, f = x.shape[0], self.f
-        check_n_vs_f(n, f, "cwtm (n > 2f)", 2 * f + 1)
+        check_n_vs_f(n, f, "cwtm (n > 2f)", self.min_messages())
         if f == 0:
             return StageOut(mean_rows(x), state)
         part = partition(x, (f, n - f - 1))
@@ -172,7 +172,7 @@ class Meamed(AbstractAggregator):
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, f = x.shape[0], self.f
-        check_n_vs_f(n, f, "meamed (n > 2f)", 2 * f + 1)
+        check_n_vs_f(n, f, "meamed (n > 2f)", self.min_messages())
         if f == 0:
             return StageOut(mean_rows(x), state)
         out = _meamed(x, f)

@@ -21,6 +21,11 @@ from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
 
 
+def krum_minimum(f: int) -> int:
+    """The fewest messages Krum's scores take: ``n > 2f + 2`` when ``f > 0``, any ``n >= 1`` otherwise."""
+    return 2 * f + 3 if f > 0 else 1
+
+
 def krum_scores(x: torch.Tensor, f: int) -> tuple[torch.Tensor, float]:
     """Krum scores ``s_i = Σ_{j ∈ N_i} ‖x_i − x_j‖²`` (Blanchard et al. 2017, §4), float64, shape ``(n,)``, and
     their rounding-error scale (scores closer than it are ties).
@@ -29,8 +34,7 @@ def krum_scores(x: torch.Tensor, f: int) -> tuple[torch.Tensor, float]:
     Requires ``n > 2f + 2`` when ``f > 0``.
     """
     n = x.shape[0]
-    if f > 0:
-        check_n_vs_f(n, f, "krum (n > 2f + 2)", 2 * f + 3)
+    check_n_vs_f(n, f, "krum (n > 2f + 2)", krum_minimum(f))
     neighbours = max(n - f - 2, 0)
     gram = gram_matrix(x)
     dist = squared_distances(gram.matrix)
@@ -77,7 +81,7 @@ class Krum(AbstractAggregator):
         require_f(self.f)
 
     def min_messages(self) -> int:
-        return 2 * self.f + 3 if self.f > 0 else 1  # n > 2f + 2
+        return krum_minimum(self.f)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         scores, atol = krum_scores(x, self.f)
@@ -119,7 +123,7 @@ class MultiKrum(AbstractAggregator):
         check_number("m", self.m, integer=True, low=1, allow_none=True, note="messages averaged; None: n − f")
 
     def min_messages(self) -> int:
-        return 2 * self.f + 3 if self.f > 0 else 1  # n > 2f + 2
+        return krum_minimum(self.f)
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]

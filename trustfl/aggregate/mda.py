@@ -81,7 +81,7 @@ class MinimumDiameterAveraging(AbstractAggregator):
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n, f = x.shape[0], self.f
-        check_n_vs_f(n, f, "mda (n > 2f)", 2 * f + 1)
+        check_n_vs_f(n, f, "mda (n > 2f)", self.min_messages())
         count = math.comb(n, f)
         if count > self.max_subsets:
             raise ConfigError(f"mda with f={f} and n={n} must score C({n}, {f}) = {count:.3g} subsets, above "

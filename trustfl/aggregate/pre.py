@@ -93,7 +93,7 @@ class NNM(AbstractPreAggregator):
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]
-        if n <= self.f:
+        if n < self.min_messages():
             raise ConfigError(f"nnm needs n > f, found f={self.f} and n={n} usable messages ({USABLE}); lower `f`.")
         if self.f == 0:
             return StageOut(mean_rows(x)[None].expand(n, -1).clone(), state)
@@ -244,7 +244,7 @@ class ARC(AbstractPreAggregator):
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
         n = x.shape[0]
-        if n <= self.f:
+        if n < self.min_messages():
             raise ConfigError(f"arc needs n > f, found f={self.f} and n={n} usable messages ({USABLE}); lower `f`.")
         k = (2 * self.f * (n - self.f)) // n
         if k == 0:
