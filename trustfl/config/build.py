@@ -18,11 +18,11 @@ from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerEx
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.device import device_info, on_device, resolve_engine_device
 from trustfl.config.model import build_config_model
-from trustfl.core.memory import out_of_memory_as_error
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.registry import import_module_or_file, keyword_parameters, lookup
 from trustfl.core.rng import numpy_rng
 from trustfl.core.stage import chain
@@ -337,12 +337,7 @@ def _check_enough_messages(cfg: ExperimentConfig, aggregator: Any) -> None:
     """Refuse a rule (with its pre-aggregators) that needs more messages than a synchronous round can ever bring:
     every round would stop with the rule's error (e.g. cwtm with f = 100 on a cohort of 10)."""
     most = cfg.data.num_clients if cfg.cohort.sampler != "uniform" else min(cfg.cohort.size, cfg.data.num_clients)
-    if isinstance(aggregator, PreAggregated):
-        problem = aggregator.too_few(most)
-    elif most < aggregator.min_messages():
-        problem = f"{type(aggregator).__name__} needs at least {aggregator.min_messages()} messages, found {most}"
-    else:
-        problem = None
+    problem = aggregator.too_few(most)
     if problem is not None:
         key = "cohort.size" if cfg.cohort.sampler == "uniform" else "data.num_clients"
         raise ConfigError(f"`aggregator`: {problem} (a round brings at most {most} messages: `{key}`); lower `f`, "
