@@ -204,8 +204,8 @@ def check_local_steps(training: LocalTraining, sizes: Sequence[int], batch_sizes
         return
     n = torch.as_tensor(list(sizes), dtype=torch.float64)
     b = torch.minimum(torch.as_tensor(list(batch_sizes), dtype=torch.float64), n.clamp(min=1))
-    per_epoch = int(torch.ceil(n / b).max())
-    steps = training.steps if training.steps > 0 else training.epochs * per_epoch
+    most = int(torch.argmax(n / b))  # the client with the most batches per epoch takes the most steps
+    steps = num_local_steps(training, int(sizes[most]), int(batch_sizes[most]))
     if steps > MAX_LOCAL_STEPS:
         key, value = ("client.steps", training.steps) if training.steps > 0 else ("client.epochs", training.epochs)
         raise ConfigError(f"`{key}` = {value} gives a client {steps:,} local steps per round; at most "

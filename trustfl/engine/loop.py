@@ -26,10 +26,10 @@ from trustfl.errors import CheckpointError
 from trustfl.evaluate.base import evaluate_model
 
 CHECKPOINT = "checkpoint.pt"
+MODEL = "model.pt"
 ROUND_SIZES = ("`cohort.size` or `engine.max_clients_per_batch`, `client.batch_size`, the model, the number of "
                "views")
 """What sizes a round's memory (named when an allocation inside a round fails)."""
-MODEL = "model.pt"
 
 
 def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str) -> None:
