@@ -160,3 +160,16 @@ def test_bad_inputs_are_config_errors():
         make_views(torch.zeros(2, 1, 8, 8), 0, torch.Generator())
     with pytest.raises(ConfigError, match="generators"):
         make_views_cohort(torch.zeros(2, 3, 1, 4, 4), 2, [torch.Generator()])
+
+
+@pytest.mark.parametrize("views", [2, 5])
+def test_views_argument_reads_each_image_once_and_changes_no_view(views):
+    """``apply(..., views=V)`` on V copies of each image in a row (make_views' layout) computes the keeping shift's
+    bounds from one copy per image; the views are bitwise those of ``views=1``, whichever copy sits where."""
+    x = _objects(7, 9, seed=4).to(torch.float32)
+    flat = x.repeat_interleave(views, dim=0)
+    aug = Augmentation(shift=3, shift_mode="keep", contrast=(0.5, 1.5), flip=True)
+    params = aug.draw(flat.shape[0], x.shape[1:], torch.Generator().manual_seed(5), x.device, x.dtype)
+    once = aug.apply(flat, params, views)
+    assert once.view(torch.int32).equal(aug.apply(flat, params).view(torch.int32))
+    assert not once.equal(aug.apply(x.repeat(views, 1, 1, 1), params, views))  # copies must sit in a row

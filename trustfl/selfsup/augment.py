@@ -113,48 +113,57 @@ class Augmentation:
         if self.dropout:
             out["keep"] = torch.rand((n, 1, h, w), dtype=dtype, **kw) >= self.dropout
         if self.noise_std:
-            out["noise"] = self.noise_std * torch.randn((n, c, h, w), dtype=dtype, **kw)
+            out["noise"] = torch.randn((n, c, h, w), dtype=dtype, **kw).mul_(self.noise_std)
         return out
 
-    def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Apply drawn parameters (from :meth:`draw`) to images ``x`` ``(n, C, H, W)``; deterministic."""
+    def apply(self, x: torch.Tensor, params: dict[str, torch.Tensor], views: int = 1) -> torch.Tensor:
+        """Apply drawn parameters (from :meth:`draw`) to images ``x`` ``(n, C, H, W)``; deterministic.
+
+        ``views`` > 1: ``x`` holds each image ``views`` times in a row (rows ``k·views … k·views + views − 1`` are
+        copies of one image, as :func:`make_views` lays them out), so what depends on the content alone (where a
+        ``"keep"`` shift may move it) is computed once per image."""
         n, _, h, w = x.shape
         if "offset_u" in params:
-            params = {**params, "offset": self._keeping_offsets(x, params["offset_u"])}
+            params = {**params, "offset": self._keeping_offsets(x, params["offset_u"], views)}
+        fresh = False  # x is a tensor of this call's own (written in place from here on), not the caller's
         if "offset" in params:
             s = self.shift
-            padded = F.pad(x, (s, s, s, s)).flatten(2)                                  # (n, C, (H+2s)(W+2s))
-            rows = params["offset"][:, 0, None] + torch.arange(h, device=x.device)      # (n, H)
-            cols = params["offset"][:, 1, None] + torch.arange(w, device=x.device)      # (n, W)
-            # each output pixel's position in its padded image, one gather for every channel
-            where = (rows[:, :, None] * (w + 2 * s) + cols[:, None, :]).view(n, 1, h * w)
-            x = padded.gather(2, where.expand(n, padded.shape[1], h * w)).view(n, -1, h, w)
+            padded, width = F.pad(x, (s, s, s, s)).flatten(2), w + 2 * s                # (n, C, (H+2s)(W+2s))
+            grid = torch.arange(h, device=x.device).unsqueeze(1) * width + torch.arange(w, device=x.device)
+            # each output pixel's position in its padded image (the grid moved by the image's offset), one gather
+            # for every channel
+            where = (params["offset"][:, :1] * width + params["offset"][:, 1:] + grid.view(1, -1)).view(n, 1, h * w)
+            x, fresh = padded.gather(2, where.expand(n, padded.shape[1], h * w)).view(n, -1, h, w), True
         if "brightness" in params:
-            x = x * params["brightness"].view(n, 1, 1, 1)
+            b = params["brightness"].view(n, 1, 1, 1)
+            x, fresh = (x.mul_(b) if fresh else x * b), True
         if "contrast" in params:
             mean = x.mean(dim=(1, 2, 3), keepdim=True)
-            x = (x - mean) * params["contrast"].view(n, 1, 1, 1) + mean
+            x, fresh = (x - mean) * params["contrast"].view(n, 1, 1, 1) + mean, True
         if "flip" in params:
-            x = torch.where(params["flip"].view(n, 1, 1, 1), x.flip(-1), x)
+            x, fresh = torch.where(params["flip"].view(n, 1, 1, 1), x.flip(-1), x), True
         if "keep" in params:
-            x = x * params["keep"].to(x.dtype)
+            x, fresh = (x.mul_(params["keep"]) if fresh else x * params["keep"].to(x.dtype)), True
         if "noise" in params:
-            x = x + params["noise"]
+            x, fresh = (x.add_(params["noise"]) if fresh else x + params["noise"]), True
         return x.contiguous()
 
-    def _keeping_offsets(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    def _keeping_offsets(self, x: torch.Tensor, u: torch.Tensor, views: int = 1) -> torch.Tensor:
         """Crop offsets ``(n, 2)`` in {0..2s} whose translations d = s − offset keep every nonzero pixel of each
         image inside it: per axis d ∼ U{lo..hi}, lo = max(−first, −s), hi = min(last_free, s), from ``u`` ∈ [0, 1).
-        An all-zero image gets d = 0."""
+        An all-zero image gets d = 0. ``views``: as in :meth:`apply` (one copy's bounds serve all of its copies)."""
         s = self.shift
+        images = x[::views] if views > 1 else x
         offsets = []
         for axis, dims in ((0, (1, 3)), (1, (1, 2))):                     # rows: any over C, W; columns: over C, H
-            occupied = (x != 0).any(dim=dims)                               # (n, size)
+            occupied = (images != 0).any(dim=dims)                          # (n / views, size)
             size = occupied.shape[1]
             first = occupied.int().argmax(dim=1)                            # 0 when empty
             last = size - 1 - occupied.flip(1).int().argmax(dim=1)          # size − 1 when empty
             lo = torch.clamp(-first, min=-s)
             hi = torch.clamp(size - 1 - last, max=s)
+            if views > 1:
+                lo, hi = lo.repeat_interleave(views), hi.repeat_interleave(views)
             d = lo + torch.floor(u[:, axis] * (hi - lo + 1).to(u.dtype)).long()
             offsets.append(s - torch.minimum(d, hi))
         return torch.stack(offsets, dim=1)
@@ -199,7 +208,9 @@ def make_views(x: torch.Tensor, num_views: int, generator: torch.Generator,
     """
     _check_images(x, 4, "x")
     check_number("num_views", num_views, integer=True, low=1)
-    views = augmentation(_repeat_views(x, num_views), generator)
+    flat = _repeat_views(x, num_views)
+    views = augmentation.apply(flat, augmentation.draw(flat.shape[0], x.shape[1:], generator, x.device, x.dtype),
+                               num_views)
     return views.view(x.shape[0], num_views, *x.shape[1:])
 
 
@@ -221,4 +232,4 @@ def make_views_cohort(x: torch.Tensor, num_views: int, generators: Sequence[torc
     draws = [augmentation.draw(n * num_views, x.shape[2:], g, x.device, x.dtype) for g in generators]
     params = {k: torch.cat([d[k] for d in draws]) for k in draws[0]} if draws else {}
     flat = _repeat_views(x.reshape(j * n, *x.shape[2:]), num_views)
-    return augmentation.apply(flat, params).view(j, n, num_views, *x.shape[2:])
+    return augmentation.apply(flat, params, num_views).view(j, n, num_views, *x.shape[2:])
