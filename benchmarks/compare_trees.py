@@ -13,7 +13,9 @@ ratio are reported. Measurements:
   bookkeeping (plans, batch schedules, message stacking) is what is timed; median of 5 rounds after a warm-up;
 - ``dpsgd``: a DP-SGD round through the engine (digits, 10 clients per round, MLP 64-200-200-10, per-example
   clipping with ghost norms, z = 1, batch 32, one epoch), and the same with ``batch_clip``; median of 12 rounds
-  after a warm-up round (the rounds are short).
+  after a warm-up round (the rounds are short);
+- ``fedsc``: a FedSC round of ``configs/fedsc/digits_canvas_1class.toml`` (10 clients, augmented views, DP-CalR);
+  median of 7 rounds after a warm-up round.
 
 Run: ``.venv/bin/python benchmarks/compare_trees.py --base /tmp/base [--repeats 5]``.
 """
@@ -81,6 +83,19 @@ fed = dataclasses.replace(fed, train_data=TrainData(data, fed.train_data.num_cla
 ROUNDS = 6
 """ + TIMED_ROUNDS
 
+FEDSC_WORKER = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from trustfl.engine.allocator import tune_allocator
+tune_allocator()
+from trustfl.config.build import build_federation
+from trustfl.config.load import load_config
+from trustfl.engine.sync import initial_state, run_round
+fed = build_federation(load_config("configs/fedsc/digits_canvas_1class.toml"), quiet=True)
+ROUNDS = 8
+""" + TIMED_ROUNDS
+
 
 def _env(tree: Path) -> dict[str, str]:
     """A minimal environment whose trustfl is ``tree``'s: the tree first on PYTHONPATH (the caller's entries after
@@ -116,6 +131,10 @@ def _dpsgd(tree: Path, mode: str) -> float:
     return _script(tree, DP_WORKER, mode)
 
 
+def _fedsc(tree: Path) -> float:
+    return _script(tree, FEDSC_WORKER)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, type=Path, help="checkout of the older commit")
@@ -128,6 +147,7 @@ def main() -> None:
              ("FedAvg sequential, 10 clients", lambda t: _engine(t, "sequential", 10)),
              ("DP-SGD per-example (ghost), 10 clients", lambda t: _dpsgd(t, "per_example")),
              ("DP-SGD batch_clip, 10 clients", lambda t: _dpsgd(t, "batch_clip")),
+             ("FedSC, 10 clients (configs/fedsc/digits_canvas_1class.toml)", _fedsc),
              ("host work, 1,000 clients x 600 examples", lambda t: _host(t, 1000, 600)),
              ("host work, 10,000 clients x 32 examples", lambda t: _host(t, 10000, 32))]
     lines = ["| round | before s (median) | after s (median) | after / before |", "|---|---|---|---|"]
