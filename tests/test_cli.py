@@ -41,6 +41,18 @@ def test_rounds_whose_every_message_is_rejected_are_said(tmp_path, capsys):
     assert json.loads((tmp_path / "good" / "summary.json").read_text())["rounds_all_rejected"] == 0
 
 
+def test_rounds_left_with_too_few_messages_for_the_rule_are_skipped_and_said(tmp_path, capsys):
+    # 4 NaN senders of 6 leave 2 messages, under cwtm's 3 for f = 1: each round is skipped, the run goes on
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('name = "few"\nrounds = 2\n[data]\nnum_clients = 6\n[model]\nname = "logreg"\n[cohort]\n'
+                   'sampler = "all"\n[aggregator]\nname = "cwtm"\nf = 1\n[attack]\nname = "nan"\nnum_byzantine = 4\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("was skipped") == 1 and "[few] warning: round 1 was skipped" in err  # said once, when it starts
+    assert "2 of 6 messages passed screening" in err and "warning: 2 of 2 rounds were skipped" in err
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["rounds_skipped"] == 2
+
+
 def test_config_error_is_one_line(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[client]\nlr = -3\n")

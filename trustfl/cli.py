@@ -57,6 +57,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if s.get("rounds_all_rejected"):
         print(f"warning: every message was rejected in {s['rounds_all_rejected']} of {s['rounds']} rounds (the model "
               f"did not move in them): see `rejected` in metrics.jsonl", file=sys.stderr)
+    if s.get("rounds_skipped"):
+        print(f"warning: {s['rounds_skipped']} of {s['rounds']} rounds were skipped, too few of their messages "
+              f"passing screening for the aggregator (the model did not move in them): see `skipped` in "
+              f"metrics.jsonl", file=sys.stderr)
     if "epsilon" in s and s["epsilon"]:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")

@@ -37,7 +37,7 @@ from trustfl.engine.base import AbstractEngine
 from trustfl.engine.distributed import DistributedExecutor, Ranks, check_same, from_main, ranks_from_env, session
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, all_rejected, evaluate, load_checkpoint, metric_names,
-                                 run_rounds, save_checkpoint, save_model)
+                                 run_rounds, save_checkpoint, save_model, skipped)
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.core.runfiles import metric_rows, read_metrics, truncate_metrics, write_json
@@ -282,7 +282,8 @@ def _summary(cfg: ExperimentConfig, fed: Federation, state: EngineState, rows: l
     out.update({"rounds": state.round, "rounds_planned": cfg.rounds, "wall_time_s": state.wall_time_s,
                 "seed": cfg.seed, "bytes_up_total": state.bytes_up_total,
                 "bytes_down_total": state.bytes_down_total, "rejected_total": state.rejected_total,
-                "rounds_all_rejected": sum(all_rejected(r) for r in rows), "num_parameters": fed.layout.numel})
+                "rounds_all_rejected": sum(all_rejected(r) for r in rows), "rounds_skipped": sum(map(skipped, rows)),
+                "num_parameters": fed.layout.numel})
     if "notice" in fed.info:
         out["notice"] = fed.info["notice"]
     for metric, value in fed.info.get("initial_evaluation", {}).items():

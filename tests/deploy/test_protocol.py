@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from trustfl.config.build import build_federation
 from trustfl.config.load import load_config
 from trustfl.deploy.loopback import InProcessTransport
 from trustfl.deploy.node import NodeRuntime
@@ -93,15 +94,16 @@ def test_a_round_with_too_few_answers_is_skipped_not_crashed(tmp_path):
 
 
 class Corrupting(InProcessTransport):
-    """Replaces node 1's reply by something malformed."""
+    """Replaces the replies of nodes ``which`` (node 1 by default) by something malformed."""
 
-    def __init__(self, nodes, bad):
+    def __init__(self, nodes, bad, which=(1,)):
         super().__init__(nodes)
-        self.bad = bad
+        self.bad, self.which = bad, which
 
     def train(self, requests, timeout):
         replies = super().train(requests, timeout)
-        replies[1] = self.bad(replies[1])
+        for node in self.which:
+            replies[node] = self.bad(replies[node])
         return replies
 
 
@@ -133,6 +135,16 @@ def test_a_malformed_reply_is_screened_as_in_simulation(bad, tmp_path):
     else:
         assert all(r["rejected"] == 1 for r in dep.rows)
     assert dep.rows[-1]["accuracy"] > 0.5
+
+
+def test_malformed_replies_that_leave_the_rule_too_few_skip_the_round_not_the_server(tmp_path, capsys):
+    """Two NaN replies of 4 leave 2, under cwtm's 3 (f = 1), with no node dropped: the server used to stop there."""
+    cfg = _config(FEDAVG_DP_ROBUST)
+    nodes = [NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)]
+    dep, _ = _deploy(cfg, tmp_path, transport=Corrupting(nodes, _nan, which=(1, 2)))
+    assert all(r["skipped"] == 1 and r["rejected"] == 2 and r["dropped"] == 0 for r in dep.rows)
+    assert torch.equal(dep.params, build_federation(cfg, quiet=True).initial_params)  # never moved
+    assert "round 1 skipped: 0 node(s) dropped, 2 reply(ies) rejected" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override,key", [

@@ -57,6 +57,21 @@ def _base(fed, state, cid):
     return entry[BASE] if BASE in entry else fed.initial_params
 
 
+def test_an_async_round_whose_screening_leaves_the_rule_too_few_messages_is_skipped():
+    """The async engine shares the sync engine's server half: 7 NaN senders of 8 leave fewer than cwtm's 3 (f = 1)
+    in every polled group of 4 that holds one, and such rounds keep the server model instead of stopping the run."""
+    fed, engine, state = _engine(_cfg(cohort__size=4, aggregator={"name": "cwtm", "f": 1},
+                                      attack={"name": "nan", "num_byzantine": 7}))
+    start = state.params.clone()
+    rows = []
+    for _ in range(3):
+        state, metrics = engine.run_round(fed, state)
+        rows.append(metrics)
+    assert any(m.get("skipped") == 1 for m in rows)
+    assert all(m.get("skipped") == 1 or m["rejected"] == m["cohort_size"] for m in rows)
+    assert torch.equal(state.params, start) and state.round == 3
+
+
 # ---------------------------------------------------------------- QuAFL
 
 @pytest.mark.parametrize("compress", [None, "identity"])

@@ -141,6 +141,22 @@ def test_nonfinite_messages_are_rejected_and_training_goes_on(small_config, atta
     assert history[-1]["train_loss"] < history[0]["train_loss"]
 
 
+@pytest.mark.parametrize("senders", [6, 2])
+def test_a_round_whose_screening_leaves_the_rule_too_few_messages_is_skipped_not_stopped(small_config, senders):
+    """6 NaN senders of 8 leave 2 messages, under cwtm's 2f + 1 = 5 for f = 2: each round keeps the model and is
+    marked ``skipped`` (the run used to stop in round 1 with the rule's error). 2 senders leave 6: aggregated."""
+    cfg = small_config(rounds=3, cohort={"sampler": "all"}, aggregator={"name": "cwtm", "f": 2},
+                       attack={"name": "nan", "num_byzantine": senders})
+    fed, state, history = train(cfg, 3)
+    assert [m["rejected"] for m in history] == [senders] * 3 and state.round == 3
+    if senders == 6:
+        assert all(m["skipped"] == 1 for m in history)
+        assert torch.equal(state.params, fed.initial_params)
+    else:
+        assert not any("skipped" in m for m in history)
+        assert bool(torch.isfinite(state.params).all()) and not torch.equal(state.params, fed.initial_params)
+
+
 def test_fedavg_end_to_end_on_digits(small_config, tmp_path):
     cfg = small_config(rounds=15, data__num_clients=10, cohort={"sampler": "all"},
                        client={"epochs": 2, "batch_size": 16, "lr": 0.1, "momentum": 0.5})

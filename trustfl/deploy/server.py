@@ -12,7 +12,8 @@ evaluation and progress. Its round::
 The server never sees a node's data, state, seed or private key; it relays only public keys. DP events are
 computed by the server from the configuration and each node's reported number of local steps (a node cannot
 lower another's charge). A node that fails or times out is *dropped* from the round: the round aggregates
-whoever answered if the rule's minimum is met, and is skipped with a notice otherwise. A dropped node is
+whoever answered if the rule's minimum is met, and is skipped with a notice otherwise (as is a round whose
+malformed or non-finite replies leave too few). A dropped node is
 charged its planned round (it may have released its message before the failure): ledgers err on the side of
 more ε, never less. Pairwise-cancelling noise does not cancel across an absent peer; the round's
 ``<stage>/sum_noise_std`` is computed for the rows that actually arrived.
@@ -20,7 +21,6 @@ more ε, never less. Pairwise-cancelling noise does not cancel across an absent 
 from __future__ import annotations
 
 import abc
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -35,7 +35,7 @@ from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import num_local_steps
 from trustfl.engine.round_parts import Arrivals, admit, conclude, round_events, sample_cohort
 from trustfl.engine.sync import initial_state
-from trustfl.errors import ConfigError, TrustFLError
+from trustfl.errors import ConfigError
 from trustfl.privacy.correlated import CorrelatedNoise
 from trustfl.privacy.keys import PublicKeyDirectory
 
@@ -136,26 +136,13 @@ class RemoteEngine(AbstractEngine):
         metrics.update({"dropped": len(dropped), "dropped_clients": dropped,
                         "wire_bytes_down": sent_after[0] - sent_before[0],
                         "wire_bytes_up": sent_after[1] - sent_before[1]})
-        try:
-            new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
-        except TrustFLError as err:
-            if not dropped:
-                raise
-            new, metrics = self._skip(fed, state, events, bytes_down, metrics, err)
+        new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
+        if metrics.get("skipped"):  # too few usable replies for the rule: the model stays, the sends are charged
+            usable = metrics["cohort_size"] - metrics["rejected"]
+            print(f"[trustfl deploy] round {state.round + 1} skipped: {metrics['dropped']} node(s) dropped, "
+                  f"{metrics['rejected']} reply(ies) rejected, and the rest is too few: "
+                  f"{fed.aggregator.too_few(usable)}", file=sys.stderr, flush=True)
         new.wall_time_s = state.wall_time_s + time.perf_counter() - start
-        return new, metrics
-
-    @staticmethod
-    def _skip(fed: Federation, state: EngineState, events: list, bytes_down: int, metrics: dict[str, Any],
-              err: Exception) -> tuple[EngineState, dict[str, Any]]:
-        """Too few nodes answered for the rule: the model stays, the round's sends are still charged."""
-        print(f"[trustfl deploy] round {state.round + 1} skipped: {metrics['dropped']} node(s) dropped and the "
-              f"rest is too few: {err}", file=sys.stderr, flush=True)
-        new = dataclasses.replace(state, round=state.round + 1, bytes_down_total=state.bytes_down_total + bytes_down)
-        if fed.ledger is not None and events:
-            fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
-            new.ledger = fed.ledger.state_dict()
-        metrics.update({"skipped": 1, "cohort_size": 0, "bytes_up": 0, "bytes_down": bytes_down})
         return new, metrics
 
 

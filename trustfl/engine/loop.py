@@ -114,7 +114,7 @@ class Progress:
 
     def __init__(self, total: int, start: int, enabled: bool, name: str, primary: str) -> None:
         self.enabled, self.name, self.total, self.primary = enabled, name, total, primary
-        self.warned = False  # the first round whose every message was rejected is said once
+        self.warned: set[str] = set()  # the first round of each kind that left the model in place is said once
         self.bar = None
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
@@ -127,11 +127,16 @@ class Progress:
     def update(self, row: dict[str, Any] | None, round_: int, evaluated: bool = True) -> None:
         """Advance by one round; ``row`` is the round's metrics row, ``evaluated`` whether it holds an evaluation."""
         shown = row is not None and evaluated
-        if self.enabled and not self.warned and row is not None and all_rejected(row):
-            self.warned = True
+        if self.enabled and row is not None and "rejected" not in self.warned and all_rejected(row):
+            self.warned.add("rejected")
             self._say(f"[{self.name}] warning: round {round_} rejected all {row['cohort_size']} messages (NaN or Inf, "
                       f"malformed, or screened out), so the model did not move; a diverging local step (e.g. too "
                       f"large a `client.lr`) is the usual cause. `rejected` in metrics.jsonl counts them per round.")
+        if self.enabled and row is not None and "skipped" not in self.warned and row.get("skipped"):
+            self.warned.add("skipped")
+            self._say(f"[{self.name}] warning: round {round_} was skipped, so the model did not move: "
+                      f"{row['cohort_size'] - row['rejected']} of {row['cohort_size']} messages passed screening, "
+                      f"fewer than the aggregator needs. `skipped` and `rejected` in metrics.jsonl mark such rounds.")
         if self.bar is not None:
             self.bar.update(1)
             if shown:
@@ -156,6 +161,12 @@ def all_rejected(row: dict[str, Any]) -> bool:
     """Whether a round's metrics row says the server rejected every message of a non-empty cohort."""
     size = row.get("cohort_size")
     return isinstance(size, int) and size > 0 and row.get("rejected") == size
+
+
+def skipped(row: dict[str, Any]) -> bool:
+    """Whether a round's metrics row says the server skipped it: too few messages passed screening for the
+    aggregator (:func:`trustfl.engine.round_parts.conclude`)."""
+    return bool(row.get("skipped"))
 
 
 def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, Any],

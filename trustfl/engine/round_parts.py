@@ -285,13 +285,18 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
     rejected = int((~accepted).sum())
     bytes_up += extra_bytes_up
     metrics.update({"cohort_size": len(cohort), "rejected": rejected})
+    usable = len(cohort) - rejected
+    # Fewer messages passed screening than the rule needs (e.g. NaN senders beyond what it tolerates): the round
+    # is skipped, the model stays, and the run goes on; a message can make the server move, never stop.
+    if usable and fed.aggregator.too_few(usable) is not None:
+        metrics["skipped"] = 1
     if arrivals.compressed:
         metrics["decode_failures"] = int(arrivals.failures)
 
     new = dataclasses.replace(
         state, round=r + 1, bytes_up_total=state.bytes_up_total + bytes_up,
         bytes_down_total=state.bytes_down_total + bytes_down, rejected_total=state.rejected_total + rejected)
-    if bool(accepted.any()):
+    if usable and "skipped" not in metrics:
         keep = torch.nonzero(accepted).flatten()
         ctx = context(fed, r, cohort, weights_all).select(keep)
         agg = fed.aggregator.apply(stacked if rejected == 0 else stacked[keep], state.aggregator, ctx)
