@@ -173,3 +173,5 @@ def test_views_argument_reads_each_image_once_and_changes_no_view(views):
     once = aug.apply(flat, params, views)
     assert once.view(torch.int32).equal(aug.apply(flat, params).view(torch.int32))
     assert not once.equal(aug.apply(x.repeat(views, 1, 1, 1), params, views))  # copies must sit in a row
+    with pytest.raises(ConfigError, match="`views`"):
+        aug.apply(flat[1:], {k: v[1:] for k, v in params.items()}, views)

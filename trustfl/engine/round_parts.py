@@ -287,7 +287,7 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
     metrics.update({"cohort_size": len(cohort), "rejected": rejected})
     usable = len(cohort) - rejected
     # Fewer messages passed screening than the rule needs (e.g. NaN senders beyond what it tolerates): the round
-    # is skipped, the model stays, and the run goes on; a message can make the server move, never stop.
+    # is skipped, the model stays, and the run goes on: no message can stop the server.
     if usable and fed.aggregator.too_few(usable) is not None:
         metrics["skipped"] = 1
     if arrivals.compressed:

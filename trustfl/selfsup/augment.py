@@ -121,8 +121,15 @@ class Augmentation:
 
         ``views`` > 1: ``x`` holds each image ``views`` times in a row (rows ``k·views … k·views + views − 1`` are
         copies of one image, as :func:`make_views` lays them out), so what depends on the content alone (where a
-        ``"keep"`` shift may move it) is computed once per image."""
+        ``"keep"`` shift may move it) is computed once per image.
+
+        Raises:
+          ConfigError: ``views`` is not a positive integer dividing the number of images."""
         n, _, h, w = x.shape
+        check_number("views", views, integer=True, low=1)
+        if n % views:
+            raise ConfigError(f"`views` = {views} must divide the number of images ({n}): each image is held "
+                              f"`views` times in a row.")
         if "offset_u" in params:
             params = {**params, "offset": self._keeping_offsets(x, params["offset_u"], views)}
         fresh = False  # x is a tensor of this call's own (written in place from here on), not the caller's
