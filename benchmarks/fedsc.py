@@ -18,9 +18,11 @@ DP (Table 6 style): FedSC on the 2class split sharing only in late rounds (t = 3
 σ_j calibrated per client for ε ∈ ``--epsilons`` at δ = 1e-2, beside the same late schedule without noise (ε = ∞)
 and FedAvg+SC; the ε each client spent (``summary.json``) is reported.
 
-Timing: seconds per round of trustfl's FedSC round (vectorized over the 10 clients, DP-CalR included) against a
-plain per-client Python loop of the same work written here (same model, batches, views, loss, SGD with momentum and
-weight decay, DP-CalR of 5 views per sample), best of 3 rounds each, one thread.
+Timing (the record's last section, ``benchmarks/fedsc_speed.py``): seconds per round of trustfl's FedSC round
+(vectorized over the 10 clients, DP-CalR included) against :func:`loop_round`, a plain per-client Python loop of the
+same work written here (same model, batches, views, loss, SGD with momentum and weight decay, DP-CalR of 5 views per
+sample), each in fresh interleaved processes at one thread and at torch's default. ``--timing-only`` measures only
+this and rewrites that section of an existing record (``--out``), saying so in its heading.
 """
 from __future__ import annotations
 
@@ -37,17 +39,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trustfl.config.build import build_federation  # noqa: E402
 from trustfl.config.load import load_config  # noqa: E402
-from trustfl.engine.sync import initial_state, run_round  # noqa: E402
 from trustfl.experiment import run_experiment  # noqa: E402
 from trustfl.objectives.spectral import fedsc_loss, norm_clip  # noqa: E402
 from trustfl.selfsup.augment import DEFAULT, make_views  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' own helpers
+import fedsc_speed  # noqa: E402
 from tuning import search  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks/fedsc.md"
 METHODS = {**{m: [f'algorithm="{m}"'] for m in ("fedsc", "fedavg_sc", "fedavg_byol", "fedu", "fedema")},
            "fedx": ['algorithm="fedx"'],
            "fedca": ['algorithm="fedca"'],
@@ -193,24 +195,24 @@ def loop_round(fed, params_flat: torch.Tensor, r: int, store: dict) -> torch.Ten
     return torch.stack(new).mean(0)
 
 
-def timing(repeats: int = 3) -> dict:
-    torch.set_num_threads(1)
-    cfg = load_config(ROOT / "configs/fedsc/digits_canvas_1class.toml")
-    fed = build_federation(cfg, quiet=True)
-    state = initial_state(fed)
-    state, _ = run_round(fed, state)  # warm-up (first vmap call)
-    engine = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        state, _ = run_round(fed, state)
-        engine.append(time.perf_counter() - t)
-    params = state.params.clone()
-    loop = []
-    for r in range(repeats):
-        t = time.perf_counter()
-        params = loop_round(fed, params, r + 1, {})
-        loop.append(time.perf_counter() - t)
-    return {"trustfl_vectorized_s": min(engine), "per_client_loop_s": min(loop)}
+TIMING_TITLE = "## Cost of one FedSC round (1class split, 10 clients)"
+
+
+def rewrite_timing(out: Path) -> None:
+    """Measure the cost of a round (:func:`fedsc_speed.measure`) and put it in place of ``out``'s last section (the
+    earlier timing), and in the JSON record beside it; the heading names this command."""
+    text = out.read_text()
+    if "\n## Cost of one FedSC round" not in text:
+        raise SystemExit(f"{out} holds no section '## Cost of one FedSC round' to rewrite; run the full benchmark.")
+    tim = fedsc_speed.measure()
+    command = ".venv/bin/python benchmarks/fedsc.py --timing-only" + ("" if out == DEFAULT_OUT else f" --out {out}")
+    head = text[:text.index("\n## Cost of one FedSC round") + 1]
+    out.write_text(head + "\n".join(fedsc_speed.section(tim, f"{TIMING_TITLE}, written by `{command}`")))
+    record = out.with_suffix(".json")
+    if record.exists():
+        data = json.loads(record.read_text())
+        record.write_text(json.dumps({**data, "timing": tim}, indent=1))
+    print("\n".join(fedsc_speed.section(tim, TIMING_TITLE)))
 
 
 def fmt(values: list[float]) -> str:
@@ -224,9 +226,14 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--splits", default="1class,2class")
     parser.add_argument("--epsilons", default="3,6", help="DP section's ε values ('' to skip it)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/fedsc.md"))
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--workers", type=int, default=1, help="processes (one thread each)")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="measure only the cost of a round and rewrite that section of the existing --out record")
     args = parser.parse_args()
+    if args.timing_only:
+        rewrite_timing(Path(args.out))
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     splits = args.splits.split(",")
     start = time.perf_counter()
@@ -235,7 +242,7 @@ def main() -> None:
     acc = accuracy(splits, seeds, tuned, args.workers)
     dp_lr = tuned["2class"]["chosen"]["fedsc"] if "2class" in tuned else None
     dp = privacy([float(e) for e in args.epsilons.split(",") if e], seeds, dp_lr, args.workers)
-    tim = timing()
+    tim = fedsc_speed.measure()
     lines = ["# FedSC on digits in 10×10 canvases", "",
              f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fedsc.py --seeds {args.seeds} "
              f"--splits {args.splits} --epsilons {args.epsilons} --workers {args.workers}`", "",
@@ -272,11 +279,7 @@ def main() -> None:
                          f"{fmt([r['final_knn_accuracy'] for r in rows])} | {eps:.3f} |" if eps else
                          f"| {name} | {fmt([r['final_linear_probe_accuracy'] for r in rows])} | "
                          f"{fmt([r['final_knn_accuracy'] for r in rows])} | ∞ (σ = 0) |")
-    lines += ["", "## Cost of one FedSC round (1class split, 10 clients, one thread)", "",
-              "| implementation | s / round |", "|---|---|",
-              "| trustfl sync engine (vectorized over clients, DP-CalR included) | "
-              f"{tim['trustfl_vectorized_s']:.3f} |",
-              f"| per-client Python loop of the same work (this script) | {tim['per_client_loop_s']:.3f} |", ""]
+    lines += ["", *fedsc_speed.section(tim, TIMING_TITLE)]
     Path(args.out).write_text("\n".join(lines))
     (Path(args.out).with_suffix(".json")).write_text(json.dumps({"tuning": tuned, "accuracy": acc, "privacy": dp,
                                                                     "timing": tim}, indent=1))
