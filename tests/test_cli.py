@@ -51,6 +51,9 @@ def test_rounds_left_with_too_few_messages_for_the_rule_are_skipped_and_said(tmp
     assert err.count("was skipped") == 1 and "[few] warning: round 1 was skipped" in err  # said once, when it starts
     assert "2 of 6 messages passed screening" in err and "warning: 2 of 2 rounds were skipped" in err
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["rounds_skipped"] == 2
+    assert main(["report", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert " skipped" in out.splitlines()[0] and "rounds_skipped=2" in out
 
 
 def test_config_error_is_one_line(tmp_path, capsys):
