@@ -198,6 +198,26 @@ def test_an_allocation_that_fails_inside_a_round_is_one_line_saying_how_much(sma
     assert not isinstance(caught.value, ResourceError)
 
 
+def test_a_model_larger_than_the_machine_is_a_resource_error_naming_its_keys(capsys, monkeypatch):
+    """A model whose weights cannot be allocated (an MLP layer of 2·10^9 units asks for 512 GB; the allocator's
+    failure is stood in for, so no machine tries) is a ResourceError like every failed allocation, not a config
+    mistake; another error of torch's while building stays a ConfigError naming `model`."""
+    import trustfl.config.model as model_module
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 512000000000 bytes. Error code 12")
+    monkeypatch.setattr(model_module, "build_model", fails)
+    config = "configs/quickstart.toml"
+    assert main(["validate", config, "--set", "model.hidden=[2000000000]"]) == 2
+    line = _one_line(capsys)
+    assert "the model 'mlp' needs more memory than this machine has (512.0 GB asked for)" in line
+    assert "`[model]`" in line
+    monkeypatch.setattr(model_module, "build_model", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bad")))
+    assert main(["validate", config]) == 2
+    assert "`model` ('mlp') cannot be built: bad" in _one_line(capsys)
+
+
 def test_a_views_shift_of_an_image_s_side_or_on_non_images_is_refused_at_validation(tmp_path, capsys):
     config = "configs/fedsc/digits_canvas_1class.toml"
     assert main(["validate", config, "--set", 'recipe.augment={shift_mode="keep", shift=10}']) == 2

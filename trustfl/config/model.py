@@ -7,10 +7,11 @@ from pathlib import Path
 import torch
 
 from trustfl.config.schema import ExperimentConfig
+from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.registry import lookup
 from trustfl.core.rng import derive_seed
 from trustfl.data.datasets import Dataset
-from trustfl.errors import ConfigError, DataError, RegistryError, TrustFLError
+from trustfl.errors import ConfigError, DataError, RegistryError, ResourceError, TrustFLError
 from trustfl.models.zoo import build_model
 from trustfl.types import ParamLayout
 
@@ -29,12 +30,15 @@ def build_config_model(cfg: ExperimentConfig, dataset: Dataset, seed: int, num_o
     if blocks is not None:
         params["blocks"] = blocks
     try:
-        model = build_model(cfg.model.name, dataset.input_shape, num_outputs, derive_seed(seed, "model"), **params)
+        with out_of_memory_as_error(f"the model {cfg.model.name!r}", "its sizes in `[model]`"):
+            model = build_model(cfg.model.name, dataset.input_shape, num_outputs, derive_seed(seed, "model"), **params)
     except TypeError as err:
         raise ConfigError(f"`model` ({cfg.model.name!r}): {err}") from None
+    except ResourceError:  # a model larger than the machine: said as every failed allocation is
+        raise
     except TrustFLError as err:
         raise ConfigError(f"`model`: {err}") from None
-    except (RuntimeError, MemoryError, OverflowError) as err:  # e.g. a layer too large to allocate
+    except (RuntimeError, OverflowError) as err:  # e.g. a size torch refuses
         raise ConfigError(f"`model` ({cfg.model.name!r}) cannot be built: {str(err).splitlines()[0]}") from None
     if cfg.model.params.get("init_from"):
         load_initial_weights(model, cfg.model.params["init_from"], cfg.model.name)
