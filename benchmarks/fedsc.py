@@ -201,7 +201,7 @@ TIMING_TITLE = "## Cost of one FedSC round (1class split, 10 clients)"
 def rewrite_timing(out: Path) -> None:
     """Measure the cost of a round (:func:`fedsc_speed.measure`) and put it in place of ``out``'s last section (the
     earlier timing), and in the JSON record beside it; the heading names this command."""
-    text = out.read_text()
+    text = out.read_text() if out.is_file() else ""
     if "\n## Cost of one FedSC round" not in text:
         raise SystemExit(f"{out} holds no section '## Cost of one FedSC round' to rewrite; run the full benchmark.")
     tim = fedsc_speed.measure()
