@@ -159,6 +159,9 @@ def test_vectorized_equals_sequential_and_only_the_online_network_is_sent(algori
                                        ({"recipe": {"ema": 1.0}}, "recipe.ema"),
                                        ({"model": {"name": "mlp"}}, "model.name"),
                                        ({"objective": {"name": "cross_entropy"}}, "objective.name"),
+                                       # the recipe builds its objective: a parameter of the user's was dropped
+                                       ({"objective": {"name": "byol", "ema": 0.5}}, "objective.ema"),
+                                       ({"objective": {"name": "auto", "zz": 1}}, "objective.zz"),
                                        ({"client": {"dp": {"mode": "per_example"}}}, "client.dp.mode")])
 def test_bad_input_is_refused_with_its_key(over, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

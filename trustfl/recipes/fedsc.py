@@ -57,7 +57,7 @@ AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip
 def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm: str, objective: str,
                            privacy: str) -> Any:
     """The client table of a self-supervised recipe: ``recipe.views`` / ``recipe.augment`` as the ``views``
-    augmentation, checked: no other objective, no DP-SGD (``privacy`` says what protects the run instead), no
+    augmentation, checked: no other objective and no parameters of the user's for it, no DP-SGD (``privacy`` says what protects the run instead), no
     client statistics of the user's."""
     views = recipe_number(rec, "views", 1, integer=True, low=1)
     augment = rec.get("augment", {})
@@ -67,6 +67,11 @@ def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm
     if cfg.objective.name not in ("auto", objective):
         raise ConfigError(f"`objective.name` is {cfg.objective.name!r}; algorithm {algorithm!r} trains the "
                           f"{objective!r} objective (set its `recipe.*` keys instead).")
+    if cfg.objective.params:  # the recipe builds the objective from `recipe.*`: a parameter here would be dropped
+        key = sorted(cfg.objective.params)[0]
+        raise ConfigError(f"`objective.{key}` is not read: algorithm {algorithm!r} builds the {objective!r} "
+                          f"objective from its `recipe.*` keys; remove `objective.{key}` (`recipe.{key}`, where "
+                          f"the algorithm has it, sets the same thing).")
     if cfg.client.dp.mode != "off":
         raise ConfigError(f"`client.dp.mode` must be \"off\" with algorithm {algorithm!r}: its loss is not a mean "
                           f"of per-example losses; {privacy}.")
