@@ -148,6 +148,7 @@ def test_bad_options_are_refused_naming_the_option(option, value):
 
 @pytest.mark.parametrize("edit, key", [
     (lambda c: c["data"].update(partition={"name": "iid"}), "data.partition"),
+    (lambda c: c["data"].update(partition={"name": "natural", "shards": 3}), "data.partition.shards"),  # was dropped
     (lambda c: c["data"]["options"].update(num_clients=5), "data.options.num_clients"),
     (lambda c: c["data"]["options"].update(alpha=-0.5), "alpha"),
     (lambda c: c.update(evaluators=[{"name": "accuracy"}, {"name": "knn"}]), "evaluators"),

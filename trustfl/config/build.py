@@ -221,6 +221,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     holders = n if cfg.attack.byzantine_hold_data else n - len(byzantine)
     if dataset.population is not None:  # a generated population is its own partition (natural)
         client_rows, info["partition"] = population_partition(cfg, dataset, evaluators)
+        build_component("partitioner", cfg.data.partition, "data.partition")  # its keys checked, as elsewhere
     else:
         client_rows, info["partition"] = _partition(cfg, dataset, holders, seed)
 
