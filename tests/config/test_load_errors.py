@@ -146,6 +146,7 @@ def test_float_fields_are_found():
     ({"client_stages": [{"name": "clip_l2", "max_norm": math.inf}]}, "`client_stages[0].max_norm`"),
     ({"data": {"options": {"max_train": [1, math.nan]}}}, "`data.options.max_train[1]`"),
     ({"rounds": 2 ** 64}, "`rounds`"),
+    ({"rounds": 10_000_001}, "`rounds`"),  # per-round plans are laid out at build time (2^31 hung or exhausted memory)
     ({"client": {"dp": {"epsilons": [2 ** 70]}}}, "`client.dp.epsilons[0]`"),
 ])
 def test_non_finite_and_huge_numbers_anywhere(data, path):

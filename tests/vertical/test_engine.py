@@ -104,10 +104,26 @@ def test_a_run_that_would_overspend_is_refused(vertical_config):
     ({"client__momentum": 0.9}, "client.momentum"),
     ({"engine__speed": {"name": "deterministic", "duration": 1.0}}, "engine.speed"),
     ({"client__batch_size": 100000}, "client.batch_size"),
+    # the activation schedule is drawn whole at build time: 10^7 rounds used to ask for terabytes
+    ({"rounds": 10_000_000}, "rounds"),
+    ({"engine__iterations_per_round": 10_000_001}, "rounds"),
 ])
 def test_bad_input_is_refused_before_training_with_the_key(vertical_config, overrides, key):
     with pytest.raises(ConfigError, match=re.escape(f"`{key}")):
         build_federation(vertical_config("dpzv", **overrides), quiet=True)
+
+
+def test_an_activation_schedule_the_machine_cannot_hold_is_a_resource_error(vertical_config, monkeypatch):
+    """Below the iteration cap a clock schedule of many parties can still exceed memory: one line naming the keys
+    that size it (the allocator's failure stood in for)."""
+    import trustfl.config.vertical as vertical
+    from trustfl.errors import ResourceError
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 96000000000 bytes.")
+    monkeypatch.setattr(vertical, "activation_order", fails)
+    with pytest.raises(ResourceError, match=r"vertical activation schedule needs more memory .*96\.0 GB.*`rounds`"):
+        build_federation(vertical_config("dpzv"), quiet=True)
 
 
 def test_vertical_settings_are_refused_by_horizontal_engines(small_config):

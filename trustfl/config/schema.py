@@ -179,6 +179,9 @@ class AttackConfig:
         check(self.view in ("transmitted", "noiseless"), "view", self.view, '"transmitted" or "noiseless"')
 
 
+MAX_ROUNDS = 10_000_000
+"""The most ``rounds`` a run may ask for: far beyond any run's length, short of what building it would spend on
+per-round plans (an absurd count used to hang or exhaust memory at build time)."""
 DEVICE_PATTERN = re.compile(r"cpu|auto|cuda(:(0|[1-9][0-9]*))?")
 """The values ``engine.device`` takes (whether a CUDA device is present is checked when the run is built)."""
 
@@ -327,7 +330,9 @@ class ExperimentConfig:
               and not any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in self.name), "name", self.name,
               "1 to 100 characters without a path separator or control character, not starting with a dot or "
               "space (it names the run directory)")
-        check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
+        check(1 <= self.rounds <= MAX_ROUNDS, "rounds", self.rounds,
+              f"an integer from 1 to {MAX_ROUNDS:,} (schedules, evaluation and privacy plans are laid out per "
+              f"round when the run is built)")
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         init_from = self.model.params.get("init_from", "")
         check(isinstance(init_from, str), "model.init_from", init_from,

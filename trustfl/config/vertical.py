@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from trustfl.config.schema import ClientConfig, Component, ExperimentConfig
+from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import Dataset
 from trustfl.data.vertical import check_columns, split_features
@@ -21,6 +22,10 @@ from trustfl.vertical.activation import activation_order
 from trustfl.vertical.engine import VerticalSetup
 
 VERTICAL_ALGORITHMS = ("dpzv", "vafl", "zoo_vfl", "czofo")
+MAX_ITERATIONS = 10_000_000
+"""The most server iterations (``rounds`` × iterations per round) a vertical run may ask for: its activation
+schedule is drawn whole when the run is built (hours of DPZV's iterations on this project's CPU, a few hundred MB
+of schedule)."""
 SPLITS = {"contiguous": ("unit",), "shuffled": ("unit",), "columns": ("columns",)}
 
 
@@ -125,7 +130,14 @@ def vertical_setup(cfg: ExperimentConfig, dataset: Dataset, blocks: list[np.ndar
             speed = speed.bind(parties, seed=cfg.seed)
         except TrustFLError as err:
             raise ConfigError(f"`engine.speed` ({cfg.engine.speed.name!r}): {err}") from None
-    order, times = activation_order(cfg.engine.activation, parties, cfg.rounds, per_round, cfg.seed, speed)
+    if cfg.rounds * per_round > MAX_ITERATIONS:
+        per = (f"`engine.iterations_per_round` = {per_round}" if cfg.engine.iterations_per_round else
+               f"{per_round} iterations per round (`engine.iterations_per_round`, 0: {parties} parties × "
+               f"{math.ceil(n / b)} batches)")
+        raise ConfigError(f"`rounds` = {cfg.rounds} with {per} asks for {cfg.rounds * per_round:,} server iterations; "
+                          f"at most {MAX_ITERATIONS:,} (the activation schedule is drawn whole when the run is built).")
+    with out_of_memory_as_error("the vertical activation schedule", "`rounds` or `engine.iterations_per_round`"):
+        order, times = activation_order(cfg.engine.activation, parties, cfg.rounds, per_round, cfg.seed, speed)
     blocks_t = [torch.as_tensor(b_, dtype=torch.long) for b_ in blocks]
     features = [train_x[:, cols].contiguous() for cols in blocks_t]
     info["vertical"] = {"parties": parties, "features_per_party": [len(c) for c in blocks], "samples": n,
