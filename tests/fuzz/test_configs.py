@@ -36,7 +36,7 @@ from trustfl.config.load import config_from_dict, dump_toml, load_config
 from trustfl.errors import BudgetExceededError, ConfigError, RegistryError, TrustFLError
 
 SEED = 16
-NUM_CASES = 260
+NUM_CASES = 2000
 """Generated config mutations (one fuzz_results entry each)."""
 SHIPPED = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.toml"))
 FAKE_TRAIN, FAKE_TEST = 1200, 200
