@@ -2,6 +2,8 @@
 line and 130; anything else is a bug and keeps its traceback (issue #16)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import trustfl.cli as cli
@@ -216,6 +218,34 @@ def test_a_model_larger_than_the_machine_is_a_resource_error_naming_its_keys(cap
     monkeypatch.setattr(model_module, "build_model", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bad")))
     assert main(["validate", config]) == 2
     assert "`model` ('mlp') cannot be built: bad" in _one_line(capsys)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+@pytest.mark.parametrize("args, fragment", [
+    (["validate", "/dev/zero"], "Config file '/dev/zero' is larger than 16 MiB"),
+    (["validate", "configs/quickstart.toml", "--set", 'data.dataset="csv"', "--set", 'data.path="/dev/zero"'],
+     "CSV file '/dev/zero' is a device, not a file"),
+    (["validate", "configs/quickstart.toml", "--set", 'data.dataset="npz"', "--set", 'data.path="/dev/zero"'],
+     "npz file '/dev/zero' is a device, not a file"),
+    (["validate", "configs/quafl/quafl.toml", "--set", 'data.dataset="digits"', "--set",
+      'engine.speed={name="trace", path="/dev/zero"}'],
+     "'/dev/zero' is a device, not a CSV file"),
+])
+def test_an_endless_device_as_a_file_is_one_line_not_a_read_without_end(args, fragment):
+    """/dev/zero as the config, a data file or a speed trace was read until memory ran out. Run in a child
+    process whose address space is capped, so that a regression fails here instead of exhausting the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.child_run import ROOT, child_env
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2 ** 30, 3 * 2 ** 30))
+    proc = subprocess.run([sys.executable, "-m", "trustfl", *args], cwd=ROOT, env=child_env(OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=120, preexec_fn=cap)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr[-500:]
 
 
 def test_a_views_shift_of_an_image_s_side_or_on_non_images_is_refused_at_validation(tmp_path, capsys):

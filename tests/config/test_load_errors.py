@@ -56,10 +56,10 @@ def test_directory_and_missing_file(tmp_path):
 def test_unreadable_permissions_become_a_config_error(tmp_path, monkeypatch):
     path = _write(tmp_path, SMALL)
 
-    def denied(self):
+    def denied(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "read_bytes", denied)  # root ignores chmod 000, so simulate it
+    monkeypatch.setattr(Path, "open", denied)  # root ignores chmod 000, so simulate it
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert "Cannot read config file" in str(err.value) and "Permission denied" in str(err.value)

@@ -16,6 +16,8 @@ from trustfl.config.schema import Component, ExperimentConfig, FieldError
 from trustfl.errors import ConfigError
 
 _MISSING = object()
+MAX_TOML_BYTES = 16 * 2 ** 20
+"""The largest TOML file :func:`read_toml` reads (configs and sweep files are a few KB)."""
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 """TOML integers are signed 64-bit (TOML 1.0 §Integer); larger literals are refused, not wrapped or truncated."""
 
@@ -208,11 +210,15 @@ def read_toml(path: str | Path, what: str = "Config file") -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{what} {name} does not exist.")
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:  # bounded: a device such as /dev/zero would be read until memory runs out
+            raw = f.read(MAX_TOML_BYTES + 1)
     except OSError as err:  # permissions, a FIFO that fails, an I/O error
         raise ConfigError(f"Cannot read {what.lower()} {name}: {err.strerror or err}.") from None
     except ValueError as err:  # an embedded NUL in the path
         raise ConfigError(f"Cannot read {what.lower()} {name}: {err}.") from None
+    if len(raw) > MAX_TOML_BYTES:
+        raise ConfigError(f"{what} {name} is larger than {MAX_TOML_BYTES // 2 ** 20} MiB: not a TOML file trustfl "
+                          f"writes or reads.")
     if b"\x00" in raw:
         raise ConfigError(f"{what} {name} is a binary file (it holds NUL bytes), not TOML text.")
     try:

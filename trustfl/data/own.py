@@ -395,6 +395,8 @@ def _check_features(x: np.ndarray, describe: str, row: Callable[[int], str]) -> 
 def _exists(p: Path, where: str, what: str) -> None:
     if not p.exists():
         raise DataError(f"{what} {where} does not exist.")
+    if p.is_char_device() or p.is_block_device():  # /dev/zero would be read until memory runs out
+        raise DataError(f"{what} {where} is a device, not a file.")
 
 
 # ------------------------------------------------------------------------------------------------------- npz
