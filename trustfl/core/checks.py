@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -71,3 +72,9 @@ def check_number(name: str, value: Any, *, integer: bool = False, low: Optional[
         allowed += f" ({note})" if note else ""
         raise error(f"{where + ': ' if where else ''}`{name}` must be {allowed}, found {value!r}.")
     return value
+
+
+def is_device(path: Any) -> bool:
+    """Whether ``path`` names a character or block device (``/dev/zero``: a file read to its end never ends)."""
+    p = Path(path)
+    return p.is_char_device() or p.is_block_device()

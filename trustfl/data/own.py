@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trustfl.core.checks import is_device
 from trustfl.core.registry import register
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import TEST_FRACTION, Dataset, _stratified_choice
@@ -395,7 +396,7 @@ def _check_features(x: np.ndarray, describe: str, row: Callable[[int], str]) -> 
 def _exists(p: Path, where: str, what: str) -> None:
     if not p.exists():
         raise DataError(f"{what} {where} does not exist.")
-    if p.is_char_device() or p.is_block_device():  # /dev/zero would be read until memory runs out
+    if is_device(p):  # /dev/zero would be read until memory runs out
         raise DataError(f"{what} {where} is a device, not a file.")
 
 

@@ -132,7 +132,7 @@ class Progress:
             self._say(f"[{self.name}] warning: round {round_} rejected all {row['cohort_size']} messages (NaN or Inf, "
                       f"malformed, or screened out), so the model did not move; a diverging local step (e.g. too "
                       f"large a `client.lr`) is the usual cause. `rejected` in metrics.jsonl counts them per round.")
-        if self.enabled and row is not None and "skipped" not in self.warned and row.get("skipped"):
+        if self.enabled and row is not None and "skipped" not in self.warned and skipped(row):
             self.warned.add("skipped")
             self._say(f"[{self.name}] warning: round {round_} was skipped, so the model did not move: "
                       f"{row['cohort_size'] - row['rejected']} of {row['cohort_size']} messages passed screening, "

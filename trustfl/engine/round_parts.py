@@ -288,7 +288,8 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
     usable = len(cohort) - rejected
     # Fewer messages passed screening than the rule needs (e.g. NaN senders beyond what it tolerates): the round
     # is skipped, the model stays, and the run goes on: no message can stop the server.
-    if usable and fed.aggregator.too_few(usable) is not None:
+    enough = usable > 0 and fed.aggregator.too_few(usable) is None
+    if usable and not enough:
         metrics["skipped"] = 1
     if arrivals.compressed:
         metrics["decode_failures"] = int(arrivals.failures)
@@ -296,7 +297,7 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
     new = dataclasses.replace(
         state, round=r + 1, bytes_up_total=state.bytes_up_total + bytes_up,
         bytes_down_total=state.bytes_down_total + bytes_down, rejected_total=state.rejected_total + rejected)
-    if usable and "skipped" not in metrics:
+    if enough:
         keep = torch.nonzero(accepted).flatten()
         ctx = context(fed, r, cohort, weights_all).select(keep)
         agg = fed.aggregator.apply(stacked if rejected == 0 else stacked[keep], state.aggregator, ctx)

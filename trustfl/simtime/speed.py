@@ -44,7 +44,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from trustfl.core.checks import check_number
+from trustfl.core.checks import check_number, is_device
 from trustfl.core.registry import register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
@@ -352,7 +352,7 @@ class Trace(AbstractSpeedModel):
             # an int would be opened as a file descriptor (1: stdout, closed afterwards)
             raise ConfigError(f"`{_KEY}.path` must be the path of a CSV file (a string), found {self.path!r}.")
         where = f"`{_KEY}.path` file {str(self.path)!r}"
-        if Path(self.path).is_char_device() or Path(self.path).is_block_device():  # /dev/zero: read without end
+        if is_device(self.path):  # /dev/zero: read without end
             raise ConfigError(f"{where} is a device, not a CSV file.")
         try:
             with open(self.path, newline="") as fh:
