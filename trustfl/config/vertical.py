@@ -130,11 +130,12 @@ def vertical_setup(cfg: ExperimentConfig, dataset: Dataset, blocks: list[np.ndar
             speed = speed.bind(parties, seed=cfg.seed)
         except TrustFLError as err:
             raise ConfigError(f"`engine.speed` ({cfg.engine.speed.name!r}): {err}") from None
-    if cfg.rounds * per_round > MAX_ITERATIONS:
+    total = cfg.rounds * per_round
+    if total > MAX_ITERATIONS:
         per = (f"`engine.iterations_per_round` = {per_round}" if cfg.engine.iterations_per_round else
                f"{per_round} iterations per round (`engine.iterations_per_round`, 0: {parties} parties × "
                f"{math.ceil(n / b)} batches)")
-        raise ConfigError(f"`rounds` = {cfg.rounds} with {per} asks for {cfg.rounds * per_round:,} server iterations; "
+        raise ConfigError(f"`rounds` = {cfg.rounds} with {per} asks for {total:,} server iterations; "
                           f"at most {MAX_ITERATIONS:,} (the activation schedule is drawn whole when the run is built).")
     with out_of_memory_as_error("the vertical activation schedule", "`rounds` or `engine.iterations_per_round`"):
         order, times = activation_order(cfg.engine.activation, parties, cfg.rounds, per_round, cfg.seed, speed)
@@ -142,7 +143,7 @@ def vertical_setup(cfg: ExperimentConfig, dataset: Dataset, blocks: list[np.ndar
     features = [train_x[:, cols].contiguous() for cols in blocks_t]
     info["vertical"] = {"parties": parties, "features_per_party": [len(c) for c in blocks], "samples": n,
                         "batch_size": b, "iterations_per_round": per_round,
-                        "iterations": cfg.rounds * per_round, "activation": cfg.engine.activation,
+                        "iterations": total, "activation": cfg.engine.activation,
                         "activations_per_party": torch.bincount(order, minlength=parties).tolist()}
     return VerticalSetup(blocks=blocks_t, features=features, labels=dataset.train_y, batch_size=b,
                          per_round=per_round, order=order, times=times, party_lr=client.lr,
