@@ -193,9 +193,11 @@ def _spawn(args: list[str], threads: int) -> dict:
 
 
 def _resolve_device(device: str) -> str:
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device on this machine (use --device cpu or auto)")
     if device != "auto":
         return device
-    import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -279,6 +281,9 @@ def main() -> None:
         [torchrun_worker(n, args.torchrun_rounds) for n in (1, 2)]
     text = _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start, ranks)
     print("\n" + text)
+    failed = sorted({reason for reason in skipped.values() if reason.startswith("failed")})
+    if args.out and failed:  # a failed run (e.g. --device cuda where there is none) must not replace a record
+        sys.exit(f"not written to {args.out}: {len(failed)} kind(s) of failed cell, first: {failed[0]}")
     if args.out:
         Path(args.out).write_text(text)
 
