@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from cpu_info import cpus
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -281,7 +283,8 @@ def main() -> None:
         [torchrun_worker(n, args.torchrun_rounds) for n in (1, 2)]
     text = _record(command, args, device, models, cohorts, samples_of, runs, skipped, million, load_start, ranks)
     print("\n" + text)
-    failed = sorted({reason for reason in skipped.values() if reason.startswith("failed")})
+    failed = sorted({reason for reason in skipped.values() if reason.startswith("failed")}
+                    | {f"failed: {r['error']}" for r in [million or {}, *ranks] if "error" in r})
     if args.out and failed:  # a failed run (e.g. --device cuda where there is none) must not replace a record
         sys.exit(f"not written to {args.out}: {len(failed)} kind(s) of failed cell, first: {failed[0]}")
     if args.out:
@@ -305,7 +308,7 @@ def _record(command, args, device, models, cohorts, samples_of, runs, skipped, m
 
     gpu = next((r[0].get("gpu") for r in runs.values() if r and "gpu" in r[0]), None)
     lines = [f"`{command}`", "", "# Scale: FedAvg rounds for 10 to 10,000 clients per round, trustfl vs a plain loop",
-             "", f"Device: {device}{f' ({gpu})' if gpu else ''}; {os.cpu_count()} CPUs, threads "
+             "", f"Device: {device}{f' ({gpu})' if gpu else ''}; {cpus()}, threads "
              f"{args.threads or 'default'}; 1-minute load average {load_start:.2f} at the start and "
              f"{os.getloadavg()[0]:.2f} at the end. Median of {args.repeats} interleaved run(s), each the median of "
              f"{args.rounds} timed rounds after a warm-up; every (model, cohort, method) in its own process. "
