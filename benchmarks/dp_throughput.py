@@ -45,6 +45,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from cpu_info import cpus
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -211,7 +213,7 @@ def main() -> None:
              "# DP-SGD throughput: trustfl vs Opacus", "",
              f"torch {torch.__version__}, Opacus {opacus.__version__}, {torch.get_num_threads()} torch thread(s), "
              f"{malloc_note}, σ = {sigma}, C = {clip}; {unit}, best of {args.repeats} interleaved runs of >= "
-             f"{args.min_time} s; {os.cpu_count()} CPUs, load average {load_start:.2f} at the start and "
+             f"{args.min_time} s; {cpus()}, load average {load_start:.2f} at the start and "
              f"{os.getloadavg()[0]:.2f} at the end. Opacus has no cohort vectorization, so its cohort loops over "
              "the clients.", "",
              "| model | batch | cohort | trustfl ghost | trustfl vmap | Opacus hooks | Opacus ghost | "

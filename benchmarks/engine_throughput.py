@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from cpu_info import cpus
+
 METHODS = ("plain", "sequential", "vectorized")
 
 
@@ -185,7 +187,7 @@ def main() -> None:
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/engine_throughput.py'] + sys.argv[1:])}`", "",
              "# Engine throughput: FedAvg round time vs a plain PyTorch loop", "",
              f"MLP 784-200-200-10, batch 32, 1 local epoch, 100 clients x 600 samples ({data}); median of {rounds} "
-             f"timed rounds after a warm-up round; {os.cpu_count()} CPUs, torch threads "
+             f"timed rounds after a warm-up round; {cpus()}, torch threads "
              f"{args.threads or 'default'}, clock {args.clock}; 1-minute load average {load_start:.2f} at the start "
              f"and {os.getloadavg()[0]:.2f} at the end. Each (method, cohort, allocator) ran in its own process "
              f"(peak RSS is its own)" + ("." if n == 1 else

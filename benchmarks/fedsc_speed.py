@@ -11,7 +11,8 @@ setting of every trustfl run (``tune_allocator``). The table gives the median
 (min–max) over processes. The acceptance ratio compares trustfl at torch's default thread count with the loop at
 whichever thread count is faster for it (so the loop is never handicapped by a setting that does not suit it).
 
-Run: ``.venv/bin/python benchmarks/fedsc_speed.py [--processes 9] [--rounds 5]`` (prints the table). The record is
+Run: ``.venv/bin/python benchmarks/fedsc_speed.py [--processes 9] [--rounds 5] [--out FILE]`` (prints the table,
+and writes it with the command to FILE). The record is
 the last section of benchmarks/fedsc.md, written by ``.venv/bin/python benchmarks/fedsc.py --timing-only`` (or by a
 full ``fedsc.py`` run).
 """
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from cpu_info import cpus
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/fedsc/digits_canvas_1class.toml"
@@ -97,7 +100,7 @@ def section(result: dict, title: str) -> list[str]:
              f"{CONFIG.relative_to(ROOT)}: 10 clients, full participation, 5 local epochs of B = 64 with 2 views, "
              "SGD with momentum and weight decay, DP-CalR (5 views per sample) every round. trustfl: the sync engine, "
              "the clients vectorized. Loop: `fedsc.loop_round`, the clients one after another with an nn.Module and "
-             f"torch.optim.SGD, the same work. {os.cpu_count()} CPUs (torch's default: {default} threads); each cell "
+             f"torch.optim.SGD, the same work. {cpus()} (torch's default: {default} threads); each cell "
              f"ran in {result['processes']} fresh processes, interleaved, each the median of {result['rounds']} "
              "rounds after 2 warm-up rounds (wall clock), with the allocator setting of trustfl runs in both; median "
              f"(min–max) over processes. 1-minute load average {result['load'][0]:.2f} at the start, "
@@ -118,11 +121,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per process (after 2 warm-up rounds)")
     parser.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help="also write the command and the table to this Markdown file")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.threads, args.rounds)))
         return
-    print("\n".join(section(measure(args.processes, args.rounds), "# Cost of one FedSC round")))
+    text = "\n".join(section(measure(args.processes, args.rounds), "# Cost of one FedSC round"))
+    print(text)
+    if args.out:
+        command = " ".join([".venv/bin/python", "benchmarks/fedsc_speed.py"] + sys.argv[1:])
+        Path(args.out).write_text(f"`{command}`\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cpu_info import cpus
+
 N, S, K, SIT, LR, SEED, WARMUP = 100, 10, 5, 10.0, 0.05, 0, 2
 SLOW_SHARE, FAST_MEAN, SLOW_MEAN = 0.25, 2.0, 8.0
 LATTICE = {"name": "lattice", "bits": 14, "step": 1e-4, "mode": "paper"}
@@ -194,7 +196,7 @@ def main() -> None:
              f"QuAFL, n={N}, s={S}, K={K}, MLP 784-200-200-10, batch {args.batch_size}, lr {LR}, sit {SIT}, "
              f"exponential steps (25% slow, means {SLOW_MEAN:g}/{FAST_MEAN:g}); data: "
              f"{'MNIST' if mnist else 'synthetic 60,000 x 784 (MNIST absent)'}; {rounds} timed rounds after "
-             f"{WARMUP} warm-up; torch threads {torch.get_num_threads()}, {os.cpu_count()} cores; wall clock; "
+             f"{WARMUP} warm-up; torch threads {torch.get_num_threads()}, {cpus()}; wall clock; "
              f"one run.", "",
              "| variant | trustfl s | trustfl steps | trustfl ms/step | loop s | loop steps | loop ms/step | "
              "ratio s (trustfl/loop) | ratio ms/step |",
