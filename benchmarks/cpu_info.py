@@ -3,8 +3,8 @@
 The ratios of the speed records depend on the processor, not only on the core count: the same FedSC round measured
 0.61x the per-client loop on one 2-core machine and 0.39x on another (benchmarks/README.md, "The acceptance
 measurements on a second CPU"), so every such record says which CPU it ran on. Run as a script, it also measures
-what sets those ratios apart: the rate of one client's matrix product (the per-client loop's) against the same
-product batched over 100 clients (the vectorized executor's), and a large sgemm.
+the matrix-product rates that bound those ratios, for comparing two machines: one client's product (the per-client
+loop's), the same product batched over 100 clients (the vectorized executor's), and a large sgemm.
 
 Run: ``.venv/bin/python benchmarks/cpu_info.py [--out FILE]``
 """
