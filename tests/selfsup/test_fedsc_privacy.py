@@ -9,6 +9,7 @@ import pytest
 from trustfl.errors import PrivacyError
 from trustfl.privacy.analysis.fedsc import (calibrate_fedsc_sigma, fedsc_epsilon, fedsc_rdp, fedsc_sensitivity,
                                             fedsc_sigma_closed_form, release_event)
+from trustfl.selfsup.share import FedSCCorrelation
 
 # Table 6 rows: (μ, σ, T_j, |D_j|, δ, ε as computed with Δ = √2·μ/|D_j|); T_j = 100 for "t > 100", 50 for
 # "t > 150" and for "t > 100, t % 2 = 0" (T = 200 rounds).
@@ -99,3 +100,15 @@ def test_calibration_round_trips(conversion, eps, delta, t, neighboring):
 def test_bad_inputs_raise_privacy_errors_naming_the_argument(call, key):
     with pytest.raises(PrivacyError, match=key):
         call()
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 7, 60, 61])
+@pytest.mark.parametrize("share_from", [1, 2, 31, 60, 62])
+@pytest.mark.parametrize("share_every", [1, 2, 3, 59])
+def test_release_count_is_the_number_of_sharing_rounds(rounds, share_from, share_every):
+    """T_j (what the accountant charges) equals the rounds t = 1..T in which the schedule shares, counted one by one."""
+    stat = FedSCCorrelation(rounds=rounds, share_from=share_from, share_every=share_every)
+    by_round = sum(1 for t in range(1, rounds + 1) if t >= share_from and (t - share_from) % share_every == 0)
+    assert stat.releases() == by_round
+    assert sum(stat.shares(r) for r in range(rounds)) == by_round
+

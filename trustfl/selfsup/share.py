@@ -108,8 +108,9 @@ class FedSCCorrelation(AbstractClientStatistic):
         return t >= self.share_from and (t - self.share_from) % self.share_every == 0
 
     def releases(self, participations: int | None = None) -> int:
-        """Most uploads of one client over the run: the sharing rounds (T_j of the privacy analysis)."""
-        return sum(1 for r in range(self.rounds) if self.shares(r))
+        """Most uploads of one client over the run: the sharing rounds (T_j of the privacy analysis), counted in
+        closed form (t = share_from, share_from + share_every, … up to ``rounds``)."""
+        return 0 if self.rounds < self.share_from else (self.rounds - self.share_from) // self.share_every + 1
 
     def sigma_of(self, client_id: int) -> float:
         return self.sigma[client_id] if isinstance(self.sigma, tuple) else self.sigma
