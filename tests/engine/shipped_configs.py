@@ -7,6 +7,8 @@ data`` fetches, and which neither CI nor a fresh machine has).
 """
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -45,5 +47,64 @@ def overrides(config: str, data_dir: Path) -> list[str]:
     return out
 
 
-def fixture_path(config: str) -> Path:
-    return FIXTURES / (config.removeprefix("configs/").removesuffix(".toml").replace("/", "__") + ".jsonl")
+def fixture_path(config: str, cpu: str | None = None) -> Path:
+    """The reference fixture of ``config``, or with ``cpu`` (a :func:`cpu_tag`) that CPU's variant of it."""
+    name = config.removeprefix("configs/").removesuffix(".toml").replace("/", "__") + ".jsonl"
+    return FIXTURES / name if cpu is None else FIXTURES / "cpu" / cpu / name
+
+
+def fixture_variants(config: str) -> list[Path]:
+    """Every fixture ``config`` may match: the reference one first, then the variants of other CPUs."""
+    return [fixture_path(config), *sorted((FIXTURES / "cpu").glob(f"*/{fixture_path(config).name}"))]
+
+
+def cpu_tag() -> str:
+    """This CPU as its floating-point results depend on it: the vendor (MKL picks its kernels by it) and torch's
+    vector instruction set, e.g. ``AuthenticAMD-AVX2``."""
+    import torch
+    vendor = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), vendor)
+    except OSError:
+        pass
+    return f"{vendor}-{torch.backends.cpu.get_cpu_capability()}"
+
+
+def same(a, b, rel: float) -> bool:
+    """Equal values; floats to ``rel`` relative (NaN equals NaN)."""
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+    return a == b
+
+
+def differences(expected: list[dict], evaluated: dict[int, dict], rel: float) -> list[str]:
+    """What differs between a fixture's rows and the run's evaluated rows (empty: they match)."""
+    if len(expected) != 2 or sorted(evaluated) != [w["round"] for w in expected]:
+        return [f"rounds {sorted(evaluated)} vs the fixture's {[w['round'] for w in expected]}"]
+    out = []
+    for want in expected:
+        row = evaluated[want["round"]]
+        missing = set(want) - set(row)
+        if missing:
+            out.append(f"keys lost: {sorted(missing)}")
+        changed = {k: (want[k], row[k]) for k in want if k in row and k not in VOLATILE
+                   and not same(want[k], row[k], rel)}
+        if changed:
+            out.append(f"round {want['round']}: {changed}")
+    return out
+
+
+def tolerance(cfg) -> float:
+    """Relative float tolerance of a fixture comparison: 1e-4 where a quantized link (``compress.*``) can turn a
+    last-bit difference into a neighbouring level, else 1e-6."""
+    quantized = any(link.name != "none" for link in (cfg.compress.uplink, cfg.compress.downlink))
+    return 1e-4 if quantized else 1e-6
+
+
+def evaluated_rows(result) -> dict[int, dict]:
+    """The rows of a run's ``metrics.jsonl`` that carry its evaluation metrics, by round (what fixtures hold)."""
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["round"]: r for r in rows if all(m in r for m in result.summary["metrics"])}
