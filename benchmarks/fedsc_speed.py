@@ -100,7 +100,7 @@ def section(result: dict, title: str) -> list[str]:
              f"{CONFIG.relative_to(ROOT)}: 10 clients, full participation, 5 local epochs of B = 64 with 2 views, "
              "SGD with momentum and weight decay, DP-CalR (5 views per sample) every round. trustfl: the sync engine, "
              "the clients vectorized. Loop: `fedsc.loop_round`, the clients one after another with an nn.Module and "
-             f"torch.optim.SGD, the same work. {cpus()} (torch's default: {default} threads); each cell "
+             f"torch.optim.SGD, the same work. {cpus()}, torch's default {default} threads; each cell "
              f"ran in {result['processes']} fresh processes, interleaved, each the median of {result['rounds']} "
              "rounds after 2 warm-up rounds (wall clock), with the allocator setting of trustfl runs in both; median "
              f"(min–max) over processes. 1-minute load average {result['load'][0]:.2f} at the start, "

@@ -104,7 +104,12 @@ def tolerance(cfg) -> float:
     return 1e-4 if quantized else 1e-6
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a ``metrics.jsonl`` file (a run's or a fixture)."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def evaluated_rows(result) -> dict[int, dict]:
     """The rows of a run's ``metrics.jsonl`` that carry its evaluation metrics, by round (what fixtures hold)."""
-    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["round"]: r for r in rows if all(m in r for m in result.summary["metrics"])}
+    return {r["round"]: r for r in read_rows(result.run_dir / "metrics.jsonl")
+            if all(m in r for m in result.summary["metrics"])}

@@ -26,13 +26,12 @@ difference of MKL's kernels within two rounds; FedSC's linear probe moves by 2e-
 matches the reference fixture or one CPU's variant of it (``fixtures/cpu/<vendor>-<ISA>/``), written by the same
 code on that CPU (``fixtures/generate.py --cpu-variant``).
 """
-import json
 
 import pytest
 import torch
 
 from tests.engine.shipped_configs import (CONFIGS, FIXTURES, cpu_tag, differences, evaluated_rows, fixture_variants,
-                                         overrides, tolerance)
+                                         overrides, read_rows, tolerance)
 from trustfl.config.load import load_config
 from trustfl.experiment import run_experiment
 
@@ -44,14 +43,14 @@ def test_shipped_config_reproduces_its_fixture(config, fake_idx, tmp_path, one_t
     the same code (``fixtures/cpu/<vendor>-<ISA>/``; see fixtures/generate.py --cpu-variant)."""
     cfg = load_config(config, overrides(config, fake_idx))
     result = run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
-    got = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    got = read_rows(result.run_dir / "metrics.jsonl")
     assert [r["round"] for r in got] == [1, 2], f"{config}: one row per round"
     # The fixtures hold the evaluated rows (rows carrying the evaluation metrics); eval_every = 1 evaluates both.
     tried = {}
     for path in fixture_variants(config):
-        expected = [json.loads(line) for line in path.read_text().splitlines()]
-        tried[path.relative_to(FIXTURES).as_posix()] = differences(expected, evaluated_rows(result), tolerance(cfg))
-        if not tried[path.relative_to(FIXTURES).as_posix()]:
+        name = path.relative_to(FIXTURES).as_posix()
+        tried[name] = differences(read_rows(path), evaluated_rows(result), tolerance(cfg))
+        if not tried[name]:
             break
     else:
         pytest.fail(f"{config} on this CPU ({cpu_tag()}) matches no fixture: {tried}")
