@@ -4,7 +4,8 @@ Errors: every error a user can cause (a bad config or flag, a missing data set, 
 a :class:`~trustfl.errors.TrustFLError`; the command prints it as one line, ``trustfl: error: <message>``, on
 stderr and exits with code 2. Ctrl-C exits with code 130 and one line. Anything else is a bug and keeps its
 traceback (exit code 1). Under torchrun (``RANK`` set) only rank 0 prints, errors included; every rank exits with
-the same code.
+the same code. A rank other than 0 that meets a user error first waits (at most :data:`RANK0_GRACE_S`) before it
+exits: torchrun stops every rank as soon as one exits, which could stop rank 0 before it printed the error.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
@@ -20,6 +22,8 @@ from trustfl.errors import TrustFLError, UsageError
 EXIT_USER_ERROR = 2
 _DEVICE_HELP = "set engine.device: cpu, cuda, cuda:N or auto (cuda when present, else cpu)"
 EXIT_INTERRUPTED = 130
+RANK0_GRACE_S = 20.0
+"""How long a torchrun rank other than 0 waits, after a user error, for rank 0 to report it and exit."""
 
 _KINDS_SHOWN = ("dataset", "partitioner", "batch_sampler", "model", "objective", "evaluator", "algorithm",
                 "engine", "executor", "gradient_method", "gradient_transform", "step_budget", "aggregator",
@@ -253,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrustFLError as err:
         if _rank() == 0:  # torchrun: every rank meets the same error; rank 0 says it, the others exit quietly
             print(f"trustfl: error: {_one_line(err)}", file=sys.stderr)
+        else:  # ... after rank 0 (torchrun ends this rank when rank 0 exits): exiting first could stop rank 0
+            time.sleep(RANK0_GRACE_S)  # before it printed; a rank 0 that never meets the error costs this wait
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         hint = f" (resume with `trustfl run --resume {run_dir}`)" if command == "run" else ""
