@@ -12,9 +12,8 @@ setting of every trustfl run (``tune_allocator``). The table gives the median
 whichever thread count is faster for it (so the loop is never handicapped by a setting that does not suit it).
 
 Run: ``.venv/bin/python benchmarks/fedsc_speed.py [--processes 9] [--rounds 5] [--out FILE]`` (prints the table,
-and writes it with the command to FILE). The record is
-the last section of benchmarks/fedsc.md, written by ``.venv/bin/python benchmarks/fedsc.py --timing-only`` (or by a
-full ``fedsc.py`` run).
+and writes it with the command to FILE). The record is the last section of benchmarks/fedsc.md, written by
+``.venv/bin/python benchmarks/fedsc.py --timing-only`` (or by a full ``fedsc.py`` run).
 """
 from __future__ import annotations
 

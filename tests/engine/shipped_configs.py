@@ -109,7 +109,6 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def evaluated_rows(result) -> dict[int, dict]:
-    """The rows of a run's ``metrics.jsonl`` that carry its evaluation metrics, by round (what fixtures hold)."""
-    return {r["round"]: r for r in read_rows(result.run_dir / "metrics.jsonl")
-            if all(m in r for m in result.summary["metrics"])}
+def evaluated_rows(rows: list[dict], metrics: list[str]) -> dict[int, dict]:
+    """The rows of a run's ``metrics.jsonl`` that carry its evaluation ``metrics``, by round (what fixtures hold)."""
+    return {r["round"]: r for r in rows if all(m in r for m in metrics)}

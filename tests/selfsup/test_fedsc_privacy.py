@@ -111,4 +111,3 @@ def test_release_count_is_the_number_of_sharing_rounds(rounds, share_from, share
     by_round = sum(1 for t in range(1, rounds + 1) if t >= share_from and (t - share_from) % share_every == 0)
     assert stat.releases() == by_round
     assert sum(stat.shares(r) for r in range(rounds)) == by_round
-

@@ -57,8 +57,8 @@ AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip
 def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm: str, objective: str,
                            privacy: str) -> Any:
     """The client table of a self-supervised recipe: ``recipe.views`` / ``recipe.augment`` as the ``views``
-    augmentation, checked: no other objective and no parameters of the user's for it, no DP-SGD (``privacy`` says what protects the run instead), no
-    client statistics of the user's."""
+    augmentation, checked: no other objective and no parameters of the user's for it, no DP-SGD (``privacy`` says
+    what protects the run instead), no client statistics of the user's."""
     views = recipe_number(rec, "views", 1, integer=True, low=1)
     augment = rec.get("augment", {})
     if not isinstance(augment, dict) or set(augment) - set(AUGMENT_KEYS):
