@@ -233,7 +233,9 @@ def test_a_model_larger_than_the_machine_is_a_resource_error_naming_its_keys(cap
 ])
 def test_an_endless_device_as_a_file_is_one_line_not_a_read_without_end(args, fragment):
     """/dev/zero as the config, a data file or a speed trace was read until memory ran out. Run in a child
-    process whose address space is capped, so that a regression fails here instead of exhausting the machine."""
+    process whose data memory is capped, so that a regression fails here instead of exhausting the machine. The
+    cap is on the heap and anonymous mappings (RLIMIT_DATA), not the address space: a CUDA build of torch maps
+    about 3 GB of libraries at import, which an address-space cap of this size refused."""
     import resource
     import subprocess
     import sys
@@ -241,7 +243,7 @@ def test_an_endless_device_as_a_file_is_one_line_not_a_read_without_end(args, fr
     from tests.child_run import ROOT, child_env
 
     def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (3 * 2 ** 30, 3 * 2 ** 30))
+        resource.setrlimit(resource.RLIMIT_DATA, (3 * 2 ** 30, 3 * 2 ** 30))
     proc = subprocess.run([sys.executable, "-m", "trustfl", *args], cwd=ROOT, env=child_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=120, preexec_fn=cap)
     lines = proc.stderr.strip().splitlines()
