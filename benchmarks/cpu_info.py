@@ -27,9 +27,8 @@ def cpus() -> str:
                 key, _, value = line.partition(":")
                 if key.strip() == "model name":
                     name = value.strip()
-                elif key.strip() == "flags":
+                elif key.strip() == "flags":  # after "model name" in each processor's block
                     flags = set(value.split())
-                if flags and name:
                     break
     except OSError:  # not Linux: the model from platform alone
         pass
@@ -62,7 +61,8 @@ def products_table() -> list[str]:
     big = torch.randn(2048, 2048, generator=gen)
     flop = 2 * batch * d_in * d_out
     lines = ["| torch threads | sgemm 2048² | one client (32×784)·(784×200) | 100 clients batched (bmm) | "
-             "one client's weight gradient (784×32)·(32×200) | batched weight gradient |", "|---|---|---|---|---|---|"]
+             "one client's weight gradient (784×32)·(32×200) | batched weight gradient |",
+             "|---|---|---|---|---|---|"]
     for threads in (1, 2):
         torch.set_num_threads(threads)
         rates = [2 * 2048**3 / _seconds(lambda: big @ big, 3),

@@ -58,10 +58,10 @@ def fixture_variants(config: str) -> list[Path]:
     return [fixture_path(config), *sorted((FIXTURES / "cpu").glob(f"*/{fixture_path(config).name}"))]
 
 
-def skips_unmatched(num_fixtures: int, tag: str) -> bool:
-    """Whether a run that matches none of its config's ``num_fixtures`` fixtures is skipped rather than failed: the
-    config has CPU variants (its results depend on the CPU) and CPUs of ``tag`` have none."""
-    return num_fixtures > 1 and not any((FIXTURES / "cpu" / tag).glob("*.jsonl"))
+def skips_unmatched(config: str, tag: str) -> bool:
+    """Whether a run of ``config`` that matches none of its fixtures is skipped rather than failed: ``config`` has
+    CPU variants (its results depend on the CPU) and CPUs of ``tag`` have none."""
+    return len(fixture_variants(config)) > 1 and not any((FIXTURES / "cpu" / tag).glob("*.jsonl"))
 
 
 def cpu_tag() -> str:
@@ -101,6 +101,17 @@ def differences(expected: list[dict], evaluated: dict[int, dict], rel: float) ->
         if changed:
             out.append(f"round {want['round']}: {changed}")
     return out
+
+
+def fixture_differences(config: str, evaluated: dict[int, dict], rel: float) -> dict[str, list[str]]:
+    """The run's :func:`differences` from each of ``config``'s fixtures in :func:`fixture_variants` order, up to
+    the first one it matches (whose list is empty), by path under the fixtures folder."""
+    tried: dict[str, list[str]] = {}
+    for path in fixture_variants(config):
+        tried[path.relative_to(FIXTURES).as_posix()] = found = differences(read_rows(path), evaluated, rel)
+        if not found:
+            break
+    return tried
 
 
 def tolerance(cfg) -> float:

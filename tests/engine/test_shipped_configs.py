@@ -34,7 +34,7 @@ recorded, so on it too a regression of such a config is a skip; CI's CPU (AMD EP
 import pytest
 import torch
 
-from tests.engine.shipped_configs import (CONFIGS, FIXTURES, cpu_tag, differences, evaluated_rows, fixture_variants,
+from tests.engine.shipped_configs import (CONFIGS, cpu_tag, evaluated_rows, fixture_differences, fixture_variants,
                                          overrides, read_rows, skips_unmatched, tolerance)
 from trustfl.config.load import load_config
 from trustfl.experiment import run_experiment
@@ -50,15 +50,10 @@ def test_shipped_config_reproduces_its_fixture(config, fake_idx, tmp_path, one_t
     got = read_rows(result.run_dir / "metrics.jsonl")
     assert [r["round"] for r in got] == [1, 2], f"{config}: one row per round"
     # The fixtures hold the evaluated rows (rows carrying the evaluation metrics); eval_every = 1 evaluates both.
-    evaluated, rel, tried = evaluated_rows(got, result.summary["metrics"]), tolerance(cfg), {}
-    for path in fixture_variants(config):
-        name = path.relative_to(FIXTURES).as_posix()
-        tried[name] = differences(read_rows(path), evaluated, rel)
-        if not tried[name]:
-            break
-    else:
+    tried = fixture_differences(config, evaluated_rows(got, result.summary["metrics"]), tolerance(cfg))
+    if all(tried.values()):  # every fixture differs
         tag = cpu_tag()
-        if skips_unmatched(len(tried), tag):
+        if skips_unmatched(config, tag):
             pytest.skip(f"{config}: its results depend on the CPU (it has CPU variants) and this CPU ({tag}) has no "
                         f"fixtures; on a commit whose tests pass on a known CPU, `python tests/engine/fixtures/"
                         f"generate.py --cpu-variant` writes them")
@@ -79,6 +74,6 @@ def test_shipped_config_builds_at_its_full_length(config, fake_idx):
 def test_an_unmatched_run_is_skipped_only_for_a_cpu_dependent_config_on_a_cpu_without_variants():
     with_variants = next(c for c in CONFIGS if len(fixture_variants(c)) > 1)
     cpu_free = next(c for c in CONFIGS if len(fixture_variants(c)) == 1)
-    assert skips_unmatched(len(fixture_variants(with_variants)), "NoSuchVendor-NEON")
-    assert not skips_unmatched(len(fixture_variants(with_variants)), "AuthenticAMD-AVX2")  # CI's CPU: must match
-    assert not skips_unmatched(len(fixture_variants(cpu_free)), "NoSuchVendor-NEON")  # the reference must hold
+    assert skips_unmatched(with_variants, "NoSuchVendor-NEON")
+    assert not skips_unmatched(with_variants, "AuthenticAMD-AVX2")  # CI's CPU: must match
+    assert not skips_unmatched(cpu_free, "NoSuchVendor-NEON")  # the reference must hold
