@@ -220,6 +220,25 @@ def test_a_model_larger_than_the_machine_is_a_resource_error_naming_its_keys(cap
     assert "`model` ('mlp') cannot be built: bad" in _one_line(capsys)
 
 
+def test_a_model_larger_than_the_free_memory_is_refused_before_it_is_allocated(capsys, monkeypatch):
+    """The model's size is known from its meta-device skeleton: one larger than the free memory is refused before
+    any weight is allocated, so the outcome does not hang on whether the machine overcommits memory (a machine
+    that does would hand out the pages and stall or kill the run when the weights are first drawn). The free
+    memory is stood in for (10 MB) against an MLP on digits of 64·50000 + 50000 + 50000·10 + 10 float32 weights
+    (15.0 MB)."""
+    import trustfl.core.memory as memory
+
+    config = "configs/quickstart.toml"
+    assert main(["validate", config, "--set", "model.hidden=[50000]"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(memory, "free_memory", lambda device: 10_000_000)
+    assert main(["validate", config, "--set", "model.hidden=[50000]"]) == 2
+    line = _one_line(capsys)
+    assert "the model 'mlp' needs more memory than this machine has (15.0 MB asked for)" in line
+    assert "`[model]`" in line
+    assert main(["validate", config, "--set", "model.hidden=[20000]"]) == 0  # 6.0 MB fits
+
+
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
 @pytest.mark.parametrize("args, fragment", [
     (["validate", "/dev/zero"], "Config file '/dev/zero' is larger than 16 MiB"),

@@ -13,12 +13,12 @@ alone would take more than :data:`MESSAGE_SHARE` of the device's memory, naming 
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 from torch import nn
 
+from trustfl.core.memory import free_memory
 from trustfl.errors import ConfigError
 
 PARAMETER_COPIES = 8
@@ -37,25 +37,6 @@ of 100 and is not capped there."""
 MESSAGE_SHARE = 0.4
 """Most of the device's free memory the round's ``(m, d)`` float32 messages may take (the server's screening and
 aggregation make about two more copies)."""
-
-
-def free_memory(device: torch.device | str) -> int:
-    """Bytes free on ``device``: CUDA's free memory, or the operating system's ``MemAvailable`` for the CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:  # other POSIX systems: free pages (a lower bound of what can be had)
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30  # unknown: assume a small machine
 
 
 def activation_numel(model: nn.Module, params: dict[str, torch.Tensor], example: dict[str, torch.Tensor],

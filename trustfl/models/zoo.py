@@ -5,6 +5,7 @@ Models return **logits**; losses apply ``cross_entropy`` (= NLL of log-softmax, 
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import numbers
 from typing import Any, Callable, Sequence
@@ -12,6 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from trustfl.core.memory import refuse_beyond_free
 from trustfl.core.registry import lookup, register, register_adapter
 from trustfl.errors import ConfigError
 
@@ -177,7 +179,8 @@ def _has_state(module: nn.Module) -> bool:
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: int, **params: object) -> nn.Module:
     """Build a registered model with deterministic initial weights drawn from ``seed``; the global RNG is not used.
 
-    The model is built on the meta device (no values, no random draws) and its layers are then materialised on
+    The model is built on the meta device (no values, no random draws); one whose weights and buffers would take
+    more than the memory free on the CPU is refused there (a MemoryError). Its layers are then materialised on
     the CPU and initialised in registration order from a ``torch.Generator`` seeded with ``seed``: the same
     draws, in the same order, as PyTorch's constructors make from ``torch.manual_seed(seed)``, so the weights are
     those of a model built under that seed (for models that register their layers in the order they create them,
@@ -193,6 +196,8 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: i
 
     with torch.device("meta"):
         skeleton = make()
+    refuse_beyond_free(sum(t.numel() * t.element_size() for t in itertools.chain(skeleton.parameters(),
+                                                                                 skeleton.buffers())))
     stateful = [m for m in skeleton.modules() if _has_state(m)]
     if all(type(m) in _DEFAULT_INIT for m in stateful):
         # ``to_empty(device="cpu")`` with an ``empty`` that does not go through the meta tensor: torch.empty_like of
