@@ -12,11 +12,8 @@
 #   FULL_SUITE=1 to run the whole suite there first (OMP_NUM_THREADS=1 per worker; -v, so that each failure's name
 #   is in the log as it happens even if the step is stopped at its time limit; 14 workers took over 400 s on an H200).
 #   FIRST_TESTS="NODE_ID ..." to run those tests before anything else, in one process with full tracebacks (a
-#   whole-suite run that reaches its time limit prints none). Pending from 2026-11-27 (Intel Xeon, Python 3.12,
-#   torch 2.11.0+cu130; they pass on Python 3.11 with that torch):
-#   FIRST_TESTS="tests/fuzz/test_configs.py::test_config_errors_are_config_errors
-#   tests/fuzz/test_configs.py::test_mutated_configs_are_refused_by_name_or_build
-#   tests/test_startup.py::test_experiment_freezes_torch_objects_out_of_the_collector"
+#   whole-suite run that reaches its time limit prints none), e.g.
+#   FIRST_TESTS="tests/fuzz/test_configs.py::test_config_errors_are_config_errors tests/test_startup.py"
 #   A machine whose Python lacks some dependencies and cannot download them: install their wheels with
 #   `pip install --no-deps --target DIR` and run with PYTHONPATH="$PWD:DIR".
 set -uo pipefail
