@@ -4,7 +4,11 @@ Acceptance: QuAFL with n = 100, s = 10, K = 5, MLP 784-200-200-10, 200 server ro
 time of a per-client loop implementation of the same algorithm written here, both measured in one invocation.
 
 Run: ``.venv/bin/python benchmarks/quafl_speed.py [--rounds 200] [--quick] [--batch-size 128] [--threads N]
-[--out benchmarks/quafl_speed.md]``.
+[--processes 3] [--out benchmarks/quafl_speed.md]``. Every variant (:data:`VARIANTS`) runs in fresh processes,
+``--processes`` times each, interleaved, and the table gives medians: glibc's allocator setting is process-wide,
+and the plain loop's time moves from one process to the next on the project's VMs. trustfl is timed as every run
+applies it (``tune_allocator`` at start-up) and without it; the loop with and without it, and the ratios divide by
+the loop's faster setting.
 
 "The same algorithm" (QuAFL's Algorithm 1, structured as the authors' code): n = 100 clients, each an
 ``nn.Module`` MLP 784-200-200-10 with its own ``torch.optim.SGD`` (lr 0.05, created once), plus a server module.
@@ -17,7 +21,7 @@ then ``server = p*server + (1-p)*mean(messages)`` and the server time advances b
 ``quafl`` recipe on the ``async`` engine with the same n, s, K, batch size, lr, speed model, sit and data tensors,
 so both do the same number of SGD steps in expectation (not bitwise the same steps: the random streams differ).
 Both start from trustfl's initial model. Rounds 0 and 1 are warm-up (round 0 has no local steps: every clock starts
-at 0) and are not timed; no evaluation is timed. The second row runs trustfl with the lattice quantizer on both
+at 0) and are not timed; no evaluation is timed. The lattice row runs trustfl with the lattice quantizer on both
 links (14 bits, step 1e-4, paper mode), which also shortens a round to sit*14/32, against the identity loop.
 
 On a loaded machine pass ``--threads 1``: with more torch threads than free cores, OpenMP workers spin at every
@@ -26,8 +30,11 @@ small op and the per-client loop slows down about 20x (measured on 2 busy cores)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import statistics
+import subprocess
 import sys
 import time
 
@@ -166,49 +173,120 @@ def time_loop(fed, batch: int, rounds: int) -> tuple[float, int]:
     return time.perf_counter() - start, steps
 
 
+VARIANTS = ("loop", "loop_mallopt", "trustfl", "trustfl_glibc", "lattice", "floor")
+"""Each timed in its own processes: the plain loop with glibc's default allocator settings and with the setting
+every trustfl run applies at start-up (``trustfl.engine.allocator.tune_allocator``); trustfl as it runs (the
+setting on) and with ``TRUSTFL_NO_MALLOPT=1``; trustfl with the lattice quantizer (setting on); the matrix-product
+floor (:func:`product_floor`)."""
+
+
+def product_floor(batch: int, repeats: int = 100) -> float:
+    """Seconds per client step of the batched matrix products of one s-client MLP step alone (forward, the input
+    gradients of layers 2 and 3, the weight gradients; ``torch.bmm`` into preallocated outputs, median of
+    ``repeats``): what an executor doing these products at their own speed and nothing else would take."""
+    dims = [784, 200, 200, 10]
+    x = [torch.randn(S, batch, d) for d in dims]  # each layer's input (and, for d = 10, the output's gradient)
+    w = [torch.randn(S, a, b) for a, b in zip(dims[:-1], dims[1:])]
+    grads = [torch.randn(S, batch, d) for d in dims[1:]]  # gradients of the layers' outputs
+    products = [(x[i], w[i]) for i in range(3)]  # forward
+    products += [(grads[i], w[i].transpose(1, 2)) for i in (1, 2)]  # input gradients of layers 2 and 3
+    products += [(x[i].transpose(1, 2), grads[i]) for i in range(3)]  # weight gradients
+    outs = [torch.empty(S, a.shape[1], b.shape[2]) for a, b in products]
+    times = []
+    for _ in range(repeats + 5):
+        start = time.perf_counter()
+        for (a, b), out in zip(products, outs):
+            torch.bmm(a, b, out=out)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[5:]) / S
+
+
+def worker(variant: str, rounds: int, batch: int, threads: int) -> dict:
+    """One variant's timed rounds in this process (``--worker``)."""
+    if threads:
+        torch.set_num_threads(threads)
+    mallopt = variant in ("loop_mallopt", "trustfl", "lattice", "floor")
+    if mallopt:
+        from trustfl.engine.allocator import tune_allocator
+        mallopt = tune_allocator()
+    from trustfl.data.datasets import dataset_available
+    mnist = dataset_available("mnist")
+    if variant == "floor":
+        return {"variant": variant, "seconds_per_step": product_floor(batch), "mallopt": mallopt, "mnist": mnist,
+                "threads": torch.get_num_threads()}
+    fed, engine = build(trustfl_config(batch, variant == "lattice", mnist), batch, mnist)
+    seconds, steps = (time_loop(fed, batch, rounds) if variant.startswith("loop") else
+                      time_trustfl(fed, engine, rounds))
+    return {"variant": variant, "seconds": seconds, "steps": steps, "mallopt": mallopt, "mnist": mnist,
+            "threads": torch.get_num_threads()}
+
+
+def _spawn(variant: str, rounds: int, batch: int, threads: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_MAX_", "TRUSTFL_NO_MALLOPT")}
+    if variant == "trustfl_glibc":
+        env["TRUSTFL_NO_MALLOPT"] = "1"
+    cmd = [sys.executable, __file__, "--worker", variant, "--rounds", str(rounds), "--batch-size", str(batch),
+           "--threads", str(threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="20 rounds")
     parser.add_argument("--batch-size", type=int, default=128, help="the paper's MNIST batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--processes", type=int, default=3,
+                        help="fresh processes per variant, interleaved; the table gives medians (min-max)")
     parser.add_argument("--out", help="also write the command and the table to this Markdown file")
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     rounds = 20 if args.quick else args.rounds
-    from trustfl.data.datasets import dataset_available
-    mnist = dataset_available("mnist")
+    if args.worker:
+        print(json.dumps(worker(args.worker, rounds, args.batch_size, args.threads)))
+        return
+    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for _ in range(max(args.processes, 1)):  # interleaved: a slow spell of the machine hits every variant alike
+        for variant in VARIANTS:
+            res = _spawn(variant, rounds, args.batch_size, args.threads)
+            runs[variant].append(res)
+            print(f"  {variant:14s} " + (f"{1e3 * res['seconds_per_step']:.2f} ms/step" if variant == "floor" else
+                                         f"{res['seconds']:.2f} s, {res['steps']} steps"), file=sys.stderr)
+    n = max(args.processes, 1)
+    timed = VARIANTS[:-1]
+    median = {v: statistics.median(r["seconds"] for r in runs[v]) for v in timed}
+    per_step = {v: statistics.median(r["seconds"] / max(r["steps"], 1) for r in runs[v]) for v in timed}
+    per_step["floor"] = statistics.median(r["seconds_per_step"] for r in runs["floor"])
+    steps = {v: round(statistics.median(r["steps"] for r in runs[v])) for v in timed}
 
-    fed, engine = build(trustfl_config(args.batch_size, False, mnist), args.batch_size, mnist)
-    rows = {}
-    rows["loop"] = time_loop(fed, args.batch_size, rounds)
-    print(f"  loop (identity):     {rows['loop'][0]:.2f} s, {rows['loop'][1]} steps", file=sys.stderr)
-    rows["trustfl"] = time_trustfl(fed, engine, rounds)
-    print(f"  trustfl (identity):  {rows['trustfl'][0]:.2f} s, {rows['trustfl'][1]} steps", file=sys.stderr)
-    del fed, engine
-    fed, engine = build(trustfl_config(args.batch_size, True, mnist), args.batch_size, mnist)
-    rows["lattice"] = time_trustfl(fed, engine, rounds)
-    print(f"  trustfl (lattice):   {rows['lattice'][0]:.2f} s, {rows['lattice'][1]} steps", file=sys.stderr)
+    def cell(v: str) -> str:
+        times = [r["seconds"] for r in runs[v]]
+        return f"{median[v]:.2f}" if n == 1 else f"{median[v]:.2f} ({min(times):.2f}–{max(times):.2f})"
 
-    loop_s, loop_n = rows["loop"]
+    loop = min(("loop", "loop_mallopt"), key=median.__getitem__)
+    first = runs["trustfl"][0]
+    labels = {"loop": "plain loop, glibc defaults", "loop_mallopt": "plain loop, trustfl's allocator setting",
+              "trustfl": "trustfl (as every run: allocator setting on)",
+              "trustfl_glibc": "trustfl, `TRUSTFL_NO_MALLOPT=1`",
+              "lattice": "trustfl, lattice b=14 both ways (sit 4.375)",
+              "floor": f"matrix-product floor: the batched products of one {S}-client step alone"}
     lines = [f"Command: `{' '.join(['.venv/bin/python', *sys.argv])}`", "",
              f"QuAFL, n={N}, s={S}, K={K}, MLP 784-200-200-10, batch {args.batch_size}, lr {LR}, sit {SIT}, "
              f"exponential steps (25% slow, means {SLOW_MEAN:g}/{FAST_MEAN:g}); data: "
-             f"{'MNIST' if mnist else 'synthetic 60,000 x 784 (MNIST absent)'}; {rounds} timed rounds after "
-             f"{WARMUP} warm-up; torch threads {torch.get_num_threads()}, {cpus()}; wall clock; "
-             f"one run.", "",
-             "| variant | trustfl s | trustfl steps | trustfl ms/step | loop s | loop steps | loop ms/step | "
-             "ratio s (trustfl/loop) | ratio ms/step |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for key, label in (("trustfl", "identity vs loop identity (acceptance)"),
-                       ("lattice", "trustfl lattice b=14 (sit 4.375) vs loop identity")):
-        t_s, t_n = rows[key]
-        lines.append(f"| {label} | {t_s:.2f} | {t_n} | {1e3 * t_s / max(t_n, 1):.2f} | {loop_s:.2f} | {loop_n} | "
-                     f"{1e3 * loop_s / max(loop_n, 1):.2f} | {t_s / loop_s:.2f} | "
-                     f"{(t_s / max(t_n, 1)) / (loop_s / max(loop_n, 1)):.2f} |")
-    ratio = rows["trustfl"][0] / loop_s
-    lines += ["", f"Acceptance (identity, time ratio <= 0.5): {'PASS' if ratio <= 0.5 else 'FAIL'} ({ratio:.2f})"]
+             f"{'MNIST' if first['mnist'] else 'synthetic 60,000 x 784 (MNIST absent)'}; {rounds} timed rounds "
+             f"after {WARMUP} warm-up; torch threads {first['threads']}, {cpus()}; wall clock; each variant in "
+             f"its own process" + ("." if n == 1 else f", {n} times, interleaved: median (min–max) over them."),
+             "", f"The ratios divide by the plain loop's faster setting ({labels[loop]}).", "",
+             "| variant | s | steps | ms/step | ratio s | ratio ms/step |", "|---|---|---|---|---|---|"]
+    for v in timed:
+        lines.append(f"| {labels[v]} | {cell(v)} | {steps[v]} | {1e3 * per_step[v]:.2f} | "
+                     f"{median[v] / median[loop]:.2f} | {per_step[v] / per_step[loop]:.2f} |")
+    lines.append(f"| {labels['floor']} | | | {1e3 * per_step['floor']:.2f} | | "
+                 f"{per_step['floor'] / per_step[loop]:.2f} |")
+    ratio = median["trustfl"] / median[loop]
+    lines += ["", f"Acceptance (trustfl as it runs, identity, time ratio <= 0.5): {'PASS' if ratio <= 0.5 else 'FAIL'} "
+              f"({ratio:.2f})"]
     text = "\n".join(lines)
     print(text)
     if args.out:
