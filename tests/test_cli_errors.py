@@ -309,6 +309,28 @@ def test_a_data_set_too_large_to_load_is_one_line_naming_its_settings(small, tmp
     assert "asked for" in line and "`data.num_clients`" in line
 
 
+def test_a_population_larger_than_the_free_memory_is_refused_before_it_is_drawn(capsys, monkeypatch):
+    """data.num_clients = 2·10⁹ (synthetic): each of the population's arrays (16 GB) fitted the machine on its own,
+    so no allocation failed, and the kernel killed the process after two minutes; data.options.dim = 10⁸ held
+    9.6 GB for 51 s before an allocation failed. The population's size, then its largest client's generation and
+    its test set, are now checked against the free memory first (stood in for here: 2 MB, against 20,000 clients
+    of 128 bytes)."""
+    import trustfl.core.memory as memory
+
+    config = "configs/scale/synthetic_million.toml"
+    assert main(["validate", config, "--set", "data.options.dim=100000000"]) == 2
+    line = _one_line(capsys)  # mostly the 1,000 test clients' shares of 10⁸ features
+    assert "loading data set 'synthetic' needs more memory than this machine has (38,072.8 GB asked for)" in line
+    monkeypatch.setattr(memory, "free_memory", lambda device: 2_000_000)
+    few_tests = ["--set", "data.options.test_clients=10"]
+    assert main(["validate", config, "--set", "data.num_clients=20000", *few_tests]) == 2
+    line = _one_line(capsys)
+    assert "loading data set 'synthetic' needs more memory than this machine has (2.6 MB asked for)" in line
+    assert "`data.num_clients`" in line
+    assert main(["validate", config, "--set", "data.num_clients=10000", *few_tests]) == 0  # 1.3 MB, then 0.8 MB
+    assert main(["validate", config, "--set", "data.num_clients=10000"]) == 2  # 1,000 clients' test shares
+
+
 @pytest.mark.parametrize("setting, fragment", [
     ('aggregator={name="cwtm", f=5}', "CoordinateWiseTrimmedMean needs at least 11 messages, found 10"),
     ('aggregator={name="krum", f=4}', "Krum needs at least 11 messages, found 10"),

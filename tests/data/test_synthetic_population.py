@@ -166,3 +166,21 @@ def test_the_unbuilt_training_set_refuses_reads():
     fed = build_federation(config_from_dict(_config(num_clients=20)), quiet=True)
     with pytest.raises(ConfigError, match="`data.dataset`"):
         fed.train_data.tensors["x"]
+
+
+def test_a_cohort_larger_than_the_free_memory_is_refused_before_it_is_generated(monkeypatch):
+    """A round materialises its clients' examples (each client's part, then their concatenation): with more rows
+    than the free memory holds, the refusal comes first (a MemoryError, which the run loop reports naming the
+    round's sizes), not from an allocation that an overcommitting machine grants and then kills the process for."""
+    import trustfl.core.memory as memory
+
+    pop = _population(num_clients=50, samples=100, dim=60)  # 80 training rows a client, 248 bytes a row
+    generated = []
+    monkeypatch.setattr(type(pop), "client_train", lambda self, k: generated.append(k) or {})
+    monkeypatch.setattr(memory, "free_memory", lambda device: 2 * 248 * 80 * 3)  # three clients' worth
+    with pytest.raises(MemoryError, match="allocate 158720 bytes"):
+        pop.materialise([0, 1, 2, 3])
+    assert generated == []
+    monkeypatch.undo()
+    monkeypatch.setattr(memory, "free_memory", lambda device: 2 * 248 * 80 * 3)
+    assert pop.materialise([5, 6, 7])["x"].shape == (240, 60)  # exactly three clients fit

@@ -37,6 +37,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from trustfl.core.memory import refuse_beyond_free
 from trustfl.core.registry import register
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import TEST_FRACTION, Dataset
@@ -61,8 +62,17 @@ class AbstractPopulation(abc.ABC):
     def client_train(self, k: int) -> dict[str, torch.Tensor]:
         """Client ``k``'s training examples as named tensors (``x``, ``y``), examples first."""
 
+    @property
+    @abc.abstractmethod
+    def example_bytes(self) -> int:
+        """Bytes of one materialised training example (all its named tensors)."""
+
     def materialise(self, clients: Sequence[int]) -> dict[str, torch.Tensor]:
-        """The training examples of ``clients``, concatenated in that order."""
+        """The training examples of ``clients``, concatenated in that order; a MemoryError before anything is
+        generated when they (twice: the clients' parts and their concatenation) exceed the free memory."""
+        ids = torch.as_tensor([int(k) for k in clients], dtype=torch.long)
+        rows = int((self.offsets[ids + 1] - self.offsets[ids]).sum()) if len(ids) else 0
+        refuse_beyond_free(2 * rows * self.example_bytes)
         parts = [self.client_train(int(k)) for k in clients]
         if not parts:
             empty = self.client_train(0)
@@ -121,6 +131,10 @@ class SyntheticPopulation(AbstractPopulation):
         # Σ = diag(j^{−1.2}): the standard deviations of the input's coordinates, j = 1..d
         object.__setattr__(self, "_sd", (np.arange(1, self.dim + 1, dtype=np.float64) ** -1.2) ** 0.5)
 
+    @property
+    def example_bytes(self) -> int:
+        return 4 * self.dim + 8  # x float32, y int64
+
     def client_model(self, k: int,
                      rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Client ``k``'s labelling model and input mean ``(W_k (C, d), b_k (C,), v_k (d,))``, float64."""
@@ -169,6 +183,11 @@ def power_law_sizes(seed: int, num_clients: int, min_samples: int = 50, max_samp
 MAX_TEST_CLIENTS = 100_000
 """The most clients whose test shares make the synthetic test set (generated at start, one client at a time:
 ``test_clients = 10**12`` ran for hours before the first round)."""
+BYTES_PER_CLIENT = 128
+"""Peak memory a population costs per client while a run is built (the sizes, their offsets and the draw's
+intermediates: ``trustfl validate`` of ``configs/scale/synthetic_million.toml`` peaked 361 MB higher at 4·10⁶ clients
+than at 10⁶, 120 bytes a client). A population larger than the free memory allows is refused before anything is
+drawn (``num_clients = 2·10⁹`` was killed by the kernel after two minutes)."""
 
 
 @register("dataset", "synthetic")
@@ -213,8 +232,12 @@ def synthetic(data_dir: str | None = None, seed: int = 0, *, num_clients: int = 
     dim = _integer("dim", dim, 1)
     classes = _integer("classes", classes, 2)
     test_clients = _integer("test_clients", test_clients, 1, MAX_TEST_CLIENTS)
+    refuse_beyond_free(num_clients * BYTES_PER_CLIENT)
     sizes = (np.full(num_clients, samples, dtype=np.int64) if samples
              else power_law_sizes(seed, num_clients, min_samples, max_samples))
+    # The largest client's generation (float64 draws and model, float32 copy) and the test set, before either runs.
+    test_rows = int(np.round(TEST_FRACTION * sizes[:test_clients]).sum())
+    refuse_beyond_free(8 * dim * (classes + 2) + 12 * int(sizes.max()) * dim + 8 * test_rows * dim)
     population = SyntheticPopulation(seed, float(alpha), float(beta), dim, classes, sizes)
     tests = [population.client_test(k) for k in range(min(test_clients, num_clients))]
     law = f"{samples} examples each" if samples else f"min(LogNormal(4, 2) + {min_samples}, {max_samples}) examples"
