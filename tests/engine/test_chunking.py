@@ -83,6 +83,26 @@ def test_auto_with_ample_memory_is_the_whole_cohort():
     assert plans_seen == [12]
 
 
+def test_a_fixed_group_that_cannot_fit_is_refused_before_it_trains(monkeypatch):
+    """engine.max_clients_per_batch = 0 (the whole cohort) or N: when the group's stacked parameters and their
+    gradients, beside the cohort's messages, exceed the free memory, the round stops before any step (a MemoryError
+    the run loop reports as a one-line ResourceError) instead of failing, or on an overcommitting machine being
+    killed, inside it. 12 clients × 2,410 parameters: messages 115,680 bytes, a group of 12 twice that again."""
+    import trustfl.core.memory as memory
+
+    monkeypatch.setattr(memory, "free_memory", lambda device: 300_000)
+    whole = _fed(0)
+    steps = []
+    monkeypatch.setattr(whole.executor, "run", lambda *a, **k: steps.append(1) or VectorizedExecutor.run(
+        whole.executor, *a, **k))
+    with pytest.raises(MemoryError, match="allocate 347040 bytes"):
+        run_round(whole, initial_state(whole))
+    assert steps == [1]  # refused inside the executor, before its first group trained
+    fours = _fed(4)  # 115,680 + 2 · 4 · 2,410 · 4 = 192,800 bytes
+    state, _ = run_round(fours, initial_state(fours))
+    assert state.round == 1
+
+
 def test_a_cohort_whose_messages_cannot_fit_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"`cohort.size`: a round of 100 clients .* 100 x 1000 float32"):
         chunking.check_cohort_fits(100, 1000, "cpu", "cohort.size", free=int(4 * 100 * 1000 / 0.5))

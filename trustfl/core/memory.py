@@ -44,11 +44,12 @@ def out_of_memory_as_error(what: str, sized_by: str) -> Iterator[None]:
 
 
 def free_memory(device: torch.device | str) -> int:
-    """Bytes free on ``device``: CUDA's free memory, or the operating system's ``MemAvailable`` for the CPU."""
+    """Bytes free on ``device``: CUDA's free memory (with the blocks torch's allocator caches), or the operating
+    system's ``MemAvailable`` for the CPU."""
     device = torch.device(device)
-    if device.type == "cuda":
+    if device.type == "cuda":  # the driver's free memory, plus what torch's caching allocator holds unused
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        return int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:

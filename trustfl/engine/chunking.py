@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trustfl.core.memory import free_memory
+from trustfl.core.memory import free_memory, refuse_beyond_free
 from trustfl.errors import ConfigError
 
 PARAMETER_COPIES = 8
@@ -78,6 +78,14 @@ def group_size(cohort: int, per_client: int, free: int, step_activations: int = 
     if step_activations > 0:
         most = min(most, CPU_GROUP_ACTIVATIONS // step_activations)
     return max(1, min(cohort, most))
+
+
+def refuse_group_beyond_free(cohort: int, group: int, num_params: int, device: torch.device | str) -> None:
+    """A MemoryError before a fixed-size group trains when the least it needs, beside the cohort's messages, is
+    more than the free memory: its stacked parameters and their gradients (two of the :data:`PARAMETER_COPIES`).
+    ``"auto"`` sizes groups to fit instead; a fixed size that cannot fit would otherwise fail (or, on a machine that
+    overcommits memory, be killed) inside the first step."""
+    refuse_beyond_free(message_bytes(cohort, num_params) + 2 * message_bytes(group, num_params), device)
 
 
 def activation_bytes(activations: int, batch_size: int, element_size: int = 4) -> int:

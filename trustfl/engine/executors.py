@@ -259,7 +259,9 @@ class VectorizedExecutor(AbstractExecutor):
         """How many clients one batched computation trains (the whole cohort unless a limit applies)."""
         m = max(len(plans), 1)
         if self.max_clients_per_batch != "auto":
-            return min(self.max_clients_per_batch or m, m)
+            group = min(self.max_clients_per_batch or m, m)
+            chunking.refuse_group_beyond_free(m, group, cohort.received["model"].numel(), cohort.device)
+            return group
         with_rows = [p for p in plans if p.rows.numel()]
         if not with_rows:
             return m
