@@ -348,3 +348,22 @@ def test_a_rule_that_needs_more_messages_than_a_round_brings_is_refused_at_valid
     for fits in (['aggregator={name="cwtm", f=4}'], ['aggregator={name="krum", f=3}'],
                  ['aggregator={name="cwtm", f=9}', 'cohort={sampler="all"}']):  # all 20 clients: 19 needed
         assert main(["validate", "configs/quickstart.toml", *[a for f in fits for a in ("--set", f)]]) == 0
+
+
+def test_fedsc_sizes_its_features_and_matrices_before_it_makes_them(capsys, monkeypatch, tmp_path):
+    """model.dim = 2·10⁶ (FedSC): the initial evaluation's features of the training set (20 GB) were computed, and
+    the kernel killed the run; the round's H×H matrices (800 GB at 2·10⁵) came from an allocation that failed only
+    after 16 GB. Both are now sized from one example's representation first. Here H = 2,000 and the free memory is
+    stood in for: 20 MB against 20.1 MB of training features, then 100 MB against 371 MB of the first share's
+    matrices (every client's, four copies) and representations."""
+    import trustfl.core.memory as memory
+
+    args = ["run", "configs/fedsc/digits_canvas_2class.toml", "--set", "rounds=1", "--set", "model.dim=2000"]
+    monkeypatch.setattr(memory, "free_memory", lambda device: 20_000_000)
+    assert main([*args, "--out", str(tmp_path / "a")]) == 2
+    assert "the evaluation of the initial model needs more memory than this machine has (20.1 MB asked for)" in \
+        _one_line(capsys)
+    monkeypatch.setattr(memory, "free_memory", lambda device: 100_000_000)
+    assert main([*args, "--out", str(tmp_path / "b")]) == 2
+    line = _one_line(capsys)
+    assert "round 1 needs more memory than this machine has (370.8 MB asked for)" in line and "the model" in line

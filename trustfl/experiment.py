@@ -33,11 +33,12 @@ from trustfl.config.build import build_federation, resolve_engine
 from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig, FieldError
 from trustfl.engine.allocator import tune_allocator
+from trustfl.core.memory import out_of_memory_as_error
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.distributed import DistributedExecutor, Ranks, check_same, from_main, ranks_from_env, session
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, all_rejected, evaluate, load_checkpoint, metric_names,
-                                 run_rounds, save_checkpoint, save_model, skipped)
+from trustfl.engine.loop import (CHECKPOINT, EVAL_SIZES, MODEL, Progress, all_rejected, evaluate, load_checkpoint,
+                                 metric_names, run_rounds, save_checkpoint, save_model, skipped)
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.core.runfiles import metric_rows, read_metrics, truncate_metrics, write_json
@@ -200,7 +201,8 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
         if main:
             (run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
             if fed.eval_initial:  # the untrained model's metrics (e.g. a random network's linear probe: the floor)
-                fed.info["initial_evaluation"] = evaluate(fed, state.params)
+                with out_of_memory_as_error("the evaluation of the initial model", EVAL_SIZES):
+                    fed.info["initial_evaluation"] = evaluate(fed, state.params)
             write_json(run_dir / "run_info.json", fed.info)
             metrics_path.write_text("")
     last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)

@@ -30,6 +30,8 @@ MODEL = "model.pt"
 ROUND_SIZES = ("`cohort.size` or `engine.max_clients_per_batch`, `client.batch_size`, the model, the number of "
                "views")
 """What sizes a round's memory (named when an allocation inside a round fails)."""
+EVAL_SIZES = "the model's outputs, the test and training sets or `engine.eval_batch_size`"
+"""What sizes an evaluation's memory (representation evaluators hold the features of both sets)."""
 
 
 def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str) -> None:
@@ -197,7 +199,7 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
             if not record:
                 continue
             due = state.round % fed.eval_every == 0 or state.round == rounds or done
-            with out_of_memory_as_error(f"the evaluation after round {state.round}", ROUND_SIZES):
+            with out_of_memory_as_error(f"the evaluation after round {state.round}", EVAL_SIZES):
                 evaluated = evaluate(fed, state.params) if due else None
             row = metrics_row(fed, state, round_metrics, evaluated)
             append_metrics(metrics_path, row)

@@ -39,6 +39,7 @@ from torch import nn
 
 from trustfl.core.checks import check_number
 from trustfl.core.functional import functional_call
+from trustfl.core.memory import refuse_beyond_free
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import AbstractEvaluator, declare
@@ -263,6 +264,9 @@ def representations(model: nn.Module, params: Mapping[str, torch.Tensor], x: tor
     if output not in OUTPUT_NAMES:
         raise ConfigError(f"evaluator `output` must be one of {OUTPUT_NAMES}, found {output!r}.")
     kwargs = {} if output == "model" else {"output": output}
+    if x.shape[0]:  # the features (chunks, then their concatenation) sized from one example's before they are made
+        probe = functional_call(model, params, (x[:1],), kwargs)
+        refuse_beyond_free(2 * x.shape[0] * probe.numel() * probe.element_size(), probe.device)
     parts = [functional_call(model, params, (x[i:i + batch_size],), kwargs)
              for i in range(0, x.shape[0], batch_size)]
     return torch.cat(parts).flatten(1) if parts else x.new_zeros((0, 0))

@@ -29,6 +29,7 @@ import torch
 
 from trustfl.client.statistics import AbstractClientStatistic
 from trustfl.core.checks import check_number
+from trustfl.core.memory import refuse_beyond_free
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.objectives.spectral import alpha_schedule, norm_clip
@@ -162,6 +163,10 @@ class FedSCCorrelation(AbstractClientStatistic):
     # -- client half -----------------------------------------------------------------------------------------
     def compute(self, represent, x, mask, client_ids, generator, augment=None):
         views_gen = [generator(c, "views") for c in client_ids]
+        if x.shape[0] and x.shape[1]:  # H from one sample's representation, then the round's work, before it runs
+            probe = represent(x[0, :1])
+            m, h, size = x.shape[0], probe.shape[-1], probe.element_size()
+            refuse_beyond_free(size * m * (4 * h * h + min(self.chunk, x.shape[1]) * self.views * h), probe.device)
         total = None
         for start, z in view_representations(represent, x, self.views, views_gen, augment, self.chunk):
             z = norm_clip(z, math.sqrt(self.mu))
