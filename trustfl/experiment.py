@@ -33,7 +33,6 @@ from trustfl.config.build import build_federation, resolve_engine
 from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig, FieldError
 from trustfl.engine.allocator import tune_allocator
-from trustfl.core.memory import out_of_memory_as_error
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.distributed import DistributedExecutor, Ranks, check_same, from_main, ranks_from_env, session
 from trustfl.engine.federation import EngineState, Federation
@@ -41,6 +40,7 @@ from trustfl.engine.loop import (CHECKPOINT, EVAL_SIZES, MODEL, Progress, all_re
                                  metric_names, run_rounds, save_checkpoint, save_model, skipped)
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
+from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.runfiles import metric_rows, read_metrics, truncate_metrics, write_json
 from trustfl.report.plots import plot_run
 
