@@ -86,3 +86,20 @@ def test_caf_raises_trustfl_errors_not_linalg_errors():
     assert torch.isfinite(out).all() and float(out.abs().max()) < 10
     with pytest.raises(MessageError, match="aggregator 'caf': rows"):
         trustfl.build("aggregator", "caf", f=4)(nan_rows())
+
+
+def test_rules_on_pairwise_distances_refuse_a_cohort_whose_gram_matrices_do_not_fit(monkeypatch):
+    """Krum, NNM, CAF and the other rules that form the n×n Gram matrix check its three float64 copies against the
+    free memory before the product: cohort.size = 300,000 asked for 360 GB in one allocation, which a machine that
+    overcommits memory grants and then kills the run for. Stood in for: 2,399 bytes free against 10 rows' 2,400."""
+    import trustfl.core.memory as memory
+
+    x = good()
+    rules = [("aggregator", "krum"), ("aggregator", "caf"), ("pre_aggregator", "nnm")]
+    monkeypatch.setattr(memory, "free_memory", lambda device: 3 * 8 * N * N - 1)
+    for kind, name in rules:
+        with pytest.raises(MemoryError, match="allocate 2400 bytes"):
+            construct(kind, name)(x)
+    monkeypatch.setattr(memory, "free_memory", lambda device: 3 * 8 * N * N)
+    for kind, name in rules:
+        assert torch.isfinite(construct(kind, name)(x)).all()

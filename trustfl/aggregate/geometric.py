@@ -16,6 +16,7 @@ import torch
 from trustfl.aggregate.base import AbstractAggregator, list_rows, normalized_weights, weighted_rows
 from trustfl.core.checks import check_number
 from trustfl.core.finite import all_finite
+from trustfl.core.memory import refuse_beyond_free
 from trustfl.core.registry import register
 from trustfl.errors import MessageError
 from trustfl.types import RoundContext, StageOut
@@ -27,6 +28,9 @@ _MIN_RESOLUTION = 1e-2
 # Largest squared norm accepted in the float64 Gram matrix: distances, Krum scores (sums of n distances) and CAF's
 # centred products stay far below the float64 maximum (1.8e308). Float32 values give at most 1.2e77·d.
 _MAX_SQUARED_NORM = 1e290
+# n×n float64 matrices a Gram pass holds at once (the product, its float64 copy, the distances made from it): a
+# cohort whose Gram matrices would not fit in the free memory is refused before the product (a MemoryError).
+_GRAM_COPIES = 3
 
 
 class Gram(NamedTuple):
@@ -120,6 +124,7 @@ def gram_matrix(x: torch.Tensor, project: torch.Tensor | None = None) -> Gram:
       MessageError: if a squared norm exceeds ``1e290`` (float64 messages of norm above ``1e145``: their
         distances would overflow float64). Values in the float32 range are always accepted.
     """
+    refuse_beyond_free(_GRAM_COPIES * 8 * x.shape[0] ** 2, x.device)  # n² grows past the messages' n·d at large n
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     xs = x.to(dtype)
     gram = (xs @ xs.T).to(torch.float64)
