@@ -112,6 +112,25 @@ def test_a_cohort_whose_messages_cannot_fit_is_refused_naming_the_key():
     assert 10 < chunking.expected_cohort("poisson", 1000, 0, 0.01) <= 1000
 
 
+def test_a_cohort_whose_gram_matrices_cannot_fit_is_refused_for_pairwise_rules_only():
+    """Krum with cohort.size = 300,000 trained the whole round before its 360 GB Gram product failed; a rule that
+    forms the n×n Gram matrix (Krum, CAF, MDA, the geometric median, NNM before any rule) is now refused when the run
+    is built. 1,000 clients of 10 parameters: 40 KB of messages, 24 MB of Gram matrices, 10 MB free."""
+    import trustfl
+    from trustfl.aggregate.base import PreAggregated
+
+    with pytest.raises(ConfigError, match=r"`cohort.size`: a round of 1000 clients needs the 1000 x 1000 float64 "
+                                          r"Gram matrices .*\(24.0 MB beside the messages' 0.0 MB\), more than the "
+                                          r"10.0 MB free on cpu; use at most about 644 clients per round"):
+        chunking.check_cohort_fits(1000, 10, "cpu", "cohort.size", free=10_000_000, pairwise=True)
+    chunking.check_cohort_fits(1000, 10, "cpu", "cohort.size", free=10_000_000)  # the messages alone fit
+    chunking.check_cohort_fits(600, 10, "cpu", "cohort.size", free=10_000_000, pairwise=True)
+    mean, nnm = trustfl.build("aggregator", "mean"), trustfl.build("pre_aggregator", "nnm", f=1)
+    assert trustfl.build("aggregator", "krum", f=1).pairwise and not mean.pairwise
+    assert PreAggregated((nnm,), mean).pairwise and not PreAggregated((trustfl.build(
+        "pre_aggregator", "bucketing", bucket_size=2),), mean).pairwise
+
+
 def test_bad_settings_are_refused_with_the_key_path():
     for value in ("x", -1, 2.5, True):
         with pytest.raises(ConfigError, match="engine.max_clients_per_batch"):

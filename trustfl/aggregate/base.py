@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
@@ -102,6 +102,10 @@ class AbstractAggregator(AbstractStage):
         [3, 7] are not finite (NaN or ±inf); ...".
     """
 
+    pairwise: ClassVar[bool] = False
+    """Whether the rule forms the ``n × n`` Gram matrix of its rows (:func:`~trustfl.aggregate.geometric.gram_matrix`;
+    its memory grows as ``n²``, checked against the machine when a run is built)."""
+
     def min_messages(self) -> int:
         """The fewest messages the rule accepts (its requirement, e.g. ``n > 2f``): 1 by default."""
         return 1
@@ -125,6 +129,9 @@ class AbstractPreAggregator(AbstractStage):
     ``pre(x, seed=)`` checks ``x`` as :class:`AbstractAggregator` does and raises :class:`MessageError` naming the
     pre-aggregator and the bad rows; ``apply`` relies on the engine's screening.
     """
+
+    pairwise: ClassVar[bool] = False
+    """As :attr:`AbstractAggregator.pairwise`."""
 
     def min_messages(self) -> int:
         """The fewest messages it accepts (e.g. ``n > f``): 1 by default."""
@@ -153,6 +160,10 @@ class PreAggregated(AbstractAggregator):
 
     pre: tuple[AbstractPreAggregator, ...]
     inner: AbstractAggregator
+
+    @property  # type: ignore[override]
+    def pairwise(self) -> bool:  # a stage of the chain forms the Gram matrix of what reaches it
+        return self.inner.pairwise or any(p.pairwise for p in self.pre)
 
     def init(self, layout: ParamLayout) -> dict[str, Any]:
         return {"pre": [p.init(layout) for p in self.pre], "inner": self.inner.init(layout)}

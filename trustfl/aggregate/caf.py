@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, ClassVar, Iterator, Literal
 
 import torch
 
@@ -126,6 +126,8 @@ class CAF(AbstractAggregator):
       >>> [round(v, 2) for v in CAF(f=1)(x).tolist()]  # the outlier's weight drops to 0 in the first pass
       [0.5, 0.5]
     """
+
+    pairwise: ClassVar[bool] = True
 
     f: int
     method: Literal["gram", "power"] = "gram"

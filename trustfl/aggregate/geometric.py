@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -28,9 +28,10 @@ _MIN_RESOLUTION = 1e-2
 # Largest squared norm accepted in the float64 Gram matrix: distances, Krum scores (sums of n distances) and CAF's
 # centred products stay far below the float64 maximum (1.8e308). Float32 values give at most 1.2e77·d.
 _MAX_SQUARED_NORM = 1e290
-# n×n float64 matrices a Gram pass holds at once (the product, its float64 copy, the distances made from it): a
-# cohort whose Gram matrices would not fit in the free memory is refused before the product (a MemoryError).
-_GRAM_COPIES = 3
+GRAM_BYTES = 3 * 8
+"""Bytes per pair of rows a Gram pass holds at once (three ``n × n`` float64 matrices: the product, its float64
+copy, the distances made from it). A cohort whose Gram matrices would not fit in the free memory is refused before
+the product (a MemoryError); ``engine.chunking.check_cohort_fits`` refuses it when the run is built."""
 
 
 class Gram(NamedTuple):
@@ -124,7 +125,7 @@ def gram_matrix(x: torch.Tensor, project: torch.Tensor | None = None) -> Gram:
       MessageError: if a squared norm exceeds ``1e290`` (float64 messages of norm above ``1e145``: their
         distances would overflow float64). Values in the float32 range are always accepted.
     """
-    refuse_beyond_free(_GRAM_COPIES * 8 * x.shape[0] ** 2, x.device)  # n² grows past the messages' n·d at large n
+    refuse_beyond_free(GRAM_BYTES * x.shape[0] ** 2, x.device)  # n² grows past the messages' n·d at large n
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     xs = x.to(dtype)
     gram = (xs @ xs.T).to(torch.float64)
@@ -220,6 +221,8 @@ class GeometricMedian(AbstractAggregator):
       >>> bool(z.norm() < 1.0)
       True
     """
+
+    pairwise: ClassVar[bool] = True
 
     nu: float = 1e-6
     tol: float = 1e-8

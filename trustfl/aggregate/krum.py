@@ -8,7 +8,7 @@ has a weighted form; ``ctx.weights`` are ignored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -75,6 +75,8 @@ class Krum(AbstractAggregator):
       [1.5]
     """
 
+    pairwise: ClassVar[bool] = True
+
     f: int
 
     def __post_init__(self) -> None:
@@ -114,6 +116,8 @@ class MultiKrum(AbstractAggregator):
       >>> MultiKrum(f=1)(x).tolist()
       [1.125]
     """
+
+    pairwise: ClassVar[bool] = True
 
     f: int
     m: int | None = None

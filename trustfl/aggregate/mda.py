@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -68,6 +68,8 @@ class MinimumDiameterAveraging(AbstractAggregator):
       >>> MinimumDiameterAveraging(f=1)(torch.tensor([[0.0], [1.0], [2.0], [10.0]])).tolist()
       [1.0]
     """
+
+    pairwise: ClassVar[bool] = True
 
     f: int
     max_subsets: int = 1_000_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -79,6 +79,8 @@ class NNM(AbstractPreAggregator):
       >>> NNM(f=1)(torch.tensor([[0.0], [1.0], [10.0]])).tolist()
       [[0.5], [0.5], [5.5]]
     """
+
+    pairwise: ClassVar[bool] = True
 
     f: int
 

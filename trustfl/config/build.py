@@ -278,7 +278,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if not vertical:  # the round's messages must fit on the device, however the clients' training is chunked
         key = {"all": "data.num_clients", "uniform": "cohort.size", "poisson": "cohort.rate"}[cfg.cohort.sampler]
         chunking.check_cohort_fits(chunking.expected_cohort(cfg.cohort.sampler, n, cfg.cohort.size, cfg.cohort.rate),
-                                   layout.numel, next(iter(params.values())).device, key)
+                                   layout.numel, next(iter(params.values())).device, key,
+                                   pairwise=aggregator.pairwise)
     local_chain = build_local_chain(cfg)
     noisy = [n for n, st in client_stages.stages if st.privacy_noise]
     if local_chain.extras_widths(layout) and noisy:

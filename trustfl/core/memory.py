@@ -22,7 +22,8 @@ _OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "storage size calcul
 _AMOUNT = re.compile(r"allocate (\d+) bytes|allocate ([\d.]+ [KMGTPE]?i?B)")
 
 
-def _size(nbytes: int) -> str:
+def format_bytes(nbytes: int) -> str:
+    """``nbytes`` in GB (from 1 GB up) or MB, one decimal."""
     return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:,.1f} MB"
 
 
@@ -37,7 +38,7 @@ def out_of_memory_as_error(what: str, sized_by: str) -> Iterator[None]:
         if not isinstance(err, MemoryError) and not any(m in text.lower() for m in _OUT_OF_MEMORY):
             raise
         asked = _AMOUNT.search(text)
-        amount = "" if asked is None else (f" ({_size(int(asked.group(1)))} asked for)" if asked.group(1)
+        amount = "" if asked is None else (f" ({format_bytes(int(asked.group(1)))} asked for)" if asked.group(1)
                                            else f" ({asked.group(2)} asked for)")
         raise ResourceError(f"{what} needs more memory than this machine has{amount}: lower {sized_by} or use a "
                             f"larger machine.") from None

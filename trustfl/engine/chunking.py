@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trustfl.core.memory import free_memory, refuse_beyond_free
+from trustfl.aggregate.geometric import GRAM_BYTES
+from trustfl.core.memory import format_bytes, free_memory, refuse_beyond_free
 from trustfl.errors import ConfigError
 
 PARAMETER_COPIES = 8
@@ -99,14 +100,23 @@ def message_bytes(cohort: int, num_params: int) -> int:
 
 
 def check_cohort_fits(cohort: int, num_params: int, device: torch.device | str, key: str,
-                      free: int | None = None) -> None:
-    """Refuse a cohort whose ``(cohort, d)`` float32 messages alone exceed ``MESSAGE_SHARE`` of the free memory.
+                      free: int | None = None, pairwise: bool = False) -> None:
+    """Refuse a cohort whose ``(cohort, d)`` float32 messages alone exceed ``MESSAGE_SHARE`` of the free memory, or,
+    for an aggregator that forms the Gram matrix of the messages (``pairwise``), whose messages and Gram matrices
+    (:data:`~trustfl.aggregate.geometric.GRAM_BYTES` per pair) together exceed it.
 
     Raises:
       ConfigError: naming ``key`` (the setting that makes the cohort this large), the sizes and the fix.
     """
     free = free_memory(device) if free is None else free
     need = message_bytes(cohort, num_params)
+    if pairwise and need + GRAM_BYTES * cohort ** 2 > free:
+        most = math.isqrt(max(free - need, 0) // GRAM_BYTES)
+        raise ConfigError(
+            f"`{key}`: a round of {cohort} clients needs the {cohort} x {cohort} float64 Gram matrices of its "
+            f"aggregator's pairwise distances ({format_bytes(GRAM_BYTES * cohort ** 2)} beside the messages' "
+            f"{format_bytes(need)}), more than the {format_bytes(free)} free on {torch.device(device)}; use at most "
+            f"about {max(most, 1)} clients per round or a rule without pairwise distances.")
     if need > MESSAGE_SHARE * free:
         most = int(MESSAGE_SHARE * free) // max(message_bytes(1, num_params), 1)
         raise ConfigError(
