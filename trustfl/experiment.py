@@ -36,11 +36,10 @@ from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.distributed import DistributedExecutor, Ranks, check_same, from_main, ranks_from_env, session
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.loop import (CHECKPOINT, EVAL_SIZES, MODEL, Progress, all_rejected, evaluate, load_checkpoint,
-                                 metric_names, run_rounds, save_checkpoint, save_model, skipped)
+from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, all_rejected, evaluate, load_checkpoint, metric_names,
+                                 run_rounds, save_checkpoint, save_model, skipped)
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
-from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.runfiles import metric_rows, read_metrics, truncate_metrics, write_json
 from trustfl.report.plots import plot_run
 
@@ -201,8 +200,7 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
         if main:
             (run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
             if fed.eval_initial:  # the untrained model's metrics (e.g. a random network's linear probe: the floor)
-                with out_of_memory_as_error("the evaluation of the initial model", EVAL_SIZES):
-                    fed.info["initial_evaluation"] = evaluate(fed, state.params)
+                fed.info["initial_evaluation"] = evaluate(fed, state.params, "of the initial model")
             write_json(run_dir / "run_info.json", fed.info)
             metrics_path.write_text("")
     last = cfg.rounds if stop_after is None else min(cfg.rounds, stop_after)

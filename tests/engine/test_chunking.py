@@ -7,6 +7,7 @@ import torch
 
 from trustfl.config.build import build_federation
 from trustfl.config.load import config_from_dict
+from trustfl.core import memory
 from trustfl.engine import chunking
 from trustfl.engine.executors import VectorizedExecutor
 from trustfl.engine.sync import initial_state, run_round
@@ -52,7 +53,7 @@ def test_auto_chunks_a_cohort_that_does_not_fit_and_agrees_with_one_batch(monkey
         rows_w.append(m["train_loss"])
     auto = _fed("auto")
     executor = auto.executor
-    monkeypatch.setattr(chunking, "free_memory", lambda device: 0)
+    monkeypatch.setattr(memory, "free_memory", lambda device: 0)
     state_a = initial_state(auto)
     sizes = []
     original = VectorizedExecutor.group_size
@@ -88,8 +89,6 @@ def test_a_fixed_group_that_cannot_fit_is_refused_before_it_trains(monkeypatch):
     gradients, beside the cohort's messages, exceed the free memory, the round stops before any step (a MemoryError
     the run loop reports as a one-line ResourceError) instead of failing, or on an overcommitting machine being
     killed, inside it. 12 clients × 2,410 parameters: messages 115,680 bytes, a group of 12 twice that again."""
-    import trustfl.core.memory as memory
-
     monkeypatch.setattr(memory, "free_memory", lambda device: 300_000)
     whole = _fed(0)
     steps = []

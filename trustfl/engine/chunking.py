@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trustfl.aggregate.geometric import GRAM_BYTES
-from trustfl.core.memory import format_bytes, free_memory, refuse_beyond_free
+from trustfl.core import memory
 from trustfl.errors import ConfigError
 
 PARAMETER_COPIES = 8
@@ -86,7 +86,7 @@ def refuse_group_beyond_free(cohort: int, group: int, num_params: int, device: t
     more than the free memory: its stacked parameters and their gradients (two of the :data:`PARAMETER_COPIES`).
     ``"auto"`` sizes groups to fit instead; a fixed size that cannot fit would otherwise fail (or, on a machine that
     overcommits memory, be killed) inside the first step."""
-    refuse_beyond_free(message_bytes(cohort, num_params) + 2 * message_bytes(group, num_params), device)
+    memory.refuse_beyond_free(message_bytes(cohort, num_params) + 2 * message_bytes(group, num_params), device)
 
 
 def activation_bytes(activations: int, batch_size: int, element_size: int = 4) -> int:
@@ -108,15 +108,16 @@ def check_cohort_fits(cohort: int, num_params: int, device: torch.device | str, 
     Raises:
       ConfigError: naming ``key`` (the setting that makes the cohort this large), the sizes and the fix.
     """
-    free = free_memory(device) if free is None else free
+    free = memory.free_memory(device) if free is None else free
     need = message_bytes(cohort, num_params)
     if pairwise and need + GRAM_BYTES * cohort ** 2 > free:
         most = math.isqrt(max(free - need, 0) // GRAM_BYTES)
         raise ConfigError(
             f"`{key}`: a round of {cohort} clients needs the {cohort} x {cohort} float64 Gram matrices of its "
-            f"aggregator's pairwise distances ({format_bytes(GRAM_BYTES * cohort ** 2)} beside the messages' "
-            f"{format_bytes(need)}), more than the {format_bytes(free)} free on {torch.device(device)}; use at most "
-            f"about {max(most, 1)} clients per round or a rule without pairwise distances.")
+            f"aggregator's pairwise distances ({memory.format_bytes(GRAM_BYTES * cohort ** 2)} beside the "
+            f"messages' {memory.format_bytes(need)}), more than the {memory.format_bytes(free)} free on "
+            f"{torch.device(device)}; use at most about {max(most, 1)} clients per round or a rule without pairwise "
+            f"distances.")
     if need > MESSAGE_SHARE * free:
         most = int(MESSAGE_SHARE * free) // max(message_bytes(1, num_params), 1)
         raise ConfigError(

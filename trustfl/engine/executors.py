@@ -23,6 +23,7 @@ from torch import nn
 
 from trustfl.client.gradients import PerExampleClipped
 from trustfl.client.transforms import LocalChain
+from trustfl.core import memory
 from trustfl.core.registry import register
 from trustfl.engine import chunking
 from trustfl.engine.local import ClientPlan, LocalTraining, TrainData, batch_matrix
@@ -279,7 +280,7 @@ class VectorizedExecutor(AbstractExecutor):
                                      chunking.activation_bytes(acts, batch))
         per_client, acts_bytes = self._per_client[key]
         messages = chunking.message_bytes(m, cohort.received["model"].numel())  # they fill as the cohort trains
-        return chunking.group_size(m, per_client, max(chunking.free_memory(cohort.device) - messages, 0),
+        return chunking.group_size(m, per_client, max(memory.free_memory(cohort.device) - messages, 0),
                                    acts_bytes if cohort.device.type == "cpu" else 0)
 
     def run(self, job, plans, cohort, start=None) -> ClientResults:

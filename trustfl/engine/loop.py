@@ -92,10 +92,12 @@ def save_model(run_dir: Path, fed: Federation, params: torch.Tensor) -> Path:
 
 
 @torch.no_grad()
-def evaluate(fed: Federation, params: torch.Tensor) -> dict[str, float]:
-    """The federation's evaluators on the held-out test set, for the flat global model ``params``."""
-    return evaluate_model(fed.model, fed.objective, fed.evaluators, fed.layout.unflatten(params), fed.test_data,
-                          fed.eval_batch_size, fed.train_data.tensors)
+def evaluate(fed: Federation, params: torch.Tensor, when: str) -> dict[str, float]:
+    """The federation's evaluators on the held-out test set, for the flat global model ``params``; a failed
+    allocation is a ResourceError "the evaluation ``when`` needs more memory ..." naming :data:`EVAL_SIZES`."""
+    with out_of_memory_as_error(f"the evaluation {when}", EVAL_SIZES):
+        return evaluate_model(fed.model, fed.objective, fed.evaluators, fed.layout.unflatten(params), fed.test_data,
+                              fed.eval_batch_size, fed.train_data.tensors)
 
 
 def metric_names(fed: Federation) -> list[str]:
@@ -199,8 +201,7 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
             if not record:
                 continue
             due = state.round % fed.eval_every == 0 or state.round == rounds or done
-            with out_of_memory_as_error(f"the evaluation after round {state.round}", EVAL_SIZES):
-                evaluated = evaluate(fed, state.params) if due else None
+            evaluated = evaluate(fed, state.params, f"after round {state.round}") if due else None
             row = metrics_row(fed, state, round_metrics, evaluated)
             append_metrics(metrics_path, row)
             if on_row is not None:
