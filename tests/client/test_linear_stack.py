@@ -7,7 +7,7 @@ from torch import nn
 from torch.func import functional_call
 
 from trustfl.client.linear_stack import applies, linear_stack, mean_grad, sgd_step
-from trustfl.client.per_example import batched_mean_grad
+from trustfl.client.per_example import batched_mean_grad, clipped_grad_sum
 from trustfl.models.zoo import MLP, LogisticRegression
 from trustfl.objectives.builtin import BinaryCrossEntropy, CrossEntropy, SquaredError
 
@@ -216,3 +216,33 @@ def test_a_client_that_does_not_step_keeps_its_parameters_bitwise_even_non_finit
         for i in (1, 3):
             assert torch.equal(stepped[k][i].nan_to_num(7.0), params[k][i].nan_to_num(7.0)), (k, i)
         torch.testing.assert_close(stepped[k][0], params[k][0] - 0.1 * grads[k][0], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("m", [1, M], ids=["one client", "cohort"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_ghost_clipping_inputs_bitwise_the_hooked_pass(case, dtype, m, device):
+    """Ghost clipping of a stack takes its layer inputs and output gradients in closed form (ghost_inputs): the
+    clipped sums, norms and losses are the bits of the hooked pass it replaces (forward hooks, zero probes, autograd
+    through the model: what a hooked model takes), padded rows included, with a clip norm between the norms."""
+    build, objective, shape, targets = CASES[case]
+    gen = torch.Generator().manual_seed(11)
+    model = build().to(device=device, dtype=dtype)
+    params = {k: v[:m].to(dtype) for k, v in _stacked(model, M, device, gen).items()}
+    x = torch.randn(m, B, *shape, generator=gen, dtype=dtype).to(device)
+    y = {"class": lambda: torch.randint(0, 3, (m, B), generator=gen),
+         "real2": lambda: torch.randn(m, B, 2, generator=gen, dtype=dtype),
+         "binary": lambda: torch.randint(0, 2, (m, B), generator=gen).to(dtype)}[targets]().to(device)
+    batch, mask = {"x": x, "y": y}, _mask(device)[-m:]  # one client: the padded last; a cohort: all four
+    mask[0, 0] = False
+    assert applies(linear_stack(model), objective, params, batch)
+    norms = clipped_grad_sum(model, params, batch, mask, 1.0, objective=objective)[1][mask]
+    clip = float(norms.median())  # clipped and unclipped examples
+    got = clipped_grad_sum(model, params, batch, mask, clip, objective=objective, return_loss=True)
+    model.register_forward_hook(lambda *_: None)
+    assert linear_stack(model) is None
+    want = clipped_grad_sum(model, params, batch, mask, clip, objective=objective, return_loss=True)
+    assert bool((norms > clip).any()) and bool((norms < clip).any())
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    for k in params:
+        assert torch.equal(got[0][k], want[0][k]), k

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trustfl.models.zoo import MLP, LogisticRegression
@@ -155,6 +156,44 @@ def mean_grad(stack: LinearStack, objective: AbstractObjective, params: Mapping[
                 out_grad = torch.ops.aten.threshold_backward(torch.bmm(out_grad, params[w_name].detach()),
                                                              inputs[k], 0)
     return {name: grads[name] for name in params}, losses
+
+
+def ghost_inputs(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
+                 keep: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """What ghost clipping needs of every layer, in closed form: its input ``h_{k−1}`` and its output gradient
+    ``G_k = ∂(Σ_b keep_b ℓ_b)/∂a_k``, each ``(m·B, features)``, and the per-example losses ``ℓ`` ``(m·B,)``.
+
+    The bits of :mod:`trustfl.client.per_example`'s hooked pass (forward hooks, zero probes, autograd through the
+    model), without its hooks, probes and graph: one client runs ``F.linear`` as ``nn.Linear`` does (its backward
+    product is ``G_k W_k``, as autograd's), a cohort the batched products of the ``vmap`` path (:func:`_forward`);
+    ``G_L`` comes from autograd on the logits alone and ``G_{k−1} = (G_k W_k) ⊙ [h_{k−1} > 0]``, the ReLU's backward
+    on its output (``tests/client/test_linear_stack.py``).
+    """
+    m, b = keep.shape
+    weights = [params[w].detach() for w, _ in stack.layers]
+    with torch.no_grad():
+        if m == 1:  # the one-client hooked pass calls the model itself: F.linear, the bias fused into addmm
+            h = batch[objective.input_key][0].reshape(b, -1)
+            inputs = []
+            for k, (w, (_, b_name)) in enumerate(zip(weights, stack.layers)):
+                inputs.append(h)
+                h = F.linear(h, w[0], None if b_name is None else params[b_name][0].detach())
+                if k < len(weights) - 1:
+                    h = torch.relu(h)
+        else:
+            inputs, h = _forward(stack, params, batch[objective.input_key], m, b)
+    with torch.enable_grad():
+        leaf = h.detach().requires_grad_(True)
+        losses = objective.losses(leaf.reshape(m * b, -1), flat_batch(batch, 2))
+        (out_grad,) = torch.autograd.grad((losses * keep.reshape(-1)).sum(), [leaf])
+    backprops = [out_grad]
+    with torch.no_grad():
+        for k in range(len(weights) - 1, 0, -1):
+            below = out_grad.mm(weights[k][0]) if m == 1 else torch.bmm(out_grad, weights[k])
+            out_grad = torch.ops.aten.threshold_backward(below, inputs[k], 0)
+            backprops.append(out_grad)
+    flat = lambda t: t.reshape(m * b, t.shape[-1])  # noqa: E731
+    return [flat(a) for a in inputs], [flat(g) for g in reversed(backprops)], losses.detach()
 
 
 def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,

@@ -35,6 +35,7 @@ from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward
 from trustfl.client.ghost_plan import Plan, ghost_plan
 from trustfl.client.linear_stack import FusedSGD, applies, linear_stack
+from trustfl.client.linear_stack import ghost_inputs as stack_ghost_inputs
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
 from trustfl.core.checks import check_number
 from trustfl.errors import ConfigError, PrivacyError
@@ -179,9 +180,13 @@ def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batc
                        cohort_layers: bool = False) -> tuple[Params, torch.Tensor, torch.Tensor]:
     """``(sums, norms, losses)``: the clipped sums, the per-example norms and each client's mean loss over its real
     examples, from one forward and one backward pass."""
-    acts, backprops, per_example = _activations_and_backprops(model, plan, params, batch, keep, objective,
-                                                              cohort_layers)
     m, b = keep.shape
+    stack = None if cohort_layers and m > 1 else linear_stack(model)
+    if applies(stack, objective, params, batch):  # an MLP: the hooked pass's bits in closed form
+        acts, backprops, per_example = stack_ghost_inputs(stack, objective, params, batch, keep)  # type: ignore
+    else:
+        acts, backprops, per_example = _activations_and_backprops(model, plan, params, batch, keep, objective,
+                                                                  cohort_layers)
     sq = torch.zeros(m * b, dtype=acts[0].dtype, device=acts[0].device)
     terms = []
     for (layer, _), a, g in zip(plan, acts, backprops):
