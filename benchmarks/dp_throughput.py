@@ -15,10 +15,16 @@ products and convolutions (trustfl: one forward, one backward without weight gra
 the clipped sum; Opacus ghost: one forward and two full backward passes). Their ratio is the speed-up the two would
 show if both ran their products at the same FLOP/s; the record puts it beside the measured one.
 
+Bounds (MLP rows): ``lean`` (:func:`mlp_lean`), the whole step as straight-line code without checks or generality,
+and ``floor`` (:func:`mlp_floor`), the step's two large products and its noise alone, timed in the same interleaved
+runs. The floor bounds what any implementation could reach against Opacus on this machine; the lean step shows
+what the computation costs without a library around it.
+
 Also checks, on the same parameters and batch:
   * trustfl-ghost's clipped noisy gradient equals the materialised reference (one-client vmap per-example
     gradients, clipped and summed in plain torch) with the same seeds, max |diff| <= 1e-5;
-  * trustfl's noise-free clipped mean equals Opacus-ghost's (σ = 0).
+  * trustfl's noise-free clipped mean equals Opacus-ghost's (σ = 0);
+  * (MLP) the lean step's noise-free result equals trustfl's.
 
 Opacus is a benchmark-only peer, never a runtime dependency; install it beside the project's torch with
   .venv/bin/pip install -c constraints.txt opacus==1.6.0
@@ -166,6 +172,9 @@ def main() -> None:
                 return step
 
             steps = {"trustfl ghost": trustfl_step("ghost"), "trustfl vmap": trustfl_step("vmap")}
+            if name == "mlp":
+                steps["lean"] = mlp_lean(stacked, x, y, gens, sigma, clip)
+                steps["floor"] = mlp_floor(stacked, x, gens)
             for mode in ("hooks", "ghost"):
                 clients = [opacus_client(build_model(name, shape, 10, seed=100 + i, **kw), batch, mode, sigma)
                            for i in range(m)]
@@ -181,7 +190,7 @@ def main() -> None:
                 continue
             rate = {k: m * batch / t for k, t in timed(steps).items()}
             flops = {k: step_gflop(steps[k]) for k in ("trustfl ghost", "opacus ghost")}
-            peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in steps}
+            peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in steps if k not in ("lean", "floor")}
             rows.append((label, batch, m, rate, peaks, flops))
             print(f"  measured {label} batch {batch} cohort {m}", flush=True)
 
@@ -206,7 +215,14 @@ def main() -> None:
         gsm, step = opacus_client(build_model(name, shape, 10, seed=100, **kw), batch, "ghost", 0.0)
         step(x[0], y[0])
         diff_opacus = max((clean[k][0] - p.grad).abs().max().item() for k, p in gsm._module.named_parameters())
-        checks.append((label, diff_ref, diff_opacus))
+        diff_lean = None
+        if name == "mlp":  # the lean step on the clients without padding, noise-free, against trustfl's
+            full = torch.ones(3, batch)
+            want = noisy_clipped_mean(clipped_grad_sum(nets[0], stacked, {"x": x, "y": y}, full, clip)[0], 0.0,
+                                      clip, float(batch), [None] * 3)  # type: ignore[list-item]
+            lean = mlp_lean(stacked, x, y, [None] * 3, 0.0, clip)()
+            diff_lean = max((lean[k] - want[k]).abs().max().item() for k in want)
+        checks.append((label, diff_ref, diff_opacus, diff_lean))
 
     unit = "samples/s" if args.clock == "wall" else "samples per CPU-second"
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/dp_throughput.py'] + sys.argv[1:])}`", "",
@@ -240,15 +256,82 @@ def main() -> None:
                      f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['trustfl ghost'] / r['opacus hooks']:.2f}× "
                      f"| {peak} |")
     lines += flop_lines
+    floors = [(label, batch, m, r) for label, batch, m, r, _, _ in rows if "floor" in r]
+    if floors:
+        lines += ["", "## Bounds: the lean step and the floor", "",
+                  "Timed in the same interleaved runs. **lean** (`mlp_lean`): the whole step as straight-line code "
+                  "written in the benchmark, without checks or generality (its noise-free result is checked against "
+                  "trustfl's below). **floor** (`mlp_floor`): what any exact ghost step has to do at the least, alone: "
+                  "each client's first-layer forward product and clipped weight-gradient sum (the two 784×256×256 "
+                  "products; every other product is 40× smaller) and the Gaussian noise of every parameter from the "
+                  "client's own generator. The ratios divide their throughput by Opacus ghost's.", "",
+                  "| model | batch | cohort | trustfl ghost / op-ghost | lean / op-ghost | floor / op-ghost |",
+                  "|---|---|---|---|---|---|"]
+        for label, batch, m, r in floors:
+            lines.append(f"| {label} | {batch} | {m} | " + " | ".join(
+                f"{r[k] / r['opacus ghost']:.2f}×" for k in ("trustfl ghost", "lean", "floor")) + " |")
     lines += ["", "Equality (float32, 3 clients, one padded example):", ""]
-    for label, diff_ref, diff_opacus in checks:
+    for label, diff_ref, diff_opacus, diff_lean in checks:
         verdict = "OK" if diff_ref <= 1e-5 else "FAIL"
+        lean = "" if diff_lean is None else (f"; the lean step vs trustfl, noise-free, unpadded: max|diff| = "
+                                             f"{diff_lean:.2e} [{'OK' if diff_lean <= 1e-5 else 'FAIL'} <= 1e-5]")
         lines.append(f"- {label}: noisy ghost vs materialised reference, same seeds: max|diff| = {diff_ref:.2e} "
-                     f"[{verdict} <= 1e-5]; noise-free vs Opacus ghost (client 0): max|diff| = {diff_opacus:.2e}")
+                     f"[{verdict} <= 1e-5]; noise-free vs Opacus ghost (client 0): max|diff| = {diff_opacus:.2e}"
+                     f"{lean}")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.out:
         Path(args.out).write_text(text)
+
+
+def mlp_floor(stacked: dict, x, gens: list) -> Callable[[], object]:
+    """One MLP step's floor (see the record): the batched first-layer forward product and clipped weight-gradient
+    sum of every client, and every parameter's noise drawn from each client's generator, into preallocated
+    buffers."""
+    import torch
+    weight = stacked["net.0.weight"]  # (m, 256, 784)
+    grads = torch.randn(weight.shape[0], x.shape[1], weight.shape[1])  # stands in for the clipped output gradients
+    hidden, weight_sum = torch.empty_like(grads), torch.empty_like(weight)
+    noise = [torch.empty_like(v) for v in stacked.values()]
+
+    def step() -> None:
+        torch.bmm(x, weight.transpose(1, 2), out=hidden)
+        torch.bmm(grads.transpose(1, 2), x, out=weight_sum)
+        for buf in noise:
+            for i, gen in enumerate(gens):
+                torch.randn(buf.shape[1:], generator=gen, out=buf[i])
+    return step
+
+
+def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Callable[[], dict]:
+    """The whole DP-SGD step of a one-hidden-layer MLP cohort as straight-line code, written here: no checks, no
+    generality, the cross-entropy's output gradient in closed form (``softmax − one-hot``), the per-example norms
+    ``‖h_b‖²‖g_b‖² + ‖g_b‖²`` of each layer, the clipped sums by one product a layer, the noise as trustfl draws it.
+    What the computation costs without a library around it (its noise-free result is checked against trustfl's)."""
+    import torch
+    w1, b1, w2, b2 = (stacked[k] for k in ("net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"))
+    m, batch = y.shape
+    onehot = torch.nn.functional.one_hot(y, w2.shape[1]).to(x.dtype)
+
+    def step() -> dict:
+        h1 = torch.baddbmm(b1.unsqueeze(1), x, w1.transpose(1, 2)).relu_()
+        g2 = torch.baddbmm(b2.unsqueeze(1), h1, w2.transpose(1, 2)).softmax(-1).sub_(onehot)
+        g1 = torch.bmm(g2, w2).mul_(h1 > 0)
+        n1, n2 = g1.square().sum(-1), g2.square().sum(-1)
+        norms = (x.square().sum(-1).mul_(n1).add_(n1).add_(h1.square().sum(-1).mul_(n2)).add_(n2)).sqrt_()
+        coef = (clip / (norms + 1e-6)).clamp_(max=1.0).unsqueeze(1)  # the 1/B of the mean loss cancels in the ratio
+        sums = {"net.0.weight": torch.bmm((g1 * coef.transpose(1, 2)).transpose(1, 2), x),
+                "net.0.bias": torch.bmm(coef, g1).squeeze(1),
+                "net.2.weight": torch.bmm((g2 * coef.transpose(1, 2)).transpose(1, 2), h1),
+                "net.2.bias": torch.bmm(coef, g2).squeeze(1)}
+        out = {}
+        for k, v in sums.items():
+            noise = torch.empty_like(v)
+            for i, gen in enumerate(gens):
+                torch.randn(v.shape[1:], generator=gen, out=noise[i])
+            out[k] = noise.mul_(sigma * clip / batch).add_(v, alpha=1.0 / batch)
+        return out
+    return step
 
 
 def step_gflop(step: Callable[[], object]) -> float:
