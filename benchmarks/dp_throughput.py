@@ -44,6 +44,7 @@ import argparse
 import ctypes
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -109,12 +110,13 @@ def main() -> None:
 
     clock = time.perf_counter if args.clock == "wall" else time.process_time
 
-    def timed(steps: dict[str, Callable[[], object]]) -> dict[str, float]:
-        """Best seconds per step of each method; methods interleave so that load changes hit them alike."""
+    def timed(steps: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
+        """Seconds per step of each method in each of the ``--repeats`` timed runs; methods interleave so that load
+        changes hit them alike."""
         for step in steps.values():
             for _ in range(2):
                 step()
-        best = {name: float("inf") for name in steps}
+        runs: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.repeats):
             for name, step in steps.items():
                 n, start = 0, clock()
@@ -124,8 +126,8 @@ def main() -> None:
                     elapsed = clock() - start
                     if elapsed >= args.min_time:
                         break
-                best[name] = min(best[name], elapsed / n)
-        return best
+                runs[name].append(elapsed / n)
+        return runs
 
     def cohort(name: str, shape: tuple[int, ...], batch: int, m: int, kw: dict):
         nets = [build_model(name, shape, 10, seed=100 + i, **kw) for i in range(m)]
@@ -188,7 +190,10 @@ def main() -> None:
                     print(json.dumps({"peak_mb": step_peak_mb(steps[args.memory_worker[2]])}))
                     return
                 continue
-            rate = {k: m * batch / t for k, t in timed(steps).items()}
+            runs = timed(steps)
+            rate = {k: m * batch / min(t) for k, t in runs.items()}
+            paired = sorted(o / t for o, t in zip(runs["opacus ghost"], runs["trustfl ghost"]))
+            rate["paired"] = (statistics.median(paired), paired[0], paired[-1])  # type: ignore[assignment]
             flops = {k: step_gflop(steps[k]) for k in ("trustfl ghost", "opacus ghost")}
             peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in steps if k not in ("lean", "floor")}
             rows.append((label, batch, m, rate, peaks, flops))
@@ -231,10 +236,13 @@ def main() -> None:
              f"{malloc_note}, σ = {sigma}, C = {clip}; {unit}, best of {args.repeats} interleaved runs of >= "
              f"{args.min_time} s; {cpus()}, load average {load_start:.2f} at the start and "
              f"{os.getloadavg()[0]:.2f} at the end. Opacus has no cohort vectorization, so its cohort loops over "
-             "the clients.", "",
+             "the clients. The ratios divide the best runs' throughputs; *per run* gives the median (min–max) of "
+             "the ratios within each interleaved run, which a change of the machine's speed between runs moves "
+             "less.", "",
              "| model | batch | cohort | trustfl ghost | trustfl vmap | Opacus hooks | Opacus ghost | "
-             "tf-ghost / op-ghost | tf-ghost / op-hooks | step peak MB: tf-ghost / tf-vmap / op-hooks / op-ghost |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "tf-ghost / op-ghost | per run | tf-ghost / op-hooks | step peak MB: tf-ghost / tf-vmap / op-hooks / "
+             "op-ghost |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     per = "second" if args.clock == "wall" else "CPU-second"
     flop_lines = ["", "## Products per step: the ratio the two ghost methods would have at equal FLOP/s", "",
                   "GFLOP of one step's matrix products and convolutions (`torch.utils.flop_counter.FlopCounterMode`; "
@@ -253,8 +261,8 @@ def main() -> None:
                           ("trustfl ghost", "trustfl vmap", "opacus hooks", "opacus ghost"))
         lines.append(f"| {label} | {batch} | {m} | {r['trustfl ghost']:.0f} | {r['trustfl vmap']:.0f} | "
                      f"{r['opacus hooks']:.0f} | {r['opacus ghost']:.0f} | "
-                     f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['trustfl ghost'] / r['opacus hooks']:.2f}× "
-                     f"| {peak} |")
+                     f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['paired'][0]:.2f}× ({r['paired'][1]:.2f}–"
+                     f"{r['paired'][2]:.2f}) | {r['trustfl ghost'] / r['opacus hooks']:.2f}× | {peak} |")
     lines += flop_lines
     floors = [(label, batch, m, r) for label, batch, m, r, _, _ in rows if "floor" in r]
     if floors:
