@@ -279,9 +279,12 @@ def _polling(fed: Federation, state: EngineState, clock: ClockState, sched: Poll
     scale = s / (s + 1) if sched.server_averaging else 1.0
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, 0, metrics, Uplink(to_server, scale))
     if ids:
-        y = sent_models.get("y", base + results.updates)
+        y = sent_models["y"] if "y" in sent_models else base + results.updates
         down = _links(fed).down(x_t, r, base if sched.decode_key == "base" else y)
-        mixed = down.decoded / (s + 1) + y * (s / (s + 1)) if sched.client_averaging else down.decoded
+        decoded = down.decoded
+        if decoded.shape[0] > 1 and decoded.stride(0) == 0:  # one model broadcast (float32 link): divide it once
+            decoded = decoded[:1]
+        mixed = decoded / (s + 1) + y * (s / (s + 1)) if sched.client_averaging else down.decoded
         new.clients = store.scatter(ids, {BASE: mixed}).state_dict()
         _charge_down(new, metrics, down.bits_per_message * s)
         metrics["decode_failures"] = metrics.get("decode_failures", 0) + down.decode_failures
