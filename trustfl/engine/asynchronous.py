@@ -264,7 +264,7 @@ def _polling(fed: Federation, state: EngineState, clock: ClockState, sched: Poll
     base = store.gather(ids, {BASE: fed.initial_params})[BASE].to(x_t)
     received = {"model": x_t, **fed.local_chain.downlink(state.shared)}
     ctx = cohort_context(fed, r, plans, received, store)
-    results = fed.executor.run(_job(fed, sched.lr_scale), plans, ctx, start=fed.layout.unflatten(base))
+    results = fed.executor.run(_job(fed, sched.lr_scale), plans, ctx, start=base)
     store = store.scatter(ids, results.client_state)
     if sched.speed_weights and ids:
         results = _scaled(results, state.clock["speed_weights"][torch.tensor(ids)])
@@ -345,7 +345,7 @@ def _buffered(fed: Federation, state: EngineState, clock: ClockState, sched: Buf
     base = store.gather(ids, {BASE: fed.initial_params})[BASE].to(x_t)
     received = {"model": x_t, **fed.local_chain.downlink(state.shared)}
     results = fed.executor.run(_job(fed, sched.lr_scale), plans, cohort_context(fed, r, plans, received, store),
-                               start=fed.layout.unflatten(base))
+                               start=base)
     store = store.scatter(ids, results.client_state)
     tau = (r - version[torch.tensor(ids, dtype=torch.long)]).to(torch.float64) if ids else torch.zeros(0)
     metrics["staleness_mean"] = float(tau.mean()) if ids else 0.0

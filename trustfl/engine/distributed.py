@@ -215,9 +215,9 @@ class DistributedExecutor(AbstractExecutor):
     ranks: Ranks
 
     def run(self, job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
-            start: Mapping[str, torch.Tensor] | None = None) -> ClientResults:
+            start: torch.Tensor | None = None) -> ClientResults:
         lo, hi = share(len(plans), self.ranks.rank, self.ranks.world_size)
-        part = None if start is None else {k: v[lo:hi] for k, v in start.items()}
+        part = None if start is None else start[lo:hi]
         local = self.inner.run(job, plans[lo:hi], cohort.select(lo, hi), part)
         check = digest(cohort.round, cohort.client_ids, cohort.received["model"])
         return gather_results(local, check, cohort.device)

@@ -7,7 +7,7 @@ computation (``torch.func.vmap`` over clients inside the gradient methods); clie
 batches are masked (a masked step leaves parameters and transform state untouched). It is an execution detail:
 row ``i`` of every batched tensor is computed from client ``i``'s data, state and generators only.
 
-Each client starts from its own parameters when it has them (``start`` stacked ``(m, ...)``), else from the
+Each client starts from its own parameters when it has them (``start``, flat ``(m, d)``), else from the
 received model, or where a personalizing gradient transform puts it (FedU, FedEMA); the update is the progress
 ``θ_local − θ_start`` (``θ_received`` unless ``start`` is given). An objective with local state (BYOL's target
 network) gets it initialised from the starting parameters and updated after every step.
@@ -62,15 +62,15 @@ class LocalJob:
 class AbstractExecutor(abc.ABC):
     @abc.abstractmethod
     def run(self, job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
-            start: Mapping[str, torch.Tensor] | None = None) -> ClientResults:
+            start: torch.Tensor | None = None) -> ClientResults:
         """Run every planned client's local training.
 
         Args:
           job: model, objective, local chain, schedule and data.
           plans: one per client, row order of ``cohort``.
           cohort: the clients' context (``cohort.received["model"]`` is the flat received model).
-          start: stacked ``(m, ...)`` per-client starting parameters; ``None``: every client starts from the
-            received model.
+          start: ``(m, d)`` flat per-client starting parameters (read, never written); ``None``: every client
+            starts from the received model.
         """
 
 
@@ -85,7 +85,7 @@ def _concat(parts: list[ClientResults], updates: torch.Tensor) -> ClientResults:
 
 
 def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
-              start: Mapping[str, torch.Tensor] | None) -> ClientResults:
+              start: torch.Tensor | None) -> ClientResults:
     """Local training of ``plans`` as one stacked computation (the core of both executors)."""
     m = len(plans)
     layout = cohort.layout
@@ -135,9 +135,9 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
                           f"where a client starts each round, but this engine's clients continue from their own "
                           f"models; use `engine.kind = \"sync\"`.")
     else:
-        params = {k: v.detach().clone() for k, v in start.items()}
-    # Where each client started, flat: the received model broadcast (no copy) unless clients have their own.
-    start_flat = received.unsqueeze(0).expand(m, -1) if start is None else layout.flatten(params, batch_dims=1)
+        params = {k: v.detach().clone() for k, v in layout.unflatten(start).items()}
+    # Where each client started, flat: the received model broadcast or the clients' own starts (no copy).
+    start_flat = received.unsqueeze(0).expand(m, -1) if start is None else start
     chain, method = job.chain, job.chain.method
     states = None  # initialised after the first gradient, once the parameters have the gradients' layout
     loss_sum = torch.zeros(m, dtype=torch.float64, device=device)
@@ -218,7 +218,7 @@ def _like_gradients(params: dict[str, torch.Tensor], grads: Mapping[str, torch.T
 
 
 def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
-            start: Mapping[str, torch.Tensor] | None, size: int) -> ClientResults:
+            start: torch.Tensor | None, size: int) -> ClientResults:
     if not plans:
         received = cohort.received["model"]
         return ClientResults(received.new_zeros((0, received.numel())), received.new_zeros(0), [], {}, {})
@@ -227,7 +227,7 @@ def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         return run_group(job, plans, cohort, start)
     parts, updates = [], None
     for i in range(0, m, size):
-        group_start = None if start is None else {k: v[i:i + size] for k, v in start.items()}
+        group_start = None if start is None else start[i:i + size]
         part = run_group(job, plans[i:i + size], cohort.select(i, i + size), group_start)
         if updates is None:  # the cohort's (m, d) messages are written once, not held twice by a concatenation
             updates = part.updates.new_empty((m, part.updates.shape[1]))
