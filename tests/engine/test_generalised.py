@@ -235,18 +235,22 @@ def test_executors_start_each_client_from_its_own_parameters(small_config):
     g = fed.initial_params
     cohort = _cohort(fed, plans, g)
     starts = torch.stack([g + 0.01 * k for k in range(3)])
-    stacked = fed.layout.unflatten(starts)
-    vec = VectorizedExecutor().run(fed.local_job(), plans, cohort, start=stacked)
-    seq = SequentialExecutor().run(fed.local_job(), plans, cohort, start=stacked)
+    kept = starts.clone()
+    vec = VectorizedExecutor().run(fed.local_job(), plans, cohort, start=starts)
+    seq = SequentialExecutor().run(fed.local_job(), plans, cohort, start=starts)
+    assert torch.equal(starts, kept)  # the starts are read, never written
     assert torch.allclose(vec.updates, seq.updates, atol=1e-5)
     for k, plan in enumerate(plans):  # each client alone, sent its own start as the model: same progress
         alone = VectorizedExecutor().run(fed.local_job(), [plan], _cohort(fed, [plan], starts[k]))
         assert torch.allclose(vec.updates[k], alone.updates[0], atol=1e-5)
     assert not torch.allclose(vec.updates[1], VectorizedExecutor().run(fed.local_job(), plans, cohort).updates[1],
                               atol=1e-4)
-    same = VectorizedExecutor().run(fed.local_job(), plans, cohort, start=fed.layout.unflatten(g.repeat(3, 1)))
+    same = VectorizedExecutor().run(fed.local_job(), plans, cohort, start=g.repeat(3, 1))
     broadcast = VectorizedExecutor().run(fed.local_job(), plans, cohort)
     assert torch.equal(same.updates, broadcast.updates)
+    for wrong in (fed.layout.unflatten(starts), starts[:2], starts[:, 1:]):  # stacked dict, too few rows, too short
+        with pytest.raises(ConfigError, match=r"`start` must be the 3 clients' flat starting parameters"):
+            VectorizedExecutor().run(fed.local_job(), plans, cohort, start=wrong)
 
 
 def test_vectorized_round_equals_a_plain_pytorch_loop(small_config):

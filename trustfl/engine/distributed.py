@@ -31,7 +31,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from trustfl.engine.executors import AbstractExecutor, ClientResults, LocalJob
+from trustfl.engine.executors import AbstractExecutor, ClientResults, LocalJob, check_start
 from trustfl.engine.local import ClientPlan
 from trustfl.errors import DistributedError
 from trustfl.types import CohortContext
@@ -216,6 +216,7 @@ class DistributedExecutor(AbstractExecutor):
 
     def run(self, job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             start: torch.Tensor | None = None) -> ClientResults:
+        check_start(start, len(plans), cohort.layout.numel)
         lo, hi = share(len(plans), self.ranks.rank, self.ranks.world_size)
         part = None if start is None else start[lo:hi]
         local = self.inner.run(job, plans[lo:hi], cohort.select(lo, hi), part)

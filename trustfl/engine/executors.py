@@ -217,8 +217,17 @@ def _like_gradients(params: dict[str, torch.Tensor], grads: Mapping[str, torch.T
     return out
 
 
+def check_start(start: Any, m: int, d: int) -> None:
+    """Refuse starting points that are not the clients' flat ``(m, d)`` parameters (``None`` passes)."""
+    if start is not None and (not isinstance(start, torch.Tensor) or tuple(start.shape) != (m, d)):
+        found = tuple(start.shape) if isinstance(start, torch.Tensor) else type(start).__name__
+        raise ConfigError(f"an executor's `start` must be the {m} clients' flat starting parameters, a ({m}, {d}) "
+                          f"tensor; found {found}.")
+
+
 def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             start: torch.Tensor | None, size: int) -> ClientResults:
+    check_start(start, len(plans), cohort.layout.numel)
     if not plans:
         received = cohort.received["model"]
         return ClientResults(received.new_zeros((0, received.numel())), received.new_zeros(0), [], {}, {})
