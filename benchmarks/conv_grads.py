@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from cpu_info import cpus
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (label, examples, C_in, C_out, side, kernel, padding)
@@ -93,7 +95,7 @@ def main() -> None:
     threads = f"{torch.get_num_threads()} thread(s)" if device.type == "cpu" else torch.cuda.get_device_name(device)
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/conv_grads.py'] + sys.argv[1:])}`", "",
              "# Per-example convolution weight gradients: batched products vs one grouped convolution backward", "",
-             f"torch {torch.__version__}, device {device} ({threads}), {os.cpu_count()} CPUs, load average "
+             f"torch {torch.__version__}, device {device} ({threads}), {cpus()}, load average "
              f"{os.getloadavg()[0]:.2f}; ms per call (unfolding and per-example squared norms included), best of "
              f"{args.repeats} interleaved runs. `chosen`: the form `ghost._by_grouped_convolution` picks on this "
              "device.", "",
