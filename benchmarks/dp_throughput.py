@@ -195,7 +195,8 @@ def main() -> None:
             paired = sorted(o / t for o, t in zip(runs["opacus ghost"], runs["trustfl ghost"]))
             rate["paired"] = (statistics.median(paired), paired[0], paired[-1])  # type: ignore[assignment]
             flops = {k: step_gflop(steps[k]) for k in ("trustfl ghost", "opacus ghost")}
-            peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in steps if k not in ("lean", "floor")}
+            methods = [k for k in steps if k not in ("lean", "floor")]  # the bounds are not methods
+            peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in methods}
             rows.append((label, batch, m, rate, peaks, flops))
             print(f"  measured {label} batch {batch} cohort {m}", flush=True)
 
@@ -327,7 +328,7 @@ def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Call
         g1 = torch.bmm(g2, w2).mul_(h1 > 0)
         n1, n2 = g1.square().sum(-1), g2.square().sum(-1)
         norms = (x.square().sum(-1).mul_(n1).add_(n1).add_(h1.square().sum(-1).mul_(n2)).add_(n2)).sqrt_()
-        coef = (clip / (norms + 1e-6)).clamp_(max=1.0).unsqueeze(1)  # the 1/B of the mean loss cancels in the ratio
+        coef = (clip / (norms + 1e-6)).clamp_(max=1.0).unsqueeze(1)  # min(1, C / (‖g_b‖ + 1e-6))
         sums = {"net.0.weight": torch.bmm((g1 * coef.transpose(1, 2)).transpose(1, 2), x),
                 "net.0.bias": torch.bmm(coef, g1).squeeze(1),
                 "net.2.weight": torch.bmm((g2 * coef.transpose(1, 2)).transpose(1, 2), h1),
