@@ -43,6 +43,21 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(params=["one_after_another", "on_threads"])
+def draw_threads(request, monkeypatch):
+    """Per-client draws made one after another, or forced onto two threads by ``trustfl.core.rng.run_draws``."""
+    import torch
+
+    import trustfl.core.rng as rng
+
+    before = torch.get_num_threads()
+    if request.param == "on_threads":
+        monkeypatch.setattr(rng, "PARALLEL_DRAW_MIN", 0)
+        torch.set_num_threads(2)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 def _devices() -> list[str]:
     import torch
 

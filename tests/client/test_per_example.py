@@ -133,7 +133,7 @@ def test_noise_std_and_mean():
         assert abs(z.mean().item()) < 3 * sigma * c / math.sqrt(n)
 
 
-def test_noise_draw_order_and_determinism():
+def test_noise_draw_order_and_determinism(draw_threads):
     sums = {"w": torch.randn(3, 4, 5), "b": torch.randn(3, 2)}
     out1 = noisy_clipped_mean(sums, 1.3, 0.5, 8.0, [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
     out2 = noisy_clipped_mean(sums, 1.3, 0.5, 8.0, [torch.Generator().manual_seed(s) for s in (1, 2, 3)])

@@ -216,7 +216,7 @@ def test_dp_noise_without_noise_divides_by_batch_size():
         assert torch.equal(out[k], grads[k])
 
 
-def test_dp_noise_follows_each_clients_own_generator():
+def test_dp_noise_follows_each_clients_own_generator(draw_threads):
     m, clip, seed, rnd = 3, 0.8, 11, 4
     z = [1.5, 0.0, 0.7]
     ids = (13, 2, 700)

@@ -79,7 +79,7 @@ def test_local_noise_events_per_client() -> None:
     assert silent.events == ()  # no sensitivity: not accounted as a DP mechanism
 
 
-def test_local_noise_rows_come_from_their_own_client_only() -> None:
+def test_local_noise_rows_come_from_their_own_client_only(draw_threads) -> None:
     stage = gaussian_noise(std=1.0)
     full = stage.apply(torch.zeros(3, 20), None, ctx((0, 4, 9), seed=5)).x
     alone = stage.apply(torch.zeros(1, 20), None, ctx((4,), seed=5)).x

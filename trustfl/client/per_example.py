@@ -25,6 +25,7 @@ References:
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -38,6 +39,7 @@ from trustfl.client.linear_stack import FusedSGD, applies, linear_stack
 from trustfl.client.linear_stack import ghost_inputs as stack_ghost_inputs
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
 from trustfl.core.checks import check_number
+from trustfl.core.rng import run_draws
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch, masked_mean
 from trustfl.objectives.builtin import CrossEntropy
@@ -317,18 +319,19 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
     if ebs.shape != (m,) or not bool((ebs > 0).all()) or not bool(torch.isfinite(ebs).all()):
         raise ConfigError(f"`expected_batch_size` must be a positive number or an ({m},) tensor of positive "
                           f"numbers, found {expected_batch_size!r}.")
+    if noise_multiplier == 0:
+        return {k: v / ebs.view(m, *([1] * (v.dim() - 1))) for k, v in grad_sum_stacked.items()}
+    noise = {k: torch.empty(v.shape, dtype=v.dtype, device=v.device) for k, v in grad_sum_stacked.items()}
+
+    def draw(i: int) -> None:  # client i's stream, parameters in dict order
+        for z in noise.values():
+            torch.randn(z.shape[1:], generator=generators[i], dtype=z.dtype, out=z[i])
+
+    run_draws([partial(draw, i) for i in range(m)], sum(z.numel() for z in noise.values()), first.device)
     out: Params = {}
-    for k, v in grad_sum_stacked.items():
+    for k, v in grad_sum_stacked.items():  # (s + σC·z) / E|S|, computed as z·(σC/E|S|) + s·(1/E|S|) in place
         shape = (m, *([1] * (v.dim() - 1)))
-        if noise_multiplier == 0:
-            out[k] = v / ebs.view(shape)
-            continue
-        noise = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # generators live on the data's device
-        for i, gen in enumerate(generators):  # client i's stream, parameters in dict order
-            torch.randn(v.shape[1:], generator=gen, dtype=v.dtype, out=noise[i])
-        # (s + σC·z) / E|S|, computed as z·(σC/E|S|) + s·(1/E|S|) in place
-        out[k] = noise.to(v.device).mul_((noise_multiplier * max_norm / ebs).view(shape)).addcmul_(
-            v, (1.0 / ebs).view(shape))
+        out[k] = noise[k].mul_((noise_multiplier * max_norm / ebs).view(shape)).addcmul_(v, (1.0 / ebs).view(shape))
     return out
 
 

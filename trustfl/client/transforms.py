@@ -15,12 +15,14 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar, Mapping
 
 import torch
 
 from trustfl.client.gradients import AbstractGradientMethod
 from trustfl.core.checks import check_number
+from trustfl.core.rng import run_draws
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import CohortContext, ParamLayout, Params, RoundContext
@@ -102,24 +104,31 @@ class DPNoise(AbstractGradientTransform):
     privacy_noise: ClassVar[bool] = True
 
     def init(self, params, cohort):
-        stds = (cohort.noise_multipliers.to(torch.float64) * self.clip).tolist()
+        std = cohort.noise_multipliers.to(torch.float64) * self.clip
+        stds = std.tolist()
         divisor = cohort.batch_sizes if self.divide_by_batch_size else torch.ones(cohort.size,
                                                                                   device=cohort.batch_sizes.device)
         gens = [cohort.generator(i, "dpsgd") for i in range(cohort.size)]
-        return gens, stds, divisor.to(torch.float32), any(s > 0 for s in stds)
+        return gens, stds, std.to(divisor.device), divisor.to(torch.float32), any(s > 0 for s in stds)
 
     def apply(self, grads, state, params, active, cohort):
-        gens, stds, divisor, any_noise = state
+        gens, stds, std, divisor, any_noise = state
+        noisy = [i for i, s in enumerate(stds) if s > 0]
+        blank = torch.empty if len(noisy) == len(stds) else torch.zeros  # a noiseless client's rows stay 0
+        noise = {name: blank(g.shape, dtype=g.dtype, device=g.device) for name, g in grads.items()} if any_noise else {}
+
+        def draw(i: int) -> None:  # client i's stream, one tensor per parameter in order
+            for z in noise.values():
+                torch.randn(z.shape[1:], generator=gens[i], dtype=z.dtype, out=z[i])
+
+        run_draws([partial(draw, i) for i in noisy], len(noisy) * sum(z[0].numel() for z in noise.values()),
+                  divisor.device)
         out: Params = {}
         for name, g in grads.items():
+            shape = (-1, *([1] * (g.dim() - 1)))
             if any_noise:
-                noise = torch.zeros_like(g)
-                for i, gen in enumerate(gens):
-                    if stds[i] > 0:
-                        noise[i] = torch.randn(g.shape[1:], generator=gen, dtype=g.dtype,
-                                               device=gen.device).mul_(stds[i])
-                g = g + noise
-            out[name] = g / divisor.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
+                g = g + noise[name].mul_(std.to(g.dtype).view(shape))
+            out[name] = g / divisor.to(g.dtype).view(shape)
         return out, state
 
 
