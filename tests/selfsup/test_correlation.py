@@ -57,7 +57,7 @@ def test_chunked_accumulation_then_noise_equals_dp_calr():
     torch.testing.assert_close(noisy, dp_calr(z, mu, 0.2, torch.Generator().manual_seed(4)), rtol=1e-12, atol=1e-13)
 
 
-def test_padding_rows_count_nothing_and_the_cohort_form_equals_per_client_calls():
+def test_padding_rows_count_nothing_and_the_cohort_form_equals_per_client_calls(draw_threads):
     sizes, h = [5, 3, 4], 3
     zs = [_z(n, 2, h, seed=10 + j) for j, n in enumerate(sizes)]
     padded = torch.zeros(3, 5, 2, h, dtype=DT)

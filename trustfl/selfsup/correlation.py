@@ -23,11 +23,13 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional, Sequence
 
 import torch
 
 from trustfl.core.checks import check_number
+from trustfl.core.rng import run_draws
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.spectral import norm_clip
 
@@ -118,7 +120,9 @@ def add_matrix_noise(r: torch.Tensor, sigma: float, generator: torch.Generator |
         else:
             if isinstance(generator, torch.Generator) or len(generator) != r.shape[0]:
                 raise ConfigError(f"`generator` must hold one generator per client ({r.shape[0]}).")
-            noise = torch.stack([torch.randn((h, h), generator=g, **kw) for g in generator])
+            noise = torch.empty(r.shape, **kw)
+            run_draws([partial(torch.randn, (h, h), generator=g, out=noise[j], **kw) for j, g in enumerate(generator)],
+                      noise.numel(), r.device)
         r = r + sigma * noise
     return 0.5 * (r + r.transpose(-1, -2)) if symmetrize else r
 
