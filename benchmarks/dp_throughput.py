@@ -273,7 +273,8 @@ def main() -> None:
                   "trustfl's below). **floor** (`mlp_floor`): what any exact ghost step has to do at the least, alone: "
                   "each client's first-layer forward product and clipped weight-gradient sum (the two 784×256×256 "
                   "products; every other product is 40× smaller) and the Gaussian noise of every parameter from the "
-                  "client's own generator. The ratios divide their throughput by Opacus ghost's.", "",
+                  "client's own generator (a cohort's clients drawn on torch's threads, as trustfl draws them). The ratios "
+                  "divide their throughput by Opacus ghost's.", "",
                   "| model | batch | cohort | trustfl ghost / op-ghost | lean / op-ghost | floor / op-ghost |",
                   "|---|---|---|---|---|---|"]
         for label, batch, m, r in floors:
@@ -306,10 +307,21 @@ def mlp_floor(stacked: dict, x, gens: list) -> Callable[[], object]:
     def step() -> None:
         torch.bmm(x, weight.transpose(1, 2), out=hidden)
         torch.bmm(grads.transpose(1, 2), x, out=weight_sum)
-        for buf in noise:
-            for i, gen in enumerate(gens):
-                torch.randn(buf.shape[1:], generator=gen, out=buf[i])
+        _draw_noise(noise, gens)
     return step
+
+
+def _draw_noise(noise: list, gens: list) -> None:
+    """Each client's noise from its own generator, parameters in order, the clients on torch's threads as trustfl
+    draws them (``trustfl.core.rng.run_draws``)."""
+    import torch
+
+    from trustfl.core.rng import run_draws
+
+    def draw(i: int) -> None:
+        for buf in noise:
+            torch.randn(buf.shape[1:], generator=gens[i], out=buf[i])
+    run_draws([lambda i=i: draw(i) for i in range(len(gens))], sum(buf.numel() for buf in noise), "cpu")
 
 
 def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Callable[[], dict]:
@@ -333,13 +345,9 @@ def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Call
                 "net.0.bias": torch.bmm(coef, g1).squeeze(1),
                 "net.2.weight": torch.bmm((g2 * coef.transpose(1, 2)).transpose(1, 2), h1),
                 "net.2.bias": torch.bmm(coef, g2).squeeze(1)}
-        out = {}
-        for k, v in sums.items():
-            noise = torch.empty_like(v)
-            for i, gen in enumerate(gens):
-                torch.randn(v.shape[1:], generator=gen, out=noise[i])
-            out[k] = noise.mul_(sigma * clip / batch).add_(v, alpha=1.0 / batch)
-        return out
+        noise = [torch.empty_like(v) for v in sums.values()]
+        _draw_noise(noise, gens)
+        return {k: z.mul_(sigma * clip / batch).add_(v, alpha=1.0 / batch) for (k, v), z in zip(sums.items(), noise)}
     return step
 
 
