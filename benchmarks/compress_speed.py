@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trustfl  # noqa: E402
+from cpu_info import cpus  # noqa: E402
 
 CASES: tuple[tuple[str, str, dict], ...] = (
     ("lattice paper b=14", "lattice", {"bits": 14, "step": 1e-4}),
@@ -83,7 +83,7 @@ def main() -> None:
     key = x + torch.randn(args.rows, args.d, generator=gen) * 1e-3
 
     emit("Command: `" + " ".join([".venv/bin/python", "benchmarks/compress_speed.py", *sys.argv[1:]]) + "`")
-    emit(f"torch {torch.__version__}, {args.threads} thread(s), {platform.processor() or platform.machine()}, "
+    emit(f"torch {torch.__version__}, {args.threads} thread(s), {cpus()}, "
           f"load average {os.getloadavg()[0]:.2f}, d = {args.d:,}, rows = {args.rows}, "
           f"median of {args.repeats}, allocator {'trustfl (mallopt)' if mallopt else 'glibc default'}\n")
     emit("| compressor | bits/coord | encode ms (wall / cpu) | decode ms (wall / cpu) | M coord/s (cpu) "
