@@ -273,8 +273,8 @@ def main() -> None:
                   "trustfl's below). **floor** (`mlp_floor`): what any exact ghost step has to do at the least, alone: "
                   "each client's first-layer forward product and clipped weight-gradient sum (the two 784×256×256 "
                   "products; every other product is 40× smaller) and the Gaussian noise of every parameter from the "
-                  "client's own generator (a cohort's clients drawn on torch's threads, as trustfl draws them). The ratios "
-                  "divide their throughput by Opacus ghost's.", "",
+                  "client's own generator (a cohort's clients drawn on torch's threads, as trustfl draws them). The "
+                  "ratios divide their throughput by Opacus ghost's.", "",
                   "| model | batch | cohort | trustfl ghost / op-ghost | lean / op-ghost | floor / op-ghost |",
                   "|---|---|---|---|---|---|"]
         for label, batch, m, r in floors:
