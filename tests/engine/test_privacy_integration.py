@@ -75,3 +75,31 @@ def test_dp_fedavg_on_digits_reaches_accuracy_and_reports_epsilon(tmp_path):
     last = result.rows[-1]
     assert last["epsilon_min"] <= last["epsilon_median"] <= last["epsilon_max"] <= 3.0 + 1e-6
     assert math.isfinite(last["loss"])
+
+
+def test_a_dp_run_is_bitwise_the_same_with_the_clients_noise_drawn_on_threads(small_config, monkeypatch):
+    """The vectorized executor's DP-SGD noise and a local Gaussian noise stage, drawn one client after another and
+    forced onto two threads (``run_draws``): the same models, round by round."""
+    import torch
+
+    import trustfl.core.rng as rng
+
+    stages = [{"name": "clip_l2", "max_norm": 1.0}, {"name": "gaussian_noise", "std": 0.01}]
+    cfg = small_config(rounds=2, client__dp={"mode": "per_example", "noise_multiplier": 1.0},
+                       client_stages=stages, engine__executor="vectorized")
+    before = torch.get_num_threads()
+    models = {}
+    try:
+        for mode, least in (("one_after_another", 1 << 62), ("on_threads", 0)):
+            monkeypatch.setattr(rng, "PARALLEL_DRAW_MIN", least)
+            torch.set_num_threads(2)
+            fed = build_federation(cfg, quiet=True)
+            state = initial_state(fed)
+            models[mode] = []
+            for _ in range(2):
+                state, _ = run_round(fed, state)
+                models[mode].append(state.params.clone())
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(models["one_after_another"], models["on_threads"]))
+    assert not torch.equal(models["on_threads"][0], models["on_threads"][1])
