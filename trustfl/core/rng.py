@@ -73,8 +73,8 @@ def run_draws(draws: Sequence[Callable[[], object]], numel: int, device: torch.d
       >>> torch.equal(out[1], torch.randn(3, generator=make_generator(0, 1)))
       True
     """
-    workers = min(torch.get_num_threads(), len(draws))
-    if workers < 2 or numel < PARALLEL_DRAW_MIN or torch.device(device).type != "cpu":
+    workers = torch.get_num_threads()
+    if min(workers, len(draws)) < 2 or numel < PARALLEL_DRAW_MIN or torch.device(device).type != "cpu":
         for draw in draws:
             draw()
         return
