@@ -299,6 +299,8 @@ def mlp_floor(stacked: dict, x, gens: list) -> Callable[[], object]:
     sum of every client, and every parameter's noise drawn from each client's generator, into preallocated
     buffers."""
     import torch
+
+    from trustfl.core.rng import normal_rows
     weight = stacked["net.0.weight"]  # (m, 256, 784)
     grads = torch.randn(weight.shape[0], x.shape[1], weight.shape[1])  # stands in for the clipped output gradients
     hidden, weight_sum = torch.empty_like(grads), torch.empty_like(weight)
@@ -307,21 +309,8 @@ def mlp_floor(stacked: dict, x, gens: list) -> Callable[[], object]:
     def step() -> None:
         torch.bmm(x, weight.transpose(1, 2), out=hidden)
         torch.bmm(grads.transpose(1, 2), x, out=weight_sum)
-        _draw_noise(noise, gens)
+        normal_rows(noise, gens)  # as trustfl draws it: each client's generator, the clients on torch's threads
     return step
-
-
-def _draw_noise(noise: list, gens: list) -> None:
-    """Each client's noise from its own generator, parameters in order, the clients on torch's threads as trustfl
-    draws them (``trustfl.core.rng.run_draws``)."""
-    import torch
-
-    from trustfl.core.rng import run_draws
-
-    def draw(i: int) -> None:
-        for buf in noise:
-            torch.randn(buf.shape[1:], generator=gens[i], out=buf[i])
-    run_draws([lambda i=i: draw(i) for i in range(len(gens))], sum(buf.numel() for buf in noise), "cpu")
 
 
 def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Callable[[], dict]:
@@ -330,6 +319,8 @@ def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Call
     ``‖h_b‖²‖g_b‖² + ‖g_b‖²`` of each layer, the clipped sums by one product a layer, the noise as trustfl draws it.
     What the computation costs without a library around it (its noise-free result is checked against trustfl's)."""
     import torch
+
+    from trustfl.core.rng import normal_rows
     w1, b1, w2, b2 = (stacked[k] for k in ("net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"))
     m, batch = y.shape
     onehot = torch.nn.functional.one_hot(y, w2.shape[1]).to(x.dtype)
@@ -346,7 +337,7 @@ def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Call
                 "net.2.weight": torch.bmm((g2 * coef.transpose(1, 2)).transpose(1, 2), h1),
                 "net.2.bias": torch.bmm(coef, g2).squeeze(1)}
         noise = [torch.empty_like(v) for v in sums.values()]
-        _draw_noise(noise, gens)
+        normal_rows(noise, gens)
         return {k: z.mul_(sigma * clip / batch).add_(v, alpha=1.0 / batch) for (k, v), z in zip(sums.items(), noise)}
     return step
 

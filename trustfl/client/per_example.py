@@ -25,7 +25,6 @@ References:
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -39,7 +38,7 @@ from trustfl.client.linear_stack import FusedSGD, applies, linear_stack
 from trustfl.client.linear_stack import ghost_inputs as stack_ghost_inputs
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
 from trustfl.core.checks import check_number
-from trustfl.core.rng import run_draws
+from trustfl.core.rng import normal_rows
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch, masked_mean
 from trustfl.objectives.builtin import CrossEntropy
@@ -322,12 +321,7 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
     if noise_multiplier == 0:
         return {k: v / ebs.view(m, *([1] * (v.dim() - 1))) for k, v in grad_sum_stacked.items()}
     noise = {k: torch.empty(v.shape, dtype=v.dtype, device=v.device) for k, v in grad_sum_stacked.items()}
-
-    def draw(i: int) -> None:  # client i's stream, parameters in dict order
-        for z in noise.values():
-            torch.randn(z.shape[1:], generator=generators[i], dtype=z.dtype, out=z[i])
-
-    run_draws([partial(draw, i) for i in range(m)], sum(z.numel() for z in noise.values()), first.device)
+    normal_rows(list(noise.values()), generators)  # client i's stream, parameters in dict order
     out: Params = {}
     for k, v in grad_sum_stacked.items():  # (s + σC·z) / E|S|, computed as z·(σC/E|S|) + s·(1/E|S|) in place
         shape = (m, *([1] * (v.dim() - 1)))

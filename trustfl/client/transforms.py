@@ -15,14 +15,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar, Mapping
 
 import torch
 
 from trustfl.client.gradients import AbstractGradientMethod
 from trustfl.core.checks import check_number
-from trustfl.core.rng import run_draws
+from trustfl.core.rng import normal_rows
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import CohortContext, ParamLayout, Params, RoundContext
@@ -105,28 +104,21 @@ class DPNoise(AbstractGradientTransform):
 
     def init(self, params, cohort):
         std = cohort.noise_multipliers.to(torch.float64) * self.clip
-        stds = std.tolist()
         divisor = cohort.batch_sizes if self.divide_by_batch_size else torch.ones(cohort.size,
                                                                                   device=cohort.batch_sizes.device)
         gens = [cohort.generator(i, "dpsgd") for i in range(cohort.size)]
-        return gens, stds, std.to(divisor.device), divisor.to(torch.float32), any(s > 0 for s in stds)
+        noisy = [i for i, s in enumerate(std.tolist()) if s > 0]  # the clients that draw
+        return gens, noisy, std.to(divisor.device), divisor.to(torch.float32)
 
     def apply(self, grads, state, params, active, cohort):
-        gens, stds, std, divisor, any_noise = state
-        noisy = [i for i, s in enumerate(stds) if s > 0]
-        blank = torch.empty if len(noisy) == len(stds) else torch.zeros  # a noiseless client's rows stay 0
-        noise = {name: blank(g.shape, dtype=g.dtype, device=g.device) for name, g in grads.items()} if any_noise else {}
-
-        def draw(i: int) -> None:  # client i's stream, one tensor per parameter in order
-            for z in noise.values():
-                torch.randn(z.shape[1:], generator=gens[i], dtype=z.dtype, out=z[i])
-
-        run_draws([partial(draw, i) for i in noisy], len(noisy) * sum(z[0].numel() for z in noise.values()),
-                  divisor.device)
+        gens, noisy, std, divisor = state
+        blank = torch.empty if len(noisy) == len(gens) else torch.zeros  # a noiseless client's rows stay 0
+        noise = {name: blank(g.shape, dtype=g.dtype, device=g.device) for name, g in grads.items()} if noisy else {}
+        normal_rows(list(noise.values()), gens, noisy)  # client i's stream, one tensor per parameter in order
         out: Params = {}
         for name, g in grads.items():
             shape = (-1, *([1] * (g.dim() - 1)))
-            if any_noise:
+            if noisy:
                 g = g + noise[name].mul_(std.to(g.dtype).view(shape))
             out[name] = g / divisor.to(g.dtype).view(shape)
         return out, state

@@ -88,3 +88,25 @@ def run_draws(draws: Sequence[Callable[[], object]], numel: int, device: torch.d
     first = next((e for e in errors if e is not None), None)
     if first is not None:
         raise first
+
+
+def normal_rows(tensors: Sequence[torch.Tensor], generators: Sequence[torch.Generator],
+                rows: Sequence[int] | None = None) -> None:
+    """Fill row ``i`` of every tensor in ``tensors`` with standard normals from ``generators[i]``, the tensors in
+    order (client ``i``'s stream: one ``torch.randn(t.shape[1:], generator=generators[i])`` per tensor), for every
+    ``i`` in ``rows`` (default: all); the clients' draws run through :func:`run_draws`.
+
+    Example:
+      >>> z = torch.empty(2, 3)
+      >>> normal_rows([z], [make_generator(0, 0), make_generator(0, 1)])
+      >>> torch.equal(z[1], torch.randn(3, generator=make_generator(0, 1)))
+      True
+    """
+    rows = range(len(generators)) if rows is None else rows
+
+    def draw(i: int) -> None:
+        for t in tensors:
+            torch.randn(t.shape[1:], generator=generators[i], dtype=t.dtype, device=t.device, out=t[i])
+
+    run_draws([lambda i=i: draw(i) for i in rows], len(rows) * sum(t[0].numel() for t in tensors),
+              tensors[0].device if tensors else "cpu")

@@ -12,14 +12,13 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
 import torch
 
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
-from trustfl.core.rng import run_draws
+from trustfl.core.rng import normal_rows
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.events import gaussian_event
@@ -37,9 +36,7 @@ def _row_noise(ctx: RoundContext, stream: str, d: int, dtype: torch.dtype,
     ``device`` (the message's)."""
     draw = torch.float64 if dtype == torch.float64 else torch.float32
     out = torch.empty((len(ctx.client_ids), d), dtype=draw, device=device)
-    gens = [ctx.generator(stream, c, device) for c in ctx.client_ids]
-    run_draws([partial(torch.randn, d, generator=g, dtype=draw, device=device, out=out[r]) for r, g in enumerate(gens)],
-              out.numel(), device)
+    normal_rows([out], [ctx.generator(stream, c, device) for c in ctx.client_ids])
     return out
 
 

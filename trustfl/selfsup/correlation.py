@@ -23,13 +23,12 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Optional, Sequence
 
 import torch
 
 from trustfl.core.checks import check_number
-from trustfl.core.rng import run_draws
+from trustfl.core.rng import normal_rows
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.objectives.spectral import norm_clip
 
@@ -121,8 +120,7 @@ def add_matrix_noise(r: torch.Tensor, sigma: float, generator: torch.Generator |
             if isinstance(generator, torch.Generator) or len(generator) != r.shape[0]:
                 raise ConfigError(f"`generator` must hold one generator per client ({r.shape[0]}).")
             noise = torch.empty(r.shape, **kw)
-            run_draws([partial(torch.randn, (h, h), generator=g, out=noise[j], **kw) for j, g in enumerate(generator)],
-                      noise.numel(), r.device)
+            normal_rows([noise], generator)
         r = r + sigma * noise
     return 0.5 * (r + r.transpose(-1, -2)) if symmetrize else r
 
