@@ -4,6 +4,8 @@
 - :mod:`.gdp`: μ-Gaussian DP (DPZV); :mod:`.gdp_accountant`: the μ-GDP accountant behind ``"gdp"`` / ``"gdp_clt"``.
 - :mod:`.secldp`: CafCor's Lemma A.4 SecLDP accounting per threat model.
 - :mod:`.rhdp`: Robust-HDP's ``compute_z`` (classic RDP conversion, bisection, rounding).
+- :mod:`.cached_rdp`: dp_accounting's RDP accountant with each event's vector computed once per process;
+  :mod:`.sampled_rdp`: the subsampled Gaussian's RDP at many orders, dp_accounting's bits, vectorized.
 """
 from __future__ import annotations
 

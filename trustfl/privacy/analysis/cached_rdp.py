@@ -4,8 +4,10 @@ A federated run composes the same per-round event (same q, same z, same steps) f
 dp_accounting recomputes the RDP of the subsampled Gaussian each time (tens of milliseconds at trustfl's 70
 integer orders). RDP composes additively: an RDP accountant is the running sum, order by order, of one vector per
 composed event. :class:`CachedRdpAccountant` keeps that sum itself and takes each event's vector from a cache
-keyed by the event (dp_accounting's events are frozen, hashable attrs classes), filled through dp_accounting's
-public API: a fresh ``RdpAccountant`` composes the event alone and its ``rdp`` is the vector. ε and δ come from
+keyed by the event (dp_accounting's events are frozen, hashable attrs classes). A Gaussian leaf, Poisson-sampled
+or sampled without replacement, gets its vector from :func:`~trustfl.privacy.analysis.sampled_rdp.leaf_rdp`
+(dp_accounting's bounds vectorized, the same bits); any other leaf through dp_accounting's public API: a fresh
+``RdpAccountant`` composes the event alone and its ``rdp`` is the vector. ε and δ come from
 dp_accounting's ``compute_epsilon`` / ``compute_delta``, as in ``RdpAccountant.get_epsilon`` / ``get_delta``.
 Nothing in dp_accounting is modified.
 
@@ -65,9 +67,13 @@ def _fresh_vector(event: dp_event.DpEvent, count: int, orders: _OrdersKey,
                   relation: NeighboringRelation) -> np.ndarray:
     from dp_accounting.rdp import rdp_privacy_accountant
 
+    from trustfl.privacy.analysis.sampled_rdp import leaf_rdp
+
     acc = rdp_privacy_accountant.RdpAccountant(orders=list(orders[0]), neighboring_relation=relation)
     try:
-        vector = acc.compose(event, count).rdp  # a copy, owned here
+        vector = leaf_rdp(event, count, acc.orders, relation)
+        if vector is None:
+            vector = acc.compose(event, count).rdp  # a copy, owned here
     except ArithmeticError as err:  # e.g. σ² underflows to 0 (z below about 1e-154) or overflows (z above 1e154)
         raise PrivacyError(f"the RDP accountant cannot analyse {event} ({type(err).__name__}: {err}); its noise "
                            f"multiplier is outside what it computes (about 1e-150 to 1e150).") from None
