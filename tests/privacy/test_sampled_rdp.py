@@ -75,6 +75,10 @@ def test_edge_rates_and_orders_are_dp_accounting_s():
         assert bits(wor_gaussian_rdp(q, 1.3, orders)) == bits(rdp._compute_rdp_sample_wor_gaussian(q, 1.3, orders))
     with pytest.raises(ValueError, match="Sampling rate"):
         poisson_gaussian_rdp(1.5, 1.0, orders)
+    for q, sigma, bad_orders in [(1.5, 1.0, orders), (float("nan"), 1.0, orders), (0.1, -1.0, orders),
+                                 (0.1, 0.0, orders), (0.1, 1.0, [0.5, 2])]:
+        with pytest.raises(ValueError, match="Need q in"):
+            wor_gaussian_rdp(q, sigma, bad_orders)
 
 
 def test_a_series_that_does_not_stop_excludes_its_order_as_dp_accounting_does_without_the_warnings(caplog):
@@ -93,7 +97,9 @@ def test_only_gaussian_leaves_under_their_own_relation_take_the_fast_path():
     add_remove, replace_one = NeighboringRelation.ADD_OR_REMOVE_ONE, NeighboringRelation.REPLACE_ONE
     wor = dp_event.SampledWithoutReplacementDpEvent(1000, 20, gauss)
     poisson = dp_event.PoissonSampledDpEvent(0.02, gauss)
+    oversampled = dp_event.SampledWithoutReplacementDpEvent(10, 20, gauss)  # dp_accounting fails an assertion
     for event, relation in [(wor, add_remove), (poisson, replace_one), (dp_event.LaplaceDpEvent(1.0), add_remove),
+                            (oversampled, replace_one),
                             (dp_event.PoissonSampledDpEvent(0.02, dp_event.ComposedDpEvent([gauss])), add_remove)]:
         assert leaf_rdp(event, 3, orders, relation) is None
     for event, relation in [(wor, replace_one), (poisson, add_remove), (gauss, add_remove)]:

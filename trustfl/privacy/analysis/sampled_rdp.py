@@ -133,9 +133,17 @@ def _log_a(q: float, sigma: float, alpha: int, deltas: np.ndarray) -> float:
 def wor_gaussian_rdp(q: float, sigma: float, orders: Sequence[float]) -> np.ndarray:
     """RDP at each order of the Gaussian mechanism (noise multiplier ``sigma``) on a fraction ``q`` of the data
     sampled without replacement (replace-one adjacency): dp_accounting's ``_compute_rdp_sample_wor_gaussian``,
-    to the bit for σ in :data:`CHECKED_SIGMAS`, in a fraction of its time."""
+    to the bit for σ in :data:`CHECKED_SIGMAS`, in a fraction of its time.
+
+    Raises:
+      ValueError: ``q`` outside [0, 1], ``sigma <= 0`` (unless q = 0) or an order below 1 (where dp_accounting's
+        function fails an assertion or divides by zero).
+    """
     q, sigma = float(q), float(sigma)
     orders = [float(a) for a in orders]
+    if not 0 <= q <= 1 or not (sigma > 0 or q == 0) or not all(alpha >= 1 for alpha in orders):
+        raise ValueError(f"Need q in [0, 1], sigma > 0 and orders >= 1, found q={q}, sigma={sigma}, "
+                         f"orders={orders}.")
     if q == 0 or q == 1.0:
         return np.array([0 if q == 0 else alpha / (2 * sigma ** 2) for alpha in orders])
     needed = [int(k) for alpha in orders if not math.isinf(alpha)
@@ -251,7 +259,8 @@ def leaf_rdp(event: Any, count: int, orders: np.ndarray, relation: Any) -> Optio
     elif isinstance(event, dp_event.PoissonSampledDpEvent) and relation in (Relation.ADD_OR_REMOVE_ONE,
                                                                            Relation.REPLACE_SPECIAL):
         rdp = functools.partial(poisson_gaussian_rdp, event.sampling_probability, inner.noise_multiplier)
-    elif isinstance(event, dp_event.SampledWithoutReplacementDpEvent) and relation is Relation.REPLACE_ONE:
+    elif (isinstance(event, dp_event.SampledWithoutReplacementDpEvent) and relation is Relation.REPLACE_ONE
+          and 0 <= event.sample_size <= event.source_dataset_size):  # otherwise dp_accounting fails its assertion
         rdp = functools.partial(wor_gaussian_rdp, event.sample_size / event.source_dataset_size,
                                 inner.noise_multiplier)
     else:
