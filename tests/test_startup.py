@@ -67,6 +67,17 @@ def test_component_packages_import_no_optional_heavy_dependency():
     """))
 
 
+def test_the_bundled_digits_load_without_scikit_learn():
+    """The default data set is read from the file scikit-learn bundles; importing scikit-learn (scipy.stats behind
+    it) would cost more than a second of every digits run's start."""
+    _ok(_run("""
+        from trustfl.data import load_dataset
+        for name in ("digits", "digits_canvas"):
+            load_dataset(name, seed=0)
+        assert not heavy(allow_torch=True), heavy(allow_torch=True)[:10]
+    """))
+
+
 def test_run_without_dp_imports_neither_dp_accounting_nor_dynamo(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('rounds = 2\n[data]\ndataset = "fedprox_synthetic"\nnum_clients = 5\npartition = {name = "natural"}'

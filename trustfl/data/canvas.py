@@ -16,7 +16,7 @@ import torch
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.core.rng import numpy_rng
-from trustfl.data.datasets import Dataset, _limit, _stratified_choice
+from trustfl.data.datasets import Dataset, _limit, _stratified_choice, digits_arrays
 
 
 def paste(images: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray:
@@ -34,13 +34,12 @@ def paste(images: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray
 def digits_canvas(data_dir: str | None = None, seed: int = 0, *, canvas: int = 10, test_fraction: float = 0.3,
                   max_train: int | None = None, max_test: int | None = None) -> Dataset:
     """1,797 digits in ``canvas``×``canvas`` images (``canvas`` >= 8), stratified split; ``data_dir`` is unused."""
-    from sklearn.datasets import load_digits
-
     check_number("canvas", canvas, integer=True, low=8)
     check_number("test_fraction", test_fraction, low=0, high=1, low_open=True, high_open=True)
-    bunch = load_digits()
-    y = bunch.target.astype(np.int64)
-    x = paste(bunch.images.astype(np.float32) / 16.0, canvas, numpy_rng(seed, "dataset", "digits_canvas", "paste"))
+    pixels, labels = digits_arrays()
+    y = labels.astype(np.int64)
+    images = pixels.reshape(-1, 8, 8)  # load_digits' ``images``
+    x = paste(images.astype(np.float32) / 16.0, canvas, numpy_rng(seed, "dataset", "digits_canvas", "paste"))
     test = _stratified_choice(y, round(test_fraction * len(y)), numpy_rng(seed, "dataset", "digits_canvas", "split"))
     train = np.setdiff1d(np.arange(len(y)), test)
     x_tr, y_tr, x_te, y_te = x[train], y[train], x[test], y[test]

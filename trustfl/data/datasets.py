@@ -251,6 +251,31 @@ def _tabular(name: str, x: np.ndarray, y: np.ndarray, seed: int, source: str,
     )
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``load_digits`` gives them: ``(1797, 64)`` float64 pixels in 0..16 and int labels.
+
+    Read from the file scikit-learn bundles (``sklearn/datasets/data/digits.csv.gz``) as ``load_digits`` reads it
+    (``np.loadtxt``, comma-separated, the label last), without importing scikit-learn: that import, scipy.stats
+    behind it, was the largest part of a digits run's start after torch's. Where the file is not there or not as
+    expected (another scikit-learn), ``load_digits`` itself.
+    """
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(locations[0]) / "datasets" / "data" / "digits.csv.gz" if locations else None
+    if path is not None and path.is_file():
+        with gzip.open(path, mode="rt", encoding="utf-8") as f:
+            data = np.loadtxt(f, delimiter=",")
+        if data.shape == (1797, 65):
+            return data[:, :-1], data[:, -1].astype(int, copy=False)
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return bunch.data, bunch.target
+
+
 @register("dataset", "digits")
 def digits(data_dir: str | None = None, seed: int = 0, *, max_train: int | None = None,
            max_test: int | None = None) -> Dataset:
@@ -258,10 +283,8 @@ def digits(data_dir: str | None = None, seed: int = 0, *, max_train: int | None 
 
     The split is a stratified 80/20 (1,438 / 359) drawn from ``seed`` alone. ``data_dir`` is unused.
     """
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    return _tabular("digits", bunch.data / 16.0, bunch.target, seed,
+    pixels, labels = digits_arrays()
+    return _tabular("digits", pixels / 16.0, labels, seed,
                     "scikit-learn load_digits (bundled; UCI optdigits test set)", max_train, max_test)
 
 
