@@ -67,12 +67,12 @@ def test_component_packages_import_no_optional_heavy_dependency():
     """))
 
 
-def test_the_bundled_digits_load_without_scikit_learn():
-    """The default data set is read from the file scikit-learn bundles; importing scikit-learn (scipy.stats behind
-    it) would cost more than a second of every digits run's start."""
+def test_the_bundled_sets_load_without_scikit_learn():
+    """The default data set and breast cancer are read from the files scikit-learn bundles; importing scikit-learn
+    (scipy.stats behind it) would cost more than a second of every such run's start."""
     _ok(_run("""
         from trustfl.data import load_dataset
-        for name in ("digits", "digits_canvas"):
+        for name in ("digits", "digits_canvas", "breast_cancer"):
             load_dataset(name, seed=0)
         assert not heavy(allow_torch=True), heavy(allow_torch=True)[:10]
     """))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trustfl.data import Dataset, array_sha256, dataset_available, load_dataset, read_idx, resolve_data_dir, write_idx
-from trustfl.data.datasets import EXPECTED_SHA256, IDX_FILES, digits_arrays
+from trustfl.data.datasets import EXPECTED_SHA256, IDX_FILES, breast_cancer_arrays, digits_arrays
 from trustfl.errors import ConfigError, DataError, RegistryError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,30 +44,32 @@ def test_bundled_shapes_and_standardisation(name: str, n_train: int, n_test: int
     assert np.all(np.abs(test - 0.2 * total) < 1)
 
 
-def test_digits_read_from_scikit_learn_s_file_are_load_digits_bit_for_bit() -> None:
-    from sklearn.datasets import load_digits
+def test_sets_read_from_scikit_learn_s_files_are_its_loaders_bit_for_bit() -> None:
+    from sklearn.datasets import load_breast_cancer, load_digits
 
-    pixels, labels = digits_arrays()
-    bunch = load_digits()
-    assert pixels.dtype == bunch.data.dtype and labels.dtype == bunch.target.dtype
-    assert pixels.tobytes() == bunch.data.tobytes() and labels.tobytes() == bunch.target.tobytes()
-    assert pixels.reshape(-1, 8, 8).tobytes() == bunch.images.tobytes()
+    for (features, labels), bunch in [(digits_arrays(), load_digits()), (breast_cancer_arrays(), load_breast_cancer())]:
+        assert features.dtype == bunch.data.dtype and labels.dtype == bunch.target.dtype
+        assert features.tobytes() == bunch.data.tobytes() and labels.tobytes() == bunch.target.tobytes()
+    assert digits_arrays()[0].reshape(-1, 8, 8).tobytes() == load_digits().images.tobytes()
 
 
-@pytest.mark.parametrize("layout", ["no scikit-learn file", "another file"])
-def test_digits_fall_back_to_load_digits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
-    (tmp_path / "datasets" / "data").mkdir(parents=True)
-    if layout == "another file":  # e.g. a future scikit-learn's other layout: 3 columns
-        with gzip.open(tmp_path / "datasets" / "data" / "digits.csv.gz", "wt") as f:
-            f.write("1,2,3\n4,5,6\n")
+@pytest.mark.parametrize("layout", ["no scikit-learn file", "another table", "not a table"])
+def test_bundled_sets_fall_back_to_scikit_learn_s_loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            layout: str) -> None:
+    folder = tmp_path / "datasets" / "data"
+    folder.mkdir(parents=True)
+    text = {"no scikit-learn file": None, "another table": "1,2,3\n4,5,6\n", "not a table": "a,b\n1,2,3\n"}[layout]
+    if text is not None:  # e.g. a future scikit-learn's other layout
+        with gzip.open(folder / "digits.csv.gz", "wt") as f:
+            f.write(text)
+        (folder / "breast_cancer.csv").write_text("569,30,x,y\n" + text)
+    expected = [digits_arrays(), breast_cancer_arrays()]
     real = importlib.util.find_spec("sklearn")
     fake = importlib.machinery.ModuleSpec("sklearn", None, is_package=True)
     fake.submodule_search_locations = [str(tmp_path)]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: fake if name == "sklearn" else real)
-    pixels, labels = digits_arrays()
-    monkeypatch.undo()
-    assert pixels.shape == (1797, 64) and pixels.tobytes() == digits_arrays()[0].tobytes()
-    assert labels.tobytes() == digits_arrays()[1].tobytes()
+    for (features, labels), (want_x, want_y) in zip([digits_arrays(), breast_cancer_arrays()], expected):
+        assert features.tobytes() == want_x.tobytes() and labels.tobytes() == want_y.tobytes()
 
 
 def test_test_split_uses_train_statistics() -> None:

@@ -251,28 +251,47 @@ def _tabular(name: str, x: np.ndarray, y: np.ndarray, seed: int, source: str,
     )
 
 
-def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits as ``load_digits`` gives them: ``(1797, 64)`` float64 pixels in 0..16 and int labels.
-
-    Read from the file scikit-learn bundles (``sklearn/datasets/data/digits.csv.gz``) as ``load_digits`` reads it
-    (``np.loadtxt``, comma-separated, the label last), without importing scikit-learn: that import, scipy.stats
-    behind it, was the largest part of a digits run's start after torch's. Where the file is not there or not as
-    expected (another scikit-learn), ``load_digits`` itself.
-    """
+def _sklearn_table(file: str, shape: tuple[int, int], header_rows: int) -> np.ndarray | None:
+    """The float64 table of a CSV file scikit-learn bundles (``sklearn/datasets/data/<file>``), read as its loaders
+    read it but without importing scikit-learn (scipy.stats behind it: the largest part of a digits run's start
+    after torch's); ``None`` where the file is missing or not a table of ``shape`` (another scikit-learn)."""
     import gzip
     import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = Path(locations[0]) / "datasets" / "data" / "digits.csv.gz" if locations else None
-    if path is not None and path.is_file():
-        with gzip.open(path, mode="rt", encoding="utf-8") as f:
-            data = np.loadtxt(f, delimiter=",")
-        if data.shape == (1797, 65):
-            return data[:, :-1], data[:, -1].astype(int, copy=False)
+    path = Path(locations[0]) / "datasets" / "data" / file if locations else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        with (gzip.open if file.endswith(".gz") else open)(path, mode="rt", encoding="utf-8") as f:
+            table = np.loadtxt(f, delimiter=",", skiprows=header_rows)
+    except (OSError, ValueError):
+        return None
+    return table if table.shape == shape else None
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``load_digits`` gives them: ``(1797, 64)`` float64 pixels in 0..16 and int labels,
+    from its bundled file (:func:`_sklearn_table`), else from ``load_digits`` itself."""
+    table = _sklearn_table("digits.csv.gz", (1797, 65), 0)
+    if table is not None:
+        return table[:, :-1], table[:, -1].astype(int, copy=False)
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
+    return bunch.data, bunch.target
+
+
+def breast_cancer_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's breast cancer set as ``load_breast_cancer`` gives it: ``(569, 30)`` float64 features and int
+    labels, from its bundled file (a header row, then the features and the label), else from the loader."""
+    table = _sklearn_table("breast_cancer.csv", (569, 31), 1)
+    if table is not None:
+        return table[:, :-1], table[:, -1].astype(int)
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()
     return bunch.data, bunch.target
 
 
@@ -295,10 +314,8 @@ def breast_cancer(data_dir: str | None = None, seed: int = 0, *, max_train: int 
 
     The split is a stratified 80/20 (455 / 114) drawn from ``seed`` alone. ``data_dir`` is unused.
     """
-    from sklearn.datasets import load_breast_cancer
-
-    bunch = load_breast_cancer()
-    return _tabular("breast_cancer", bunch.data, bunch.target, seed,
+    features, labels = breast_cancer_arrays()
+    return _tabular("breast_cancer", features, labels, seed,
                     "scikit-learn load_breast_cancer (bundled; UCI Wisconsin diagnostic)", max_train, max_test)
 
 
