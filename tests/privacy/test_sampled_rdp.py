@@ -14,8 +14,8 @@ from trustfl.privacy.analysis import rhdp, sampled_rdp
 from trustfl.privacy.analysis.cached_rdp import CachedRdpAccountant, clear_caches
 from trustfl.privacy.analysis.gaussian import DEFAULT_RDP_ORDERS, calibrate_noise_multiplier
 from trustfl.privacy.analysis.rhdp import RHDP_ORDERS, rdp_poisson_gaussian
-from trustfl.privacy.analysis.sampled_rdp import (CHECKED_SIGMAS, leaf_rdp, log_forward_differences, poisson_gaussian_rdp,
-                                                  wor_gaussian_rdp)
+from trustfl.privacy.analysis.sampled_rdp import (CHECKED_SIGMAS, leaf_rdp, log_forward_differences,
+                                                  poisson_gaussian_rdp, wor_gaussian_rdp)
 
 ORDERS = sorted(set(DEFAULT_RDP_ORDERS) | set(RHDP_ORDERS) | {255.5, 256.5, 300.7})
 """trustfl's orders, Robust-HDP's fractional ones, and both sides of the Stirling form's threshold."""

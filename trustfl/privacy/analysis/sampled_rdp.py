@@ -2,14 +2,15 @@
 
 dp_accounting evaluates these bounds one order at a time in pure Python. Calibrating a noise multiplier evaluates
 them for every candidate σ, and that was nearly all of the time it took to build a federation with per-client
-budgets (``benchmarks/calibration_speed.py``: 26 s for 8 clients sampled without replacement, 18 s for
-Robust-HDP's 10 clients at its fractional orders; 3.3 and 3.7 s here). Here the terms of each order's sum are computed as arrays, with the same floating-point operations in the
-same order as dp_accounting 0.6 (numpy's ``exp``/``log1p`` where it calls numpy's, the C library's through
-``math`` where it calls ``math``, scipy's special functions elementwise), and the running log-sums are numpy's
-``logaddexp.accumulate``, the formula of dp_accounting's ``_log_add``. The vectors are dp_accounting's to the bit
-for every noise multiplier in :data:`CHECKED_SIGMAS` (the tests compare them on a grid); :func:`leaf_rdp` leaves
-any other to dp_accounting, and :func:`fast_path_agrees` checks the installed dp_accounting once per process:
-where the bits differ (another version), dp_accounting's own functions compute everything.
+budgets (``benchmarks/calibration_speed.py``: 26 s for 8 clients sampled without replacement, 18 s for Robust-HDP's
+10 clients at its fractional orders; 3.3 and 3.7 s here). Here the terms of each order's sum are computed as arrays,
+with the same floating-point operations in the same order as dp_accounting 0.6 (numpy's ``exp``/``log1p`` where it
+calls numpy's, the C library's through ``math`` where it calls ``math``, scipy's special functions elementwise), and
+the running log-sums are numpy's ``logaddexp.accumulate``, the formula of dp_accounting's ``_log_add``. The vectors
+are dp_accounting's to the bit for every noise multiplier in :data:`CHECKED_SIGMAS` (the tests compare them on a
+grid); :func:`leaf_rdp` leaves any other to dp_accounting, and :func:`fast_path_agrees` checks the installed
+dp_accounting once per process: where the bits differ (another version), dp_accounting's own functions compute
+everything.
 
 - Sampling without replacement (replace-one adjacency): Theorem 27 of Wang, Balle & Kasiviswanathan, "Subsampled
   Rényi Differential Privacy and Analytical Moments Accountant" (AISTATS 2019, https://arxiv.org/abs/1808.00087).
