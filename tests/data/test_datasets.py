@@ -64,10 +64,11 @@ def test_bundled_sets_fall_back_to_scikit_learn_s_loaders(tmp_path: Path, monkey
             f.write(text)
         (folder / "breast_cancer.csv").write_text("569,30,x,y\n" + text)
     expected = [digits_arrays(), breast_cancer_arrays()]
-    real = importlib.util.find_spec("sklearn")
+    find_spec = importlib.util.find_spec
     fake = importlib.machinery.ModuleSpec("sklearn", None, is_package=True)
     fake.submodule_search_locations = [str(tmp_path)]
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: fake if name == "sklearn" else real)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: fake if name == "sklearn" else find_spec(name, *a, **k))
     for (features, labels), (want_x, want_y) in zip([digits_arrays(), breast_cancer_arrays()], expected):
         assert features.tobytes() == want_x.tobytes() and labels.tobytes() == want_y.tobytes()
 
