@@ -58,6 +58,16 @@ def test_exact_row_uses_only_its_own_keys() -> None:
         mech.cohort_noise({0: ClientKeys.generate(0, seed)}, directory, 0, 16, client_ids=[0, 1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_a_cohort_s_rows_are_each_client_s_own_noise_bitwise_however_drawn(draw_threads, dtype) -> None:
+    # d spans several of the pieces a row is summed in on a draw thread, the last one short
+    keys, directory = simulation_keys(seed=5, n=5)
+    mech = PairwiseCorrelatedNoise(0.9)
+    rows = mech.cohort_noise(keys, directory, 3, 40_001, client_ids=[4, 0, 2], dtype=dtype)
+    own = torch.stack([mech.client_noise(keys[c], directory, 3, 40_001, dtype) for c in (4, 0, 2)])
+    assert rows.dtype == dtype and torch.equal(rows, own)
+
+
 def test_sign_convention_lower_index_adds() -> None:
     keys, directory = simulation_keys(seed=0, n=2)
     rows = PairwiseCorrelatedNoise(1.0).cohort_noise(keys, directory, 0, 8, dtype=F64)

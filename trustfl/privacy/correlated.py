@@ -40,12 +40,16 @@ import torch
 
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
+from trustfl.core.rng import run_draws
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.keys import ClientKeys, PublicKeyDirectory, pair_seed
 from trustfl.types import RoundContext, StageOut
 
 PATHS = ("exact", "fast")
+_ADD_CHUNK = 1 << 14
+"""Elements per add when a row of exact pair noise is summed on a draw thread: below torch's grain size (32,768),
+so the add runs on that thread alone."""
 
 
 def _check_sigma(value: float, name: str) -> None:
@@ -89,17 +93,27 @@ class PairwiseCorrelatedNoise:
         Each ``z^{ij} = σ_cor·g`` with ``g ~ N(0, I_d)`` drawn (vectorised over ``d``) from a ``torch.Generator``
         seeded with ``pair_seed(sk_i, pk_j, i, j, purpose, round)``.
         """
+        return self._pair_sum(keys, directory, round, torch.zeros(d, dtype=dtype), chunked=False).mul_(self.sigma_cor)
+
+    def _pair_sum(self, keys: ClientKeys, directory: PublicKeyDirectory, round: int, out: torch.Tensor,
+                  chunked: bool) -> torch.Tensor:
+        """``Σ_{j ≠ i} ±g^{ij}`` added into ``out`` (``(d,)``, zeros), before the scale ``σ_cor``. ``chunked``: add
+        in pieces of :data:`_ADD_CHUNK`, so that a row summed on a draw thread starts no OpenMP team of its own."""
         i = keys.client_id
-        acc = torch.zeros(d, dtype=dtype)
-        buf = torch.empty(d, dtype=dtype)
+        buf = torch.empty_like(out)
         gen = torch.Generator()
         for j in directory.ids:
             if j == i:
                 continue
             gen.manual_seed(pair_seed(keys, directory[j], i, j, self.purpose, round))
-            torch.randn(d, generator=gen, dtype=dtype, out=buf)
-            acc.add_(buf, alpha=1.0 if i < j else -1.0)
-        return acc.mul_(self.sigma_cor)
+            torch.randn(out.shape, generator=gen, dtype=out.dtype, out=buf)
+            sign = 1.0 if i < j else -1.0
+            if not chunked:
+                out.add_(buf, alpha=sign)
+                continue
+            for start in range(0, out.numel(), _ADD_CHUNK):
+                out[start:start + _ADD_CHUNK].add_(buf[start:start + _ADD_CHUNK], alpha=sign)
+        return out
 
     def cohort_noise(self, keys: Sequence[ClientKeys] | Mapping[int, ClientKeys], directory: PublicKeyDirectory,
                      round: int, d: int, client_ids: Sequence[int] | None = None,
@@ -116,9 +130,10 @@ class PairwiseCorrelatedNoise:
         missing = [c for c in ids if c not in by_id]
         if missing:
             raise PrivacyError(f"no key pair for client(s) {missing}; keys are held for {sorted(by_id)}.")
-        if not ids:
-            return torch.zeros((0, d), dtype=dtype)
-        return torch.stack([self.client_noise(by_id[c], directory, round, d, dtype) for c in ids])
+        rows = torch.zeros((len(ids), d), dtype=dtype)
+        run_draws([lambda r=r, c=c: self._pair_sum(by_id[c], directory, round, rows[r], chunked=True)
+                   for r, c in enumerate(ids)], len(ids) * len(directory.ids) * d, "cpu")  # rows on torch's threads
+        return rows.mul_(self.sigma_cor)
 
 
 def centered_pair_noise(n: int, d: int, sigma_cor: float, generator: torch.Generator,
