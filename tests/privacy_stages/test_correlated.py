@@ -68,6 +68,22 @@ def test_a_cohort_s_rows_are_each_client_s_own_noise_bitwise_however_drawn(draw_
     assert rows.dtype == dtype and torch.equal(rows, own)
 
 
+@pytest.mark.parametrize("path", ["exact", "fast"])
+def test_independent_noise_is_each_client_s_own_stream_however_drawn(draw_threads, path) -> None:
+    n, d, ids = 6, 40_001, (5, 1, 3)
+    context = ctx(ids, n, seed=7, round=4)
+    stage = correlated_noise(0.4, sigma_ind=1.7, path=path)
+    out = stage.apply(torch.zeros(len(ids), d, dtype=F64), None, context).x
+    if path == "exact":
+        keys, directory = simulation_keys(7, n)
+        pair = torch.stack([PairwiseCorrelatedNoise(0.4).client_noise(keys[c], directory, 4, d, F64) for c in ids])
+    else:
+        pair = centered_pair_noise(n, d, 0.4, context.generator("correlated_noise_fast"), F64, rows=ids)
+    for r, c in enumerate(ids):
+        pair[r].add_(torch.randn(d, generator=context.generator("noise_ind", c), dtype=F64), alpha=1.7)
+    assert torch.equal(out, pair)
+
+
 def test_sign_convention_lower_index_adds() -> None:
     keys, directory = simulation_keys(seed=0, n=2)
     rows = PairwiseCorrelatedNoise(1.0).cohort_noise(keys, directory, 0, 8, dtype=F64)

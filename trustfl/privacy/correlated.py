@@ -98,7 +98,7 @@ class PairwiseCorrelatedNoise:
     def _pair_sum(self, keys: ClientKeys, directory: PublicKeyDirectory, round: int, out: torch.Tensor,
                   chunked: bool) -> torch.Tensor:
         """``Σ_{j ≠ i} ±g^{ij}`` added into ``out`` (``(d,)``, zeros), before the scale ``σ_cor``. ``chunked``: add
-        in pieces of :data:`_ADD_CHUNK`, so that a row summed on a draw thread starts no OpenMP team of its own."""
+        as :func:`_add_on_this_thread` does, for a row summed on a draw thread."""
         i = keys.client_id
         buf = torch.empty_like(out)
         gen = torch.Generator()
@@ -108,11 +108,10 @@ class PairwiseCorrelatedNoise:
             gen.manual_seed(pair_seed(keys, directory[j], i, j, self.purpose, round))
             torch.randn(out.shape, generator=gen, dtype=out.dtype, out=buf)
             sign = 1.0 if i < j else -1.0
-            if not chunked:
+            if chunked:
+                _add_on_this_thread(out, buf, sign)
+            else:
                 out.add_(buf, alpha=sign)
-                continue
-            for start in range(0, out.numel(), _ADD_CHUNK):
-                out[start:start + _ADD_CHUNK].add_(buf[start:start + _ADD_CHUNK], alpha=sign)
         return out
 
     def cohort_noise(self, keys: Sequence[ClientKeys] | Mapping[int, ClientKeys], directory: PublicKeyDirectory,
@@ -239,18 +238,30 @@ class CorrelatedNoise(AbstractStage):
             noise = centered_pair_noise(n, d, self.sigma_cor, ctx.generator("correlated_noise_fast",
                                                                             device=x.device), dtype,
                                         rows=ctx.client_ids)
-        if self.sigma_ind > 0:
-            buf = torch.empty(d, dtype=dtype, device=x.device)
-            for r, c in enumerate(ctx.client_ids):
-                torch.randn(d, generator=ctx.generator("noise_ind", c, x.device), dtype=dtype, device=x.device,
-                            out=buf)
-                noise[r].add_(buf, alpha=self.sigma_ind)
+        if self.sigma_ind > 0:  # each client's own stream, the clients on torch's threads
+            gens = [ctx.generator("noise_ind", c, x.device) for c in ctx.client_ids]
+            run_draws([lambda r=r: _add_normal(noise[r], gens[r], self.sigma_ind) for r in range(m)], m * d, x.device)
         metrics = {
             "message_noise_std": math.sqrt((n - 1) * self.sigma_cor ** 2 + self.sigma_ind ** 2),
             "sum_noise_std": self.sum_noise_std(m, n),
         }
         out = noise.add_(x) if noise.dtype == x.dtype else x + noise.to(x.dtype)  # noise is a fresh tensor
         return StageOut(out, state, metrics)
+
+
+def _add_on_this_thread(row: torch.Tensor, other: torch.Tensor, alpha: float) -> None:
+    """``row += alpha · other`` (1-D); on the CPU in pieces of :data:`_ADD_CHUNK`, so that on a draw thread the add
+    runs on that thread alone. The same elementwise result as one ``add_``."""
+    if row.device.type != "cpu":
+        row.add_(other, alpha=alpha)
+        return
+    for start in range(0, row.numel(), _ADD_CHUNK):
+        row[start:start + _ADD_CHUNK].add_(other[start:start + _ADD_CHUNK], alpha=alpha)
+
+
+def _add_normal(row: torch.Tensor, generator: torch.Generator, std: float) -> None:
+    """``row += std · g`` with ``g ~ N(0, I)`` drawn from ``generator`` (a client's independent noise)."""
+    _add_on_this_thread(row, torch.randn(row.shape, generator=generator, dtype=row.dtype, device=row.device), std)
 
 
 def _check_rows(x: torch.Tensor, ctx: RoundContext) -> tuple[int, int]:
