@@ -48,8 +48,8 @@ from trustfl.types import RoundContext, StageOut
 
 PATHS = ("exact", "fast")
 _ADD_CHUNK = 1 << 14
-"""Elements per add when a row of exact pair noise is summed on a draw thread: below torch's grain size (32,768),
-so the add runs on that thread alone."""
+"""Elements per add when a client's row is summed on a draw thread (pair terms, independent noise): below torch's
+grain size (32,768), so the add runs on that thread alone."""
 
 
 def _check_sigma(value: float, name: str) -> None:
