@@ -44,12 +44,13 @@ from trustfl.core.rng import run_draws
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.keys import ClientKeys, PublicKeyDirectory, pair_seed
+from trustfl.privacy.noise import client_rows_noise
 from trustfl.types import RoundContext, StageOut
 
 PATHS = ("exact", "fast")
 _ADD_CHUNK = 1 << 14
-"""Elements per add when a client's row is summed on a draw thread (pair terms, independent noise): below torch's
-grain size (32,768), so the add runs on that thread alone."""
+"""Elements per add when a client's row of pair terms is summed on a draw thread: below torch's grain size (32,768),
+so the add runs on that thread alone."""
 
 
 def _check_sigma(value: float, name: str) -> None:
@@ -238,9 +239,8 @@ class CorrelatedNoise(AbstractStage):
             noise = centered_pair_noise(n, d, self.sigma_cor, ctx.generator("correlated_noise_fast",
                                                                             device=x.device), dtype,
                                         rows=ctx.client_ids)
-        if self.sigma_ind > 0:  # each client's own stream, the clients on torch's threads
-            gens = [ctx.generator("noise_ind", c, x.device) for c in ctx.client_ids]
-            run_draws([lambda r=r: _add_normal(noise[r], gens[r], self.sigma_ind) for r in range(m)], m * d, x.device)
+        if self.sigma_ind > 0:  # each client's own stream, as the gaussian_noise stage draws it
+            noise.add_(client_rows_noise(ctx, "noise_ind", d, dtype, x.device), alpha=self.sigma_ind)
         metrics = {
             "message_noise_std": math.sqrt((n - 1) * self.sigma_cor ** 2 + self.sigma_ind ** 2),
             "sum_noise_std": self.sum_noise_std(m, n),
@@ -250,18 +250,10 @@ class CorrelatedNoise(AbstractStage):
 
 
 def _add_on_this_thread(row: torch.Tensor, other: torch.Tensor, alpha: float) -> None:
-    """``row += alpha · other`` (1-D); on the CPU in pieces of :data:`_ADD_CHUNK`, so that on a draw thread the add
+    """``row += alpha · other`` (1-D, on the CPU) in pieces of :data:`_ADD_CHUNK`, so that on a draw thread the add
     runs on that thread alone. The same elementwise result as one ``add_``."""
-    if row.device.type != "cpu":
-        row.add_(other, alpha=alpha)
-        return
     for start in range(0, row.numel(), _ADD_CHUNK):
         row[start:start + _ADD_CHUNK].add_(other[start:start + _ADD_CHUNK], alpha=alpha)
-
-
-def _add_normal(row: torch.Tensor, generator: torch.Generator, std: float) -> None:
-    """``row += std · g`` with ``g ~ N(0, I)`` drawn from ``generator`` (a client's independent noise)."""
-    _add_on_this_thread(row, torch.randn(row.shape, generator=generator, dtype=row.dtype, device=row.device), std)
 
 
 def _check_rows(x: torch.Tensor, ctx: RoundContext) -> tuple[int, int]:

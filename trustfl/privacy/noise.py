@@ -30,7 +30,7 @@ def _check_nonneg(value: float | None, name: str, positive: bool = False) -> Non
         check_number(name, value, low=0, low_open=positive, finite=True)
 
 
-def _row_noise(ctx: RoundContext, stream: str, d: int, dtype: torch.dtype,
+def client_rows_noise(ctx: RoundContext, stream: str, d: int, dtype: torch.dtype,
                device: torch.device | str = "cpu") -> torch.Tensor:
     """One standard-normal ``(d,)`` row per client of ``ctx``, each from ``ctx.generator(stream, client_id)`` on
     ``device`` (the message's)."""
@@ -92,7 +92,7 @@ class GaussianNoise(AbstractStage):
             raise PrivacyError(f"`ctx.client_ids` must name each of the {x.shape[0]} rows, found "
                                f"{len(ctx.client_ids)} ids.")
         sigma = self.effective_std
-        noisy = x + (sigma * _row_noise(ctx, self.stream, x.shape[1], x.dtype, x.device)).to(x.dtype)
+        noisy = x + (sigma * client_rows_noise(ctx, self.stream, x.shape[1], x.dtype, x.device)).to(x.dtype)
         events: tuple = ()
         if self.sensitivity is not None:
             event = gaussian_event(sigma / float(self.sensitivity))
