@@ -17,6 +17,7 @@ from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.device import device_info, on_device, resolve_engine_device
+from trustfl.config.inert import check_inert_settings
 from trustfl.config.model import build_config_model
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
@@ -176,6 +177,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     else:
         check_horizontal_config(cfg)
     check_unused_tables(cfg)
+    check_inert_settings(cfg)
     seed = cfg.seed
     device, device_notice = resolve_engine_device(cfg, vertical)
     info: dict[str, Any] = {"algorithm": cfg.algorithm, "engine": cfg.engine.kind,

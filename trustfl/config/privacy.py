@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trustfl.config.inert import check_budget_has_a_use
 from trustfl.config.schema import ExperimentConfig
 from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, step_event
 from trustfl.errors import ConfigError, PrivacyError
@@ -38,6 +39,7 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
     eps = client_epsilons(cfg.client.dp, n, cfg.seed)
     honest = [i for i in range(n) if i not in byzantine and (sizes[i] > 0 or dp.mode == "off")]
     if dp.mode == "off":
+        check_budget_has_a_use(cfg, round_events)
         if not round_events:
             return [0.0] * n, None
         budgets = {i: Budget(eps[i] if eps is not None else math.inf, dp.delta) for i in honest}

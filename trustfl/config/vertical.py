@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trustfl.config.schema import ClientConfig, Component, ExperimentConfig
+from trustfl.config.schema import ClientConfig, Component, ExperimentConfig, SampleDPConfig
 from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import Dataset
@@ -40,7 +40,7 @@ def check_vertical_config(cfg: ExperimentConfig) -> None:
         "server_stages": bool(cfg.server_stages), "downlink": bool(cfg.downlink),
         "compress.uplink": cfg.compress.uplink.name != "none",
         "compress.downlink": cfg.compress.downlink.name != "none",
-        "client.dp": cfg.client.dp.mode != "off", "client.transforms": bool(cfg.client.transforms),
+        "client.dp": cfg.client.dp != SampleDPConfig(), "client.transforms": bool(cfg.client.transforms),
         "client.batch_sizes": bool(cfg.client.batch_sizes), "client.steps": cfg.client.steps != 0,
         "client.epochs": cfg.client.epochs != 1, "client.weight_decay": cfg.client.weight_decay != 0,
         "cohort": cfg.cohort.sampler != "all", "server.optimizer": cfg.server.optimizer != "sgd",

@@ -1,0 +1,126 @@
+"""Settings that another setting turns off are refused, naming the key, instead of being silently ignored.
+
+``client.dp = { noise_multiplier = 1.0, clip = 1.0 }`` without ``mode`` trained without any noise, with the
+same bits as no ``client.dp`` at all; ``engine.time_limit`` in the synchronous engine, ``cohort.size`` without
+``sampler = "uniform"`` (every client, every round), ``server.beta1`` with SGD and ``client.epochs`` beside
+``client.steps`` were accepted and did nothing. REFUSED holds (the override, the key the error names, why);
+ACCEPTED the same keys where their part runs, at their defaults, or where the part runs another way that needs
+no such key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trustfl.config.build import build_federation
+from trustfl.config.inert import check_inert_settings, inert_settings
+from trustfl.config.load import config_from_dict, load_config
+from trustfl.config.schema import ExperimentConfig
+from trustfl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(**tables) -> ExperimentConfig:
+    data = {"name": "inert", "rounds": 1, "data": {"dataset": "digits", "num_clients": 4},
+            "model": {"name": "logreg"}, "engine": {"checkpoint_every": 0}}
+    for path, value in tables.items():
+        node = data
+        *parents, last = path.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return config_from_dict(data)
+
+
+REFUSED = [
+    ({"client__dp": {"noise_multiplier": 1.0, "clip": 2.0}}, "client.dp.clip", 'mode` is "off"'),
+    ({"client__dp": {"noise_multiplier": 1.0}}, "client.dp.noise_multiplier", 'mode` is "off"'),
+    ({"client__dp": {"method": "vmap"}}, "client.dp.method", 'mode` is "off"'),
+    ({"client__dp": {"calibration": "rhdp"}}, "client.dp.calibration", 'mode` is "off"'),
+    ({"client__dp": {"round_noise_to": 2}}, "client.dp.round_noise_to", 'mode` is "off"'),
+    ({"engine__interaction_time": 2.0}, "engine.interaction_time", "no simulated clock"),
+    ({"engine__wait_time": 1.0}, "engine.wait_time", "no simulated clock"),
+    ({"engine__time_limit": 50.0}, "engine.time_limit", "no simulated clock"),
+    ({"cohort": {"sampler": "all", "size": 2}}, "cohort.size", "'all'"),
+    ({"cohort": {"sampler": "uniform", "size": 2, "rate": 0.5}}, "cohort.rate", "'uniform'"),
+    ({"server": {"beta1": 0.5}}, "server.beta1", '"sgd"'),
+    ({"server": {"tau": 0.1}}, "server.tau", '"sgd"'),
+    ({"server": {"optimizer": "fedadam", "momentum": 0.9}}, "server.momentum", "'fedadam'"),
+    ({"client": {"steps": 3, "epochs": 2}}, "client.epochs", "`client.steps` > 0"),
+]
+
+ACCEPTED = [
+    {"client__dp": {"mode": "per_example", "noise_multiplier": 1.0, "clip": 2.0, "method": "vmap"}},
+    {"client__dp": {"mode": "per_example", "epsilon": 3.0, "calibration": "rhdp", "round_noise_to": 2}},
+    {"client__dp": {"mode": "batch_clip", "noise_multiplier": 1.0}},
+    {"engine": {"kind": "async", "interaction_time": 2.0, "wait_time": 1.0, "time_limit": 50.0}},
+    {"engine__max_clients_per_batch": 2},
+    {"cohort": {"sampler": "uniform", "size": 2}},
+    {"cohort": {"sampler": "poisson", "rate": 0.5}},
+    {"server": {"optimizer": "fedadam", "beta1": 0.5, "tau": 0.1}},
+    {"server": {"momentum": 0.9}},
+    {"client": {"epochs": 2}},
+    {"client": {"steps": 3}},
+    {"attack": {"name": "sign_flip", "num_byzantine": 1, "view": "noiseless", "byzantine_hold_data": False}},
+    {"engine__time_limit": 0.0, "cohort": {"sampler": "all", "size": 0}, "client": {"steps": 3, "epochs": 1}},
+    # A part that runs another way needing no such key loses nothing: accepted, so that sweeps keep working.
+    {"client__dp": {"mode": "batch_clip", "method": "vmap", "noise_multiplier": 1.0}},
+    {"client__dp": {"mode": "per_example", "noise_multiplier": 1.0, "round_noise_to": 2}},
+    {"engine": {"executor": "sequential", "max_clients_per_batch": 2}},
+    {"attack": {"view": "noiseless", "byzantine_hold_data": False}},
+]
+
+
+@pytest.mark.parametrize("tables, key, why", REFUSED, ids=[r[1] for r in REFUSED])
+def test_a_setting_that_does_nothing_is_refused_by_name(tables, key, why):
+    cfg = _cfg(**tables)
+    with pytest.raises(ConfigError) as err:
+        check_inert_settings(cfg)
+    message = str(err.value)
+    assert message.startswith(f"`{key}` is set but does nothing: ") and why in message and "\n" not in message
+    assert "remove it or set it to its default " in message
+
+
+@pytest.mark.parametrize("tables", ACCEPTED)
+def test_the_same_setting_where_it_acts_or_at_its_default_is_accepted(tables):
+    assert inert_settings(_cfg(**tables)) == []
+
+
+def test_every_inert_key_is_named_the_first_leads():
+    cfg = _cfg(client__dp={"noise_multiplier": 1.0, "clip": 2.0}, engine__time_limit=5.0, server={"beta1": 0.5})
+    assert [(k, d) for k, _, d in inert_settings(cfg)] == [("client.dp.clip", 1.0), ("client.dp.noise_multiplier", 0.0),
+                                                          ("engine.time_limit", 0.0), ("server.beta1", 0.9)]
+    with pytest.raises(ConfigError, match=r"^`client.dp.clip` .* its default 1.0; also `client.dp.noise_multiplier`, "
+                                          r"`engine.time_limit`, `server.beta1`\.$"):
+        check_inert_settings(cfg)
+
+
+def test_noise_without_a_mode_no_longer_trains_without_noise():
+    """The reported case, end to end: building refuses it before any data is loaded or anything trains."""
+    with pytest.raises(ConfigError, match=r"^`client.dp.noise_multiplier` is set but does nothing"):
+        build_federation(_cfg(client__dp={"noise_multiplier": 1.0, "clip": 1.0}), quiet=True)
+
+
+@pytest.mark.parametrize("dp", [{"epsilon": 3.0}, {"epsilons": [1.0, 2.0, 3.0, 4.0]},
+                                {"epsilon_distribution": "dist1"}, {"delta": 1e-6}, {"accountant": "pld"}])
+def test_a_budget_where_nothing_is_private_is_refused(dp):
+    key = next(iter(dp))
+    with pytest.raises(ConfigError, match=rf"^`client.dp.{key}` is set but nothing in this run is private"):
+        build_federation(_cfg(client__dp=dp), quiet=True)
+
+
+def test_a_budget_for_noise_stages_is_kept():
+    """Local DP: ``client.dp.epsilon`` with ``mode = "off"`` is the budget of the clip-and-noise client stages."""
+    stages = [{"name": "clip_l2", "max_norm": 1.0}, {"name": "gaussian_noise", "noise_multiplier": 8.2,
+                                                      "sensitivity": 1.0}]
+    fed = build_federation(_cfg(client__dp={"epsilon": 3.0, "delta": 1e-5}, client_stages=stages), quiet=True)
+    assert fed.info["privacy"]["mode"] == "stages" and fed.info["privacy"]["epsilon_budget"] == [3.0] * 4
+
+
+def test_a_vertical_run_refuses_any_client_dp_setting():
+    """The vertical engine's privacy is the recipe's; a `client.dp` budget there was ignored."""
+    cfg = load_config(ROOT / "configs/dpzv/breast_cancer_dpzv.toml", ["client.dp.epsilon=1.0"])
+    with pytest.raises(ConfigError, match=r"^`client.dp` is set, but the vertical engine does not use it"):
+        build_federation(cfg, quiet=True)

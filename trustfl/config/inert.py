@@ -1,0 +1,91 @@
+"""Settings a run would silently ignore: a key set away from its default while the setting that governs it turns
+its part off, e.g. ``client.dp.noise_multiplier`` with ``client.dp.mode = "off"`` (no DP-SGD, and nobody told) or
+``engine.time_limit`` in the synchronous engine (it has no clock). Each is refused with its key path, as the
+parameters of a component that does not run are (``check_unused_tables``). A sweep that turns a part off sets
+its keys back to their defaults too, or gives the whole table (``--grid 'client.dp={mode="off"},{...}'``).
+
+"Set" means "differs from the schema's default": a key given its default value changes nothing either way.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trustfl.config.schema import ExperimentConfig
+from trustfl.errors import ConfigError
+
+Rule = tuple[str, Any, tuple[str, ...], str]
+"""``(table path, table, the table's keys that do nothing, why)``."""
+
+
+def _rules(cfg: ExperimentConfig) -> list[Rule]:
+    """Keys of a part that is off. A key whose part runs another way that needs no such key (``attack.view``
+    without an attack, ``engine.max_clients_per_batch`` in the sequential executor) loses nothing and is not
+    listed: a sweep that turns the part off keeps working."""
+    dp, engine, cohort, server, client = cfg.client.dp, cfg.engine, cfg.cohort, cfg.server, cfg.client
+    rules: list[Rule] = []
+    if dp.mode == "off":
+        rules.append(("client.dp", dp, ("clip", "noise_multiplier", "calibration", "method", "round_noise_to"),
+                      '`client.dp.mode` is "off", so no DP-SGD runs (DP-SGD is `client.dp.mode` = "per_example" or '
+                      '"batch_clip")'))
+    if engine.kind != "async":
+        rules.append(("engine", engine, ("interaction_time", "wait_time", "time_limit"),
+                      f'the {engine.kind!r} engine has no simulated clock (`engine.kind` = "async" has)'))
+    if cohort.sampler != "uniform":
+        rules.append(("cohort", cohort, ("size",), f'`cohort.sampler` is {cohort.sampler!r} (`size` is the '
+                                                    f'"uniform" sampler\'s)'))
+    if cohort.sampler != "poisson":
+        rules.append(("cohort", cohort, ("rate",), f'`cohort.sampler` is {cohort.sampler!r} (`rate` is the '
+                                                    f'"poisson" sampler\'s)'))
+    if server.optimizer == "sgd":
+        rules.append(("server", server, ("beta1", "beta2", "tau"),
+                      '`server.optimizer` is "sgd" (beta1, beta2 and tau are "fedadam"\'s)'))
+    else:
+        rules.append(("server", server, ("momentum",), f'`server.optimizer` is {server.optimizer!r} '
+                                                        f'(momentum is "sgd"\'s)'))
+    if client.steps > 0:
+        rules.append(("client", client, ("epochs",), "`client.steps` > 0 sets the local steps instead"))
+    return rules
+
+
+def inert_settings(cfg: ExperimentConfig) -> list[tuple[str, str, Any]]:
+    """``(key path, why, default value)`` of every key ``cfg`` sets that its other settings make do nothing."""
+    found = []
+    for path, table, keys, why in _rules(cfg):
+        default = type(table)()
+        found += [(f"{path}.{key}", why, getattr(default, key)) for key in keys
+                  if getattr(table, key) != getattr(default, key)]
+    return found
+
+
+def check_inert_settings(cfg: ExperimentConfig) -> None:
+    """Refuse the first key of :func:`inert_settings` (with every other one named), before anything is built.
+
+    Raises:
+      ConfigError: naming the key path and what turns it off.
+    """
+    found = inert_settings(cfg)
+    if found:
+        (key, why, default), others = found[0], [k for k, _, _ in found[1:]]
+        more = f"; also {', '.join(f'`{k}`' for k in others)}" if others else ""
+        raise ConfigError(f"`{key}` is set but does nothing: {why}; remove it or set it to its default "
+                          f"{json.dumps(default)}{more}.")
+
+
+def check_budget_has_a_use(cfg: ExperimentConfig, stage_events: list[Any]) -> None:
+    """Refuse a privacy budget (``client.dp.epsilon``, ``epsilons``, ``epsilon_distribution``, ``delta``,
+    ``accountant``) in a run where nothing is private: no DP-SGD and no client or server stage that adds noise.
+    The run would otherwise train without noise and keep no ledger, and its budget would read as a guarantee.
+
+    Raises:
+      ConfigError: naming the key path.
+    """
+    dp = cfg.client.dp
+    if dp.mode != "off" or stage_events:
+        return
+    default = type(dp)()
+    for key in ("epsilon", "epsilons", "epsilon_distribution", "delta", "accountant"):
+        if getattr(dp, key) != getattr(default, key):
+            raise ConfigError(f"`client.dp.{key}` is set but nothing in this run is private: `client.dp.mode` is "
+                              f'"off" and no client or server stage adds noise; set `client.dp.mode` to '
+                              f'"per_example" or "batch_clip", add a noise stage, or remove it.')
