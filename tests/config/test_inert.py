@@ -2,10 +2,10 @@
 
 ``client.dp = { noise_multiplier = 1.0, clip = 1.0 }`` without ``mode`` trained without any noise, with the
 same bits as no ``client.dp`` at all; ``engine.time_limit`` in the synchronous engine, ``cohort.size`` without
-``sampler = "uniform"`` (every client, every round), ``server.beta1`` with SGD and ``client.epochs`` beside
-``client.steps`` were accepted and did nothing. REFUSED holds (the override, the key the error names, why);
-ACCEPTED the same keys where their part runs, at their defaults, or where the part runs another way that needs
-no such key.
+``sampler = "uniform"`` (every client, every round), ``server.beta1`` with SGD, ``client.epochs`` beside
+``client.steps`` and one budget beside another (``epsilon`` beside ``epsilons``) were accepted and did nothing.
+REFUSED holds (the override, the key the error names, why); ACCEPTED the same keys where their part runs, at
+their defaults, or where the part runs another way that needs no such key.
 """
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ REFUSED = [
     ({"client__dp": {"method": "vmap"}}, "client.dp.method", 'mode` is "off"'),
     ({"client__dp": {"calibration": "rhdp"}}, "client.dp.calibration", 'mode` is "off"'),
     ({"client__dp": {"round_noise_to": 2}}, "client.dp.round_noise_to", 'mode` is "off"'),
+    ({"client__dp": {"mode": "per_example", "epsilons": [1.0, 2.0, 3.0, 4.0], "epsilon": 3.0}}, "client.dp.epsilon",
+     "`client.dp.epsilons` gives"),
+    ({"client__dp": {"mode": "per_example", "epsilons": [1.0, 2.0, 3.0, 4.0], "epsilon_distribution": "dist1"}},
+     "client.dp.epsilon_distribution", "`client.dp.epsilons` gives"),
+    ({"client__dp": {"mode": "per_example", "epsilon_distribution": "dist1", "epsilon": 3.0}}, "client.dp.epsilon",
+     "`client.dp.epsilon_distribution` draws"),
+    ({"client": {"batch_sizes": [8, 16], "batch_size": 64}}, "client.batch_size", "`client.batch_sizes` gives"),
     ({"engine__interaction_time": 2.0}, "engine.interaction_time", "no simulated clock"),
     ({"engine__wait_time": 1.0}, "engine.wait_time", "no simulated clock"),
     ({"engine__time_limit": 50.0}, "engine.time_limit", "no simulated clock"),
@@ -62,6 +69,9 @@ ACCEPTED = [
     {"server": {"optimizer": "fedadam", "beta1": 0.5, "tau": 0.1}},
     {"server": {"momentum": 0.9}},
     {"client": {"epochs": 2}},
+    {"client": {"batch_sizes": [8, 16]}},
+    {"client__dp": {"mode": "per_example", "epsilons": [1.0, 2.0, 3.0, 4.0]}},
+    {"client__dp": {"mode": "per_example", "epsilon_distribution": "dist1"}},
     {"client": {"steps": 3}},
     {"attack": {"name": "sign_flip", "num_byzantine": 1, "view": "noiseless", "byzantine_hold_data": False}},
     {"engine__time_limit": 0.0, "cohort": {"sampler": "all", "size": 0}, "client": {"steps": 3, "epochs": 1}},
@@ -77,7 +87,7 @@ ACCEPTED = [
 def test_a_setting_that_does_nothing_is_refused_by_name(tables, key, why):
     cfg = _cfg(**tables)
     with pytest.raises(ConfigError) as err:
-        check_inert_settings(cfg)
+        build_federation(cfg, quiet=True)
     message = str(err.value)
     assert message.startswith(f"`{key}` is set but does nothing: ") and why in message and "\n" not in message
     assert "remove it or set it to its default " in message
@@ -85,7 +95,15 @@ def test_a_setting_that_does_nothing_is_refused_by_name(tables, key, why):
 
 @pytest.mark.parametrize("tables", ACCEPTED)
 def test_the_same_setting_where_it_acts_or_at_its_default_is_accepted(tables):
-    assert inert_settings(_cfg(**tables)) == []
+    cfg = _cfg(**tables)
+    assert inert_settings(cfg) == [] and inert_settings(cfg, as_written=True) == []
+
+
+def test_a_recipe_that_derives_one_key_from_another_is_not_refused():
+    """Robust-HDP turns `client.batch_size` into `client.batch_sizes`: the written config has one, not both."""
+    cfg = _cfg(algorithm="robust_hdp", client={"batch_size": 16, "dp": {"epsilons": [1.0, 2.0, 3.0, 4.0]}},
+               model={"name": "mlp", "hidden": [8]})
+    assert build_federation(cfg, quiet=True).batch_sizes == [16] * 4
 
 
 def test_every_inert_key_is_named_the_first_leads():

@@ -120,6 +120,11 @@ def test_configure_sets_algorithm_1():
     ({"epsilon": 5.0}, {"client": {"lr": 0.1, "steps": 3}}, "client.steps"),
     ({"epsilon": 5.0}, {"client": {"lr": 0.1, "momentum": 0.9}}, "client.momentum"),
     ({"epsilon": 5.0}, {"client": {"lr": 0.1, "dp": {"mode": "per_example"}}}, "client.dp.mode"),
+    # The recipe sets these from `[recipe]`; a value given here was overwritten without a word.
+    ({"epsilon": 5.0}, {"client": {"lr": 0.1, "dp": {"delta": 1e-6}}}, "client.dp.delta"),
+    ({"epsilon": 5.0}, {"client": {"lr": 0.1, "dp": {"accountant": "pld"}}}, "client.dp.accountant"),
+    ({"epsilon": 5.0}, {"client": {"lr": 0.1, "dp": {"epsilon": 2.0}}}, "client.dp.epsilon"),
+    ({"epsilon": 5.0}, {"client": {"lr": 0.1, "dp": {"method": "vmap"}}}, "client.dp.method"),
     ({"epsilon": 5.0, "aggregator": "mean"}, {"aggregator": {"name": "cwtm"}}, "recipe.aggregator"),
     ({"epsilon": 5.0, "aggregator": "krum_of_krums"}, {}, "recipe.aggregator"),
 ])

@@ -103,6 +103,12 @@ def test_a_run_that_would_overspend_is_refused(vertical_config):
     ({"aggregator": {"name": "krum"}}, "aggregator"),
     ({"client__momentum": 0.9}, "client.momentum"),
     ({"engine__speed": {"name": "deterministic", "duration": 1.0}}, "engine.speed"),
+    # settings of the horizontal engines the vertical one ignored without a word
+    ({"engine__dtype": "bfloat16"}, "engine.dtype"),
+    ({"engine__executor": "sequential"}, "engine.executor"),
+    ({"engine__max_clients_per_batch": 2}, "engine.max_clients_per_batch"),
+    ({"server__weighting": "uniform"}, "server.weighting"),
+    ({"client__dp": {"epsilon": 1.0}}, "client.dp"),
     ({"client__batch_size": 100000}, "client.batch_size"),
     # the activation schedule is drawn whole at build time: 10^7 rounds used to ask for terabytes
     ({"rounds": 10_000_000}, "rounds"),

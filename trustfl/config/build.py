@@ -167,6 +167,7 @@ def resolve_dataset(cfg: ExperimentConfig) -> tuple[str, str | None]:
 def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: bool = False) -> Federation:
     """Build every object of the experiment ``cfg`` describes (deterministic for ``cfg.seed``)."""
     import_plugins(cfg)
+    check_inert_settings(cfg, as_written=True)
     recipe = _recipe(cfg.algorithm)
     if recipe is not None:
         cfg = recipe.configure(cfg)

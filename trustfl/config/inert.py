@@ -48,23 +48,39 @@ def _rules(cfg: ExperimentConfig) -> list[Rule]:
     return rules
 
 
-def inert_settings(cfg: ExperimentConfig) -> list[tuple[str, str, Any]]:
-    """``(key path, why, default value)`` of every key ``cfg`` sets that its other settings make do nothing."""
+def _overridden(cfg: ExperimentConfig) -> list[Rule]:
+    """Keys that another key of the same config replaces. Judged on the config as written, before its algorithm's
+    recipe runs: a recipe may derive one from the other (Robust-HDP turns ``batch_size`` into ``batch_sizes``)."""
+    dp, client = cfg.client.dp, cfg.client
+    rules: list[Rule] = []
+    if dp.epsilons:
+        rules.append(("client.dp", dp, ("epsilon", "epsilon_distribution"),
+                      "`client.dp.epsilons` gives every client's budget"))
+    elif dp.epsilon_distribution:
+        rules.append(("client.dp", dp, ("epsilon",), "`client.dp.epsilon_distribution` draws every client's budget"))
+    if client.batch_sizes:
+        rules.append(("client", client, ("batch_size",), "`client.batch_sizes` gives every client's batch size"))
+    return rules
+
+
+def inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> list[tuple[str, str, Any]]:
+    """``(key path, why, default value)`` of every key ``cfg`` sets that its other settings make do nothing: on
+    the config as its recipe left it, or (``as_written``) the keys another key of the written config replaces."""
     found = []
-    for path, table, keys, why in _rules(cfg):
+    for path, table, keys, why in (_overridden if as_written else _rules)(cfg):
         default = type(table)()
         found += [(f"{path}.{key}", why, getattr(default, key)) for key in keys
                   if getattr(table, key) != getattr(default, key)]
     return found
 
 
-def check_inert_settings(cfg: ExperimentConfig) -> None:
+def check_inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> None:
     """Refuse the first key of :func:`inert_settings` (with every other one named), before anything is built.
 
     Raises:
       ConfigError: naming the key path and what turns it off.
     """
-    found = inert_settings(cfg)
+    found = inert_settings(cfg, as_written)
     if found:
         (key, why, default), others = found[0], [k for k, _, _ in found[1:]]
         more = f"; also {', '.join(f'`{k}`' for k in others)}" if others else ""

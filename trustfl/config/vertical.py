@@ -45,6 +45,10 @@ def check_vertical_config(cfg: ExperimentConfig) -> None:
         "client.epochs": cfg.client.epochs != 1, "client.weight_decay": cfg.client.weight_decay != 0,
         "cohort": cfg.cohort.sampler != "all", "server.optimizer": cfg.server.optimizer != "sgd",
         "data.partition": cfg.data.partition != Component("iid"), "engine.schedule": cfg.engine.schedule.params != {},
+        "server.weighting": cfg.server.weighting != "num_samples",
+        "engine.executor": cfg.engine.executor != "vectorized",
+        "engine.max_clients_per_batch": cfg.engine.max_clients_per_batch != 0,
+        "engine.dtype": cfg.engine.dtype != "float32",
     }
     components = {"aggregator": cfg.aggregator, "data.partition": cfg.data.partition,
                   "engine.schedule": cfg.engine.schedule}

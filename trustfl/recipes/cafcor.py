@@ -65,7 +65,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.config.schema import Component, ExperimentConfig, SampleDPConfig
 from trustfl.core.registry import lookup, register
 from trustfl.errors import ConfigError, PrivacyError, RegistryError
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
@@ -255,9 +255,12 @@ def _check_client(cfg: ExperimentConfig, mode: str) -> None:
     if dp.mode not in ("off", mode):
         raise ConfigError(f"`client.dp.mode` must be \"off\" or {mode!r} with this threat model (the recipe sets "
                           f"it), found {dp.mode!r}.")
-    if dp.epsilon or dp.epsilons or dp.epsilon_distribution or dp.noise_multiplier:
-        raise ConfigError("`client.dp` budgets/noise (epsilon, epsilons, epsilon_distribution, noise_multiplier) "
-                          "must be unset with algorithm 'cafcor': the noise comes from the `recipe` table.")
+    default = SampleDPConfig()
+    recipe_set = [k for k in ("epsilon", "epsilons", "epsilon_distribution", "noise_multiplier", "delta", "accountant",
+                              "calibration", "method", "round_noise_to") if getattr(dp, k) != getattr(default, k)]
+    if recipe_set:
+        raise ConfigError(f"`client.dp.{recipe_set[0]}` must be unset with algorithm 'cafcor': the recipe sets the "
+                          f"noise, δ and accountant from the `recipe` table (`client.dp` takes `mode` and `clip`).")
     if cfg.cohort.sampler != "all":
         raise ConfigError(f"`cohort.sampler` must be \"all\" with algorithm 'cafcor' (every worker sends every "
                           f"round; pair noise of absent workers would not cancel), found {cfg.cohort.sampler!r}.")

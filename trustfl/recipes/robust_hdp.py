@@ -68,7 +68,7 @@ import torch
 
 from trustfl.aggregate.noise_aware import (aggregate_noise_metric, dpfedavg_weights, oracle_weights,
                                            update_noise_variance, weiavg_weights)
-from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.config.schema import ClientConfig, Component, ExperimentConfig, SampleDPConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.privacy.budgets import RHDP_FIXED_LISTS, client_epsilons
@@ -152,6 +152,21 @@ def _cycled(values: tuple[float, ...] | list[float], n: int) -> list[float]:
     return [values[i % len(values)] for i in range(n)]
 
 
+def _check_client(cfg: ExperimentConfig) -> None:
+    """Refuse the ``client`` keys the recipe sets, instead of overwriting a value the user gave."""
+    dp, client = cfg.client.dp, cfg.client
+    default = SampleDPConfig()
+    given = [f"client.dp.{k}" for k in ("clip", "delta", "calibration") if getattr(dp, k) != getattr(default, k)]
+    if dp.mode == "batch_clip":
+        given.append("client.dp.mode")
+    if client.batch_sampler not in (ClientConfig().batch_sampler, "poisson"):
+        given.append("client.batch_sampler")
+    if given:
+        raise ConfigError(f"`{given[0]}` is set, but algorithm 'robust_hdp' sets it: c and δ come from `recipe.clip` "
+                          f"and `recipe.delta` (the paper's 3.0 and 1e-4 by default), and DP-SGD is the paper's "
+                          f"(per-example clipping, Poisson batches, its own calibration); remove it.")
+
+
 class RobustHDPRecipe(AbstractRecipe):
     """Sets the DP settings and the aggregator of ``recipe.method``; adds the ε and oracle-noise reports.
 
@@ -164,6 +179,7 @@ class RobustHDPRecipe(AbstractRecipe):
 
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         s = RobustHDPSettings.from_table(cfg.recipe)
+        _check_client(cfg)
         n = cfg.data.num_clients
         client, dp = cfg.client, cfg.client.dp
         batch_list = s.batch_list if s.batch_list is not None else bool(s.eps_list) and not client.batch_sizes
