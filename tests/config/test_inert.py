@@ -142,3 +142,11 @@ def test_a_vertical_run_refuses_any_client_dp_setting():
     cfg = load_config(ROOT / "configs/dpzv/breast_cancer_dpzv.toml", ["client.dp.epsilon=1.0"])
     with pytest.raises(ConfigError, match=r"^`client.dp` is set, but the vertical engine does not use it"):
         build_federation(cfg, quiet=True)
+
+
+def test_a_batch_larger_than_a_client_s_rows_is_said(capsys):
+    """Such a client steps on all its rows: said at build time and kept in the summary, not silently capped."""
+    fed = build_federation(_cfg(client={"batch_size": 400}), quiet=False)
+    note = "NOTICE: 4 of the 4 clients hold fewer rows than their batch size (client 0: "
+    assert fed.info["notice"].startswith(note) and note in capsys.readouterr().err
+    assert "notice" not in build_federation(_cfg(client={"batch_size": 16}), quiet=False).info

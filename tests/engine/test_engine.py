@@ -75,12 +75,12 @@ def test_local_training_never_writes_into_the_round_s_starting_state(small_confi
 
 
 def test_vectorized_handles_unequal_sizes_and_batch_sizes(small_config):
-    cfg = small_config(data__partition={"name": "quantity_skew", "alpha": 0.5}, client__batch_sizes=[8, 16, 32],
-                       cohort={"sampler": "all"})
+    # client.batch_size back at its default: client.batch_sizes replaces it (one beside the other is refused)
+    sizes = {"client__batch_sizes": [8, 16, 32], "client__batch_size": 32}
+    cfg = small_config(data__partition={"name": "quantity_skew", "alpha": 0.5}, cohort={"sampler": "all"}, **sizes)
     _, vec, _ = train(cfg, 2)
-    _, seq, _ = train(small_config(data__partition={"name": "quantity_skew", "alpha": 0.5},
-                                    client__batch_sizes=[8, 16, 32], cohort={"sampler": "all"},
-                                    engine__executor="sequential"), 2)
+    _, seq, _ = train(small_config(data__partition={"name": "quantity_skew", "alpha": 0.5}, cohort={"sampler": "all"},
+                                   engine__executor="sequential", **sizes), 2)
     assert float((vec.params - seq.params).abs().max()) <= 1e-5
 
 

@@ -248,6 +248,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                              momentum=cfg.client.momentum, weight_decay=cfg.client.weight_decay,
                              dp_mode=dp.mode, clip=dp.clip, dp_method=dp.method, lr_schedule=cfg.client.lr_schedule)
     check_local_steps(training, sizes, batch_sizes)
+    batch_note = None if vertical else whole_data_batches(sizes, batch_sizes)
     if cfg.client.lr_schedule != "constant" and cfg.engine.kind != "sync":
         raise ConfigError(f"`client.lr_schedule` = {cfg.client.lr_schedule!r} runs in the synchronous engine only; "
                           f"`engine.kind` is {cfg.engine.kind!r}.")
@@ -319,6 +320,10 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     engine = resolve_engine(cfg)
     if hasattr(engine, "check"):
         engine.check(fed)
+    if batch_note:  # said once the run is built, so that a refusal stays one line
+        info["notice"] = f"{info['notice']} {batch_note}" if "notice" in info else batch_note
+        if not quiet:
+            print(batch_note, file=sys.stderr)
     return fed
 
 
@@ -379,6 +384,16 @@ def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective, siz
         raise ConfigError(f"`client.statistics` run in the synchronous engine only; `engine.kind` is "
                           f"{cfg.engine.kind!r}.")
     return augment, tuple(statistics)
+
+
+def whole_data_batches(sizes: Sequence[int], batch_sizes: Sequence[int]) -> str | None:
+    """The notice that clients holding fewer rows than their batch size step on all of them (never silent)."""
+    short = [i for i, (rows, batch) in enumerate(zip(sizes, batch_sizes)) if 0 < rows < batch]
+    if not short:
+        return None
+    i = short[0]
+    return (f"NOTICE: {len(short)} of the {len(sizes)} clients hold fewer rows than their batch size (client {i}: "
+            f"{sizes[i]} rows, batch {batch_sizes[i]}); each of their local steps uses all their rows.")
 
 
 def check_unused_tables(cfg: ExperimentConfig) -> None:
