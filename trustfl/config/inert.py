@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trustfl.config.schema import ExperimentConfig
+from trustfl.config.schema import ExperimentConfig, keys_set
 from trustfl.errors import ConfigError
 
 Rule = tuple[str, Any, tuple[str, ...], str]
@@ -68,9 +68,7 @@ def inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> list[tupl
     the config as its recipe left it, or (``as_written``) the keys another key of the written config replaces."""
     found = []
     for path, table, keys, why in (_overridden if as_written else _rules)(cfg):
-        default = type(table)()
-        found += [(f"{path}.{key}", why, getattr(default, key)) for key in keys
-                  if getattr(table, key) != getattr(default, key)]
+        found += [(f"{path}.{key}", why, getattr(type(table)(), key)) for key in keys_set(table, keys)]
     return found
 
 
@@ -97,11 +95,9 @@ def check_budget_has_a_use(cfg: ExperimentConfig, stage_events: list[Any]) -> No
       ConfigError: naming the key path.
     """
     dp = cfg.client.dp
-    if dp.mode != "off" or stage_events:
-        return
-    default = type(dp)()
-    for key in ("epsilon", "epsilons", "epsilon_distribution", "delta", "accountant"):
-        if getattr(dp, key) != getattr(default, key):
-            raise ConfigError(f"`client.dp.{key}` is set but nothing in this run is private: `client.dp.mode` is "
-                              f'"off" and no client or server stage adds noise; set `client.dp.mode` to '
-                              f'"per_example" or "batch_clip", add a noise stage, or remove it.')
+    given = [] if dp.mode != "off" or stage_events else keys_set(dp, ("epsilon", "epsilons", "epsilon_distribution",
+                                                                      "delta", "accountant"))
+    if given:
+        raise ConfigError(f"`client.dp.{given[0]}` is set but nothing in this run is private: `client.dp.mode` is "
+                          f'"off" and no client or server stage adds noise; set `client.dp.mode` to '
+                          f'"per_example" or "batch_clip", add a noise stage, or remove it.')

@@ -26,6 +26,12 @@ def check(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise FieldError(name, value, allowed)
 
 
+def keys_set(table: Any, keys: tuple[str, ...]) -> list[str]:
+    """Those of ``keys`` that the table ``table`` (a schema dataclass) holds away from their defaults, in order."""
+    default = type(table)()
+    return [key for key in keys if getattr(table, key) != getattr(default, key)]
+
+
 @dataclass(frozen=True)
 class Component:
     """A registry entry chosen by ``name`` with its parameters (any other keys of the table)."""

@@ -65,7 +65,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from trustfl.config.schema import Component, ExperimentConfig, SampleDPConfig
+from trustfl.config.schema import Component, ExperimentConfig, keys_set
 from trustfl.core.registry import lookup, register
 from trustfl.errors import ConfigError, PrivacyError, RegistryError
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier, epsilon_subsampled_gaussian
@@ -255,9 +255,8 @@ def _check_client(cfg: ExperimentConfig, mode: str) -> None:
     if dp.mode not in ("off", mode):
         raise ConfigError(f"`client.dp.mode` must be \"off\" or {mode!r} with this threat model (the recipe sets "
                           f"it), found {dp.mode!r}.")
-    default = SampleDPConfig()
-    recipe_set = [k for k in ("epsilon", "epsilons", "epsilon_distribution", "noise_multiplier", "delta", "accountant",
-                              "calibration", "method", "round_noise_to") if getattr(dp, k) != getattr(default, k)]
+    recipe_set = keys_set(dp, ("epsilon", "epsilons", "epsilon_distribution", "noise_multiplier", "delta", "accountant",
+                               "calibration", "method", "round_noise_to"))
     if recipe_set:
         raise ConfigError(f"`client.dp.{recipe_set[0]}` must be unset with algorithm 'cafcor': the recipe sets the "
                           f"noise, δ and accountant from the `recipe` table (`client.dp` takes `mode` and `clip`).")

@@ -68,7 +68,7 @@ import torch
 
 from trustfl.aggregate.noise_aware import (aggregate_noise_metric, dpfedavg_weights, oracle_weights,
                                            update_noise_variance, weiavg_weights)
-from trustfl.config.schema import ClientConfig, Component, ExperimentConfig, SampleDPConfig
+from trustfl.config.schema import ClientConfig, Component, ExperimentConfig, keys_set
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.privacy.budgets import RHDP_FIXED_LISTS, client_epsilons
@@ -155,8 +155,7 @@ def _cycled(values: tuple[float, ...] | list[float], n: int) -> list[float]:
 def _check_client(cfg: ExperimentConfig) -> None:
     """Refuse the ``client`` keys the recipe sets, instead of overwriting a value the user gave."""
     dp, client = cfg.client.dp, cfg.client
-    default = SampleDPConfig()
-    given = [f"client.dp.{k}" for k in ("clip", "delta", "calibration") if getattr(dp, k) != getattr(default, k)]
+    given = [f"client.dp.{k}" for k in keys_set(dp, ("clip", "delta", "calibration"))]
     if dp.mode == "batch_clip":
         given.append("client.dp.mode")
     if client.batch_sampler not in (ClientConfig().batch_sampler, "poisson"):
