@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import apply_overrides
 from trustfl.config.build import build_federation
 from trustfl.config.inert import check_inert_settings, inert_settings
 from trustfl.config.load import config_from_dict, load_config
@@ -25,13 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _cfg(**tables) -> ExperimentConfig:
     data = {"name": "inert", "rounds": 1, "data": {"dataset": "digits", "num_clients": 4},
             "model": {"name": "logreg"}, "engine": {"checkpoint_every": 0}}
-    for path, value in tables.items():
-        node = data
-        *parents, last = path.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return config_from_dict(data)
+    return config_from_dict(apply_overrides(data, tables))
 
 
 REFUSED = [
