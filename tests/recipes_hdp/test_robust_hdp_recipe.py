@@ -150,13 +150,12 @@ def test_invalid_recipe_tables(recipe, match):
 @pytest.mark.parametrize("client, key", [
     ({"dp": {"epsilons": EPS, "clip": 2.0}}, "client.dp.clip"),
     ({"dp": {"epsilons": EPS, "delta": 1e-6}}, "client.dp.delta"),
-    ({"dp": {"epsilons": EPS, "calibration": "rhdp"}}, "client.dp.calibration"),
     ({"dp": {"epsilons": EPS, "mode": "batch_clip"}}, "client.dp.mode"),
     ({"batch_sampler": "fixed"}, "client.batch_sampler"),
 ])
 def test_client_keys_the_recipe_sets_are_refused_not_overwritten(client, key):
-    """c, δ, the clipping mode, the calibration and the batch sampler are the paper's (or `[recipe]`'s); a value
-    given in `[client]` used to be replaced without a word."""
+    """c, δ, the clipping mode and the batch sampler are the paper's (or `[recipe]`'s); a value given in
+    `[client]` used to be replaced without a word. The paper's own values (and its calibration) are accepted."""
     cfg = make_cfg(method="weiavg")
     cfg = dataclasses.replace(cfg, client=dataclasses.replace(
         cfg.client, **{k: v for k, v in client.items() if k != "dp"},
@@ -164,7 +163,8 @@ def test_client_keys_the_recipe_sets_are_refused_not_overwritten(client, key):
     with pytest.raises(ConfigError, match=rf"^`{key}` is set, but algorithm 'robust_hdp' sets it"):
         RobustHDPRecipe().configure(cfg)
     same = dataclasses.replace(cfg, client=dataclasses.replace(
-        cfg.client, batch_sampler="poisson", dp=dataclasses.replace(cfg.client.dp, mode="per_example")))
+        cfg.client, batch_sampler="poisson", dp=dataclasses.replace(cfg.client.dp, mode="per_example",
+                                                                    calibration="rhdp")))
     if key in ("client.dp.mode", "client.batch_sampler"):  # the paper's own values are accepted
         assert RobustHDPRecipe().configure(same).client.dp.mode == "per_example"
 

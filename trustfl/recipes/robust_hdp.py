@@ -155,7 +155,7 @@ def _cycled(values: tuple[float, ...] | list[float], n: int) -> list[float]:
 def _check_client(cfg: ExperimentConfig) -> None:
     """Refuse the ``client`` keys the recipe sets, instead of overwriting a value the user gave."""
     dp, client = cfg.client.dp, cfg.client
-    given = [f"client.dp.{k}" for k in keys_set(dp, ("clip", "delta", "calibration"))]
+    given = [f"client.dp.{k}" for k in keys_set(dp, ("clip", "delta"))]  # calibration's one other value is its own
     if dp.mode == "batch_clip":
         given.append("client.dp.mode")
     if client.batch_sampler not in (ClientConfig().batch_sampler, "poisson"):
