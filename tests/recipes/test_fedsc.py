@@ -135,6 +135,7 @@ def test_budget_the_schedule_cannot_meet_is_refused_before_training():
     ("recipe__delta", 1.0, "recipe.delta"), ("recipe__epsilon", 0.0, "recipe.epsilon"),
     ("model__dim", 0, "model"), ("data__num_clients", 1, "data.num_clients"),
     ("client__dp__mode", "per_example", "client.dp.mode"),
+    ("client__dp__epsilon", 2.0, "client.dp.epsilon"),  # a budget here protected nothing: DP-CalR's is recipe.epsilon
     ("objective", {"name": "spectral_contrastive", "scale": 2.0}, "objective.scale"),  # recipe.scale sets it
 ])
 def test_bad_input_is_refused_with_its_key(key, value, path):

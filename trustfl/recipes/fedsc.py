@@ -37,7 +37,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from trustfl.config.schema import Component, ExperimentConfig
+from trustfl.config.schema import Component, ExperimentConfig, keys_set
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
@@ -72,9 +72,10 @@ def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm
         raise ConfigError(f"`objective.{key}` is not read: algorithm {algorithm!r} builds the {objective!r} "
                           f"objective from its `recipe.*` keys; remove `objective.{key}` (`recipe.{key}`, where "
                           f"the algorithm has it, sets the same thing).")
-    if cfg.client.dp.mode != "off":
-        raise ConfigError(f"`client.dp.mode` must be \"off\" with algorithm {algorithm!r}: its loss is not a mean "
-                          f"of per-example losses; {privacy}.")
+    dp_keys = keys_set(cfg.client.dp, tuple(f.name for f in dataclasses.fields(cfg.client.dp)))
+    if dp_keys:  # DP-SGD does not apply, and a budget here would protect nothing
+        raise ConfigError(f"`client.dp.{dp_keys[0]}` must be unset with algorithm {algorithm!r}: its loss is not a "
+                          f"mean of per-example losses; {privacy}.")
     if cfg.client.statistics:
         raise ConfigError(f"`client.statistics` is set by algorithm {algorithm!r}; remove it.")
     client = dataclasses.replace(cfg.client, statistics=[])
