@@ -214,7 +214,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if cfg.cohort.sampler == "uniform" and cfg.cohort.size > n:  # said, not silent: e.g. num_clients lowered by --set
         extra = (f"NOTICE: `cohort.size` = {cfg.cohort.size} is more than the {n} clients of `data.num_clients`; "
                  f"every round samples all {n}.")
-        info["notice"] = f"{info['notice']} {extra}" if "notice" in info else extra
+        add_notice(info, extra)
     if cfg.attack.name != "none" and not 0 < f < n:
         raise ConfigError(f"`attack.num_byzantine` must be in [1, {n - 1}] with attack {cfg.attack.name!r}, "
                           f"found {f}.")
@@ -321,7 +321,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if hasattr(engine, "check"):
         engine.check(fed)
     if batch_note:  # said once the run is built, so that a refusal stays one line
-        info["notice"] = f"{info['notice']} {batch_note}" if "notice" in info else batch_note
+        add_notice(info, batch_note)
         if not quiet:
             print(batch_note, file=sys.stderr)
     return fed
@@ -384,6 +384,11 @@ def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective, siz
         raise ConfigError(f"`client.statistics` run in the synchronous engine only; `engine.kind` is "
                           f"{cfg.engine.kind!r}.")
     return augment, tuple(statistics)
+
+
+def add_notice(info: dict[str, Any], note: str) -> None:
+    """Append ``note`` to the run's notice (``run_info.json``, the summary and the CLI's last lines)."""
+    info["notice"] = f"{info['notice']} {note}" if "notice" in info else note
 
 
 def whole_data_batches(sizes: Sequence[int], batch_sizes: Sequence[int]) -> str | None:

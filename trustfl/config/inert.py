@@ -68,7 +68,8 @@ def inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> list[tupl
     the config as its recipe left it, or (``as_written``) the keys another key of the written config replaces."""
     found = []
     for path, table, keys, why in (_overridden if as_written else _rules)(cfg):
-        found += [(f"{path}.{key}", why, getattr(type(table)(), key)) for key in keys_set(table, keys)]
+        default = type(table)()
+        found += [(f"{path}.{key}", why, getattr(default, key)) for key in keys_set(table, keys)]
     return found
 
 

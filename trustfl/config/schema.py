@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 
@@ -26,9 +26,11 @@ def check(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise FieldError(name, value, allowed)
 
 
-def keys_set(table: Any, keys: tuple[str, ...]) -> list[str]:
-    """Those of ``keys`` that the table ``table`` (a schema dataclass) holds away from their defaults, in order."""
+def keys_set(table: Any, keys: tuple[str, ...] | None = None) -> list[str]:
+    """Those of ``keys`` (default: all its fields) that the table ``table`` (a schema dataclass) holds away from
+    their defaults, in order."""
     default = type(table)()
+    keys = tuple(f.name for f in fields(table)) if keys is None else keys
     return [key for key in keys if getattr(table, key) != getattr(default, key)]
 
 

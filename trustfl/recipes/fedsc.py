@@ -72,7 +72,7 @@ def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm
         raise ConfigError(f"`objective.{key}` is not read: algorithm {algorithm!r} builds the {objective!r} "
                           f"objective from its `recipe.*` keys; remove `objective.{key}` (`recipe.{key}`, where "
                           f"the algorithm has it, sets the same thing).")
-    dp_keys = keys_set(cfg.client.dp, tuple(f.name for f in dataclasses.fields(cfg.client.dp)))
+    dp_keys = keys_set(cfg.client.dp)
     if dp_keys:  # DP-SGD does not apply, and a budget here would protect nothing
         raise ConfigError(f"`client.dp.{dp_keys[0]}` must be unset with algorithm {algorithm!r}: its loss is not a "
                           f"mean of per-example losses; {privacy}.")
