@@ -103,7 +103,7 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json")
 def _make_run_dir(out: str, overwrite: bool = False) -> None:
     """Create ``--out`` now, so that an unusable path, or one that holds another run (unless ``overwrite``), is a
     one-line error before the experiment is built."""
-    from trustfl.core.runfiles import check_out_dir
+    from trustfl.core.runfiles import check_out_dir, hold_run_dir
 
     path = check_out_dir(out)
     held = [name for name in RUN_FILES if (path / name).exists()]
@@ -111,7 +111,8 @@ def _make_run_dir(out: str, overwrite: bool = False) -> None:
         raise UsageError(f"--out {out!r} already holds a run ({', '.join(held)}): continue it with `trustfl run "
                          f"--resume {out}`, or pass --overwrite to start afresh there.")
     if held:  # the old checkpoint goes: a later --resume must not continue the run this one replaces
-        (path / "checkpoint.pt").unlink(missing_ok=True)
+        with hold_run_dir(path):  # unless a running process writes the run there
+            (path / "checkpoint.pt").unlink(missing_ok=True)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import hashlib
-import json
 import math
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,11 +36,12 @@ from trustfl.engine.allocator import tune_allocator
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.distributed import DistributedExecutor, Ranks, check_same, from_main, ranks_from_env, session
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.loop import (CHECKPOINT, MODEL, Progress, all_rejected, evaluate, load_checkpoint, metric_names,
-                                 run_rounds, save_checkpoint, save_model, skipped)
+from trustfl.engine.checkpoint import CHECKPOINT, data_digest, load_checkpoint, save_checkpoint
+from trustfl.engine.loop import MODEL, Progress, all_rejected, evaluate, metric_names, run_rounds, save_model, skipped
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
-from trustfl.core.runfiles import metric_rows, read_metrics, truncate_metrics, write_json
+from trustfl.core.runfiles import (hold_run_dir, metric_rows, read_json_object, read_metrics, truncate_metrics,
+                                   write_json)
 from trustfl.report.plots import plot_run
 
 __all__ = ["CHECKPOINT", "MODEL", "RunResult", "default_run_dir", "load_checkpoint", "run_config_file",
@@ -175,6 +176,18 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
         if main:
             run_dir.mkdir(parents=True, exist_ok=True)
         run_dir = from_main(ranks, run_dir)  # the default name holds rank 0's clock
+    with hold_run_dir(run_dir) if main else nullcontext():
+        return _train(cfg, run_dir, ranks, resume=resume is not None, data_dir=data_dir, progress=progress,
+                      checkpoint_every=checkpoint_every, stop_after=stop_after, on_eval=on_eval, plots=plots,
+                      engine=engine)
+
+
+def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume: bool, data_dir: str | None,
+           progress: bool, checkpoint_every: int | None, stop_after: int | None,
+           on_eval: Callable[[dict[str, Any]], None] | None, plots: bool,
+           engine: Callable[[Federation], AbstractEngine] | None) -> RunResult:
+    """:func:`_run` once the run directory is known (and held by rank 0): build, restore or start, run, save."""
+    main = ranks is None or ranks.main
     fed = build_federation(cfg, data_dir=data_dir, quiet=not (progress and main))
     if ranks is not None:
         if fed.vertical is not None:
@@ -185,10 +198,11 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
     cfg_hash = _config_hash(cfg)
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
-    if resume is not None:
-        state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device)
-        if fed.eval_initial and (run_dir / "run_info.json").is_file():
-            saved = json.loads((run_dir / "run_info.json").read_text())
+    digest = data_digest(fed.dataset) if main and (every or resume) else None
+    if resume:
+        state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device, data=digest)
+        if fed.eval_initial:
+            saved = read_json_object(run_dir / "run_info.json", {"initial_evaluation": dict})
             if "initial_evaluation" in saved:
                 fed.info["initial_evaluation"] = saved["initial_evaluation"]
         if fed.ledger is not None and state.ledger is not None:
@@ -208,8 +222,9 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
     bar = Progress(cfg.rounds, state.round, progress and main, cfg.name, primary)
     board = TensorBoard(run_dir / "tensorboard", state.round + 1) if cfg.report.tensorboard and main else None
     try:
-        state = run_rounds(fed, engine, state, run_dir=run_dir, cfg_hash=cfg_hash, rounds=cfg.rounds, last=last,
-                           checkpoint_every=every, progress=bar, on_eval=on_eval, on_row=board, record=main)
+        state = run_rounds(fed, engine, state, run_dir=run_dir, cfg_hash=cfg_hash, data_digest=digest,
+                           rounds=cfg.rounds, last=last, checkpoint_every=every, progress=bar, on_eval=on_eval,
+                           on_row=board, record=main)
     finally:
         if board is not None:
             board.close()

@@ -12,7 +12,7 @@ from trustfl.cli import main
 from trustfl.config.build import build_federation
 from trustfl.config.load import load_config
 from trustfl.engine.federation import EngineState
-from trustfl.engine.loop import load_checkpoint, save_checkpoint
+from trustfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from trustfl.errors import ConfigError
 from trustfl.experiment import _config_hash, run_experiment, with_device
 from trustfl.objectives.builtin import CrossEntropy

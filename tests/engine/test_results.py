@@ -276,7 +276,7 @@ class _RunsCode:
 
 def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path, monkeypatch):
     # resuming a run directory from elsewhere must not unpickle arbitrary objects (torch.load weights_only)
-    from trustfl.engine.loop import load_checkpoint
+    from trustfl.engine.checkpoint import load_checkpoint
     from trustfl.errors import CheckpointError
 
     monkeypatch.chdir(tmp_path)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from trustfl.errors import UsageError
 
@@ -26,6 +29,38 @@ def _clean(value: Any) -> Any:
     return value
 
 
+LOCK = ".trustfl.lock"
+"""The file in a run directory that the process writing the run holds locked (:func:`hold_run_dir`)."""
+
+
+@contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for this process while it writes the run: a second trustfl process that would write the
+    same directory (a second ``--resume``, or ``--overwrite`` of a running run) is refused (UsageError), where it
+    would interleave its rows and checkpoints with this one's. The lock (``flock`` on :data:`LOCK`) goes with the
+    process, so a killed run leaves nothing to clean up; a file system without locks is not locked."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(run_dir / LOCK, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise UsageError(f"{run_dir} is in use: another trustfl process (pid {holder}) is writing a run there. "
+                             f"Wait for it to end, or stop it first.") from None
+        except OSError:  # a file system without locks
+            pass
+        else:
+            handle.truncate(0)
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+        yield
+
+
 def check_out_dir(out: str | Path) -> Path:
     """``out`` as a path for a command's ``--out`` directory, refused (UsageError) when it names a file."""
     path = Path(out)
@@ -35,7 +70,40 @@ def check_out_dir(out: str | Path) -> Path:
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
+    """Write ``data`` as JSON atomically: a reader (``trustfl compare`` beside a running sweep) sees the old file
+    or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+SUMMARY_TYPES = {"name": str, "primary_metric": str, "metrics": list, "rounds": int, "rounds_planned": int}
+"""The ``summary.json`` keys trustfl's readers use, and the type each must have (``metrics``: a list of names)."""
+
+
+def read_json_object(path: Path, types: dict[str, type] | None = None) -> dict[str, Any]:
+    """The JSON object in ``path`` (``{}`` when there is no such file), its keys in ``types`` of those types (a
+    list: of strings).
+
+    Raises:
+      UsageError: the file cannot be read, is not a JSON object, or has a key of another type.
+    """
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UsageError(f"{path} cannot be read as JSON ({err}).") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} must hold a JSON object, found {type(data).__name__}.")
+    for key, kind in (types or {}).items():
+        value = data.get(key)
+        good = value is None or (isinstance(value, kind) and not isinstance(value, bool) and (
+            kind is not list or all(isinstance(v, str) for v in value)))
+        if not good:
+            raise UsageError(f"{path}: `{key}` must be {'a list of names' if kind is list else kind.__name__}, "
+                             f"found {value!r}.")
+    return data
 
 
 def append_metrics(path: Path, row: dict[str, Any]) -> None:
@@ -44,18 +112,36 @@ def append_metrics(path: Path, row: dict[str, Any]) -> None:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` (``[]`` without one). A last line without its newline that is not a
+    whole row is one being written (a running run) or cut short by a crash; it is left out.
+
+    Raises:
+      UsageError: any other line is not a JSON object with a whole ``round`` >= 0.
+    """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
     rows, number = [], 0
     try:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        if lines and not text.endswith("\n") and not _whole_row(lines[-1]):
+            lines.pop()
+        for number, line in enumerate(lines, 1):
             if line.strip():
                 rows.append(json.loads(line))
                 _check_row(rows[-1])
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as err:
         raise UsageError(f"{path} is not a trustfl metrics file (line {number}: {err}).") from None
     return rows
+
+
+def _whole_row(line: str) -> bool:
+    try:
+        _check_row(json.loads(line))
+    except ValueError:
+        return False
+    return True
 
 
 def _check_row(row: Any) -> None:
@@ -74,9 +160,33 @@ def metric_rows(rows: Iterable[dict[str, Any]], metric: str | Sequence[str]) -> 
 
 
 def truncate_metrics(path: Path, last_round: int) -> None:
-    """Keep only rows up to ``last_round`` (a resumed run rewrites what came after its checkpoint)."""
-    rows = [r for r in read_metrics(path.parent) if r.get("round", 0) <= last_round]
+    """Keep only rows up to ``last_round`` (a resumed run rewrites what came after its checkpoint), refusing
+    (UsageError) a file that lacks or repeats any of rounds 1..``last_round`` (rows lost or pasted in since the
+    interrupted run wrote them)."""
+    rows = [r for r in read_metrics(path.parent) if r["round"] <= last_round]
+    rounds = [r["round"] for r in rows]
+    if rounds != list(range(1, last_round + 1)):
+        missing = sorted(set(range(1, last_round + 1)) - set(rounds))
+        repeated = sorted(r for r, count in Counter(rounds).items() if count > 1)
+        found = [f"{label} {_spans(values)}" for label, values in
+                 (("lacks round(s)", missing), ("repeats round(s)", repeated), ("has round", [0] * (0 in rounds)))
+                 if values]
+        what = "; it ".join(found) or "holds its rows out of round order"
+        raise UsageError(f"{path} does not hold one row for each of the {last_round} round(s) the checkpoint has run "
+                         f"(it {what}): the resumed run's history would not be the run's. Restore the file, or start "
+                         f"afresh with --overwrite.")
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _spans(numbers: Sequence[int]) -> str:
+    """``[2, 3, 4, 7]`` as ``"2-4, 7"``."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def write_lines(path: Path, rows: Iterable[dict[str, Any]]) -> None:

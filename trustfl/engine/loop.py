@@ -10,7 +10,6 @@ with the same model.
 """
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -21,58 +20,16 @@ import torch
 from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.runfiles import append_metrics
 from trustfl.engine.base import AbstractEngine
+from trustfl.engine.checkpoint import save_checkpoint
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.errors import CheckpointError
 from trustfl.evaluate.base import evaluate_model
 
-CHECKPOINT = "checkpoint.pt"
 MODEL = "model.pt"
 ROUND_SIZES = ("`cohort.size` or `engine.max_clients_per_batch`, `client.batch_size`, the model, the number of "
                "views")
 """What sizes a round's memory (named when an allocation inside a round fails)."""
 EVAL_SIZES = "the model's outputs, the test and training sets or `engine.eval_batch_size`"
 """What sizes an evaluation's memory (representation evaluators hold the features of both sets)."""
-
-
-def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str) -> None:
-    tmp = run_dir / (CHECKPOINT + ".tmp")
-    torch.save({"config_hash": cfg_hash, "state": dataclasses.asdict(state)}, tmp)
-    tmp.replace(run_dir / CHECKPOINT)
-
-
-def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | str | None = None) -> EngineState:
-    """The :class:`EngineState` saved in ``run_dir``, its tensors on ``map_location`` (the resuming run's device;
-    ``None``: where they were saved), so a run checkpointed on a GPU resumes on the CPU and vice versa.
-
-    The virtual clock (``EngineState.clock``: the asynchronous engine's host-side schedule) stays on the CPU.
-
-    Raises:
-      CheckpointError: no checkpoint, an unreadable file, or one of another configuration.
-    """
-    path = run_dir / CHECKPOINT
-    if not path.is_file():
-        raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: nothing to resume (was checkpoint_every 0?).")
-    try:  # weights_only: tensors, numbers, strings and containers only, so a foreign file cannot run code
-        data = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # a truncated or foreign file
-        raise CheckpointError(f"{path} cannot be read: {err}") from None
-    if data.get("config_hash") != cfg_hash:
-        raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}.")
-    state = data["state"]
-    if map_location is not None and state.get("clock"):
-        state["clock"] = _to_cpu(state["clock"])
-    return EngineState(**state)
-
-
-def _to_cpu(value: Any) -> Any:
-    """``value`` with every tensor in its (nested) dicts, lists and tuples on the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
 
 
 def model_state_dict(fed: Federation, params: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -184,7 +141,7 @@ def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, An
 
 
 def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, run_dir: Path, cfg_hash: str,
-               rounds: int, last: int, checkpoint_every: int, progress: Progress,
+               data_digest: str | None, rounds: int, last: int, checkpoint_every: int, progress: Progress,
                on_eval: Callable[[dict[str, Any]], None] | None = None,
                on_row: Callable[[dict[str, Any]], None] | None = None, record: bool = True) -> EngineState:
     """Run ``engine`` from ``state`` up to round ``last`` (of ``rounds`` planned), writing one row per round and
@@ -210,7 +167,7 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
                 on_eval(row)
             progress.update(row, state.round, evaluated=due)
             if checkpoint_every and (state.round % checkpoint_every == 0 or state.round == last or done):
-                save_checkpoint(run_dir, state, cfg_hash)
+                save_checkpoint(run_dir, state, cfg_hash, data_digest)
     finally:
         progress.close()
     return state

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.config.load import read_toml
+from trustfl.core.runfiles import SUMMARY_TYPES, read_json_object
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
@@ -139,19 +140,11 @@ def load_run(path: str | Path) -> RunRecord:
         raise UsageError(f"{path} has no config.toml: is it a trustfl run directory?")
     config = flatten_config(read_toml(path / "config.toml", "Run config"))
     rows = read_metrics(path)
-    summary = _json(path / "summary.json")
-    info = _json(path / "run_info.json")
+    summary = read_json_object(path / "summary.json", SUMMARY_TYPES)
+    info = read_json_object(path / "run_info.json", {"evaluators": list})
     metrics = summary.get("metrics") or info.get("evaluators") or [
         m for m in ("accuracy", "loss") if any(m in r for r in rows)]
     return RunRecord(path, config, rows, summary, [str(m) for m in metrics])
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 # ------------------------------------------------------------------------------------------------ grouping

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from trustfl.config.load import (apply_override, config_from_dict, config_to_dict, dump_toml, load_config,
                                  parse_override, read_toml)
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.runfiles import check_out_dir
+from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, read_json_object
 from trustfl.errors import CheckpointError, ConfigError, TrustFLError, UsageError
 from trustfl.report.sweep_points import (_MAX_NAME, MAX_POINTS, _digest, _grids, flatten_config, parse_seeds,
                                         point_name)
@@ -291,7 +291,7 @@ def run_sweep(config: str | Path | Mapping[str, Any], grid: Sequence[str] | Mapp
     for point in points:
         if point.action == "skip":
             point.status = "skipped"
-            point.summary = json.loads((point.run_dir / "summary.json").read_text())
+            point.summary = read_json_object(point.run_dir / "summary.json", SUMMARY_TYPES)
     _write_manifest(out, header, points)
     todo = [p for p in points if p.action != "skip"]
     workers = max(1, min(jobs, len(todo)))

@@ -1,12 +1,11 @@
 """Text tables of run metrics (``trustfl report RUN_DIR``): one line per evaluated round."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.errors import TrustFLError
-from trustfl.core.runfiles import metric_rows, read_metrics
+from trustfl.core.runfiles import SUMMARY_TYPES, metric_rows, read_json_object, read_metrics
 from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
@@ -37,8 +36,7 @@ def report_run(run_dir: str | Path) -> str:
     rows = read_metrics(run_dir)
     if not rows:
         raise TrustFLError(f"{run_dir} holds no metrics.jsonl rows: is it a trustfl run directory?")
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_json_object(run_dir / "summary.json", SUMMARY_TYPES)
     metrics = summary.get("metrics") or [m for m in ("accuracy", "loss") if any(m in r for r in rows)]
     plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics)
     text = format_table(metric_rows(rows, metrics) or rows, ("round", *metrics, *_TAIL))

@@ -1,0 +1,232 @@
+"""A run directory read back is checked, never trusted: a damaged checkpoint, a checkpoint of a run on other data,
+a metrics history with rows lost, damaged summaries and a second process writing the same directory are refused
+with one line naming the file, instead of continuing a run that is no longer the one the directory records."""
+import dataclasses
+import io
+import json
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from trustfl.config.load import config_from_dict
+from trustfl.core.runfiles import LOCK, hold_run_dir, read_metrics
+from trustfl.data.datasets import load_dataset
+from trustfl.engine.checkpoint import CHECKPOINT, data_digest, load_checkpoint, save_checkpoint
+from trustfl.errors import CheckpointError, UsageError
+from trustfl.experiment import run_experiment
+from trustfl.report.compare import compare_runs
+from trustfl.report.table import report_run
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _cfg(rounds=4, **data):
+    return config_from_dict({"name": "integrity", "seed": 3, "rounds": rounds,
+                             "data": {"dataset": "digits", "num_clients": 3, **data},
+                             "model": {"name": "mlp", "hidden": [8]},
+                             "client": {"steps": 2, "batch_size": 16, "lr": 0.1},
+                             "engine": {"checkpoint_every": 1, "eval_every": 2}})
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    return run_experiment(_cfg(), tmp_path_factory.mktemp("full") / "run", progress=False, plots=False)
+
+
+@pytest.fixture
+def half(tmp_path):
+    """The same run interrupted after round 2 (checkpointed there)."""
+    return run_experiment(_cfg(), tmp_path / "half", progress=False, plots=False, stop_after=2).run_dir
+
+
+def _resume(run_dir):
+    return run_experiment(None, resume=run_dir, progress=False, plots=False)
+
+
+def _record_offset(path, name):
+    """Where the bytes of zip record ``name`` start in ``path``."""
+    raw = path.read_bytes()
+    info = zipfile.ZipFile(io.BytesIO(raw)).getinfo(name)
+    name_len, extra_len = np.frombuffer(raw[info.header_offset + 26:info.header_offset + 30], dtype="<u2")
+    return info.header_offset + 30 + int(name_len) + int(extra_len)
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoint
+def test_a_flipped_bit_in_the_checkpoints_tensors_is_refused(half, full):
+    path = half / CHECKPOINT
+    names = zipfile.ZipFile(path).namelist()
+    tensor = max((n for n in names if "/data/" in n), key=lambda n: zipfile.ZipFile(path).getinfo(n).file_size)
+    raw = bytearray(path.read_bytes())
+    raw[_record_offset(path, tensor) + 17] ^= 0x04  # one bit of the largest tensor: torch.load alone takes it
+    path.write_bytes(bytes(raw))
+    assert isinstance(torch.load(path, weights_only=True), dict)
+    with pytest.raises(CheckpointError, match=f"is damaged: its record '{tensor}' fails its CRC-32 check"):
+        _resume(half)
+
+
+def test_a_checkpoint_cut_short_is_refused(half):
+    path = half / CHECKPOINT
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(CheckpointError, match="cannot be read: it is not a whole checkpoint"):
+        _resume(half)
+
+
+def test_a_checkpoint_is_written_with_crcs_even_where_the_process_turned_them_off(tmp_path):
+    state = run_experiment(_cfg(rounds=1), tmp_path / "one", progress=False, plots=False)
+    loaded = load_checkpoint(state.run_dir, _hash(state.run_dir))
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        save_checkpoint(tmp_path, loaded, "h", None)
+    finally:
+        torch.serialization.set_crc32_options(before)
+    assert torch.serialization.get_crc32_options() == before
+    assert all(i.CRC for i in zipfile.ZipFile(tmp_path / CHECKPOINT).infolist() if i.file_size)
+    assert torch.equal(load_checkpoint(tmp_path, "h").params, loaded.params)
+
+
+def _hash(run_dir):
+    return torch.load(run_dir / CHECKPOINT, weights_only=True)["config_hash"]
+
+
+# ---------------------------------------------------------------------------------------------------------- data
+def _write_csv(path, x, y):
+    path.write_text("a,b,c,label\n" + "".join(",".join(map(repr, map(float, r))) + f",{t}\n" for r, t in zip(x, y)))
+
+
+def test_resuming_on_an_edited_data_file_is_refused_and_on_the_same_data_equals_the_whole_run(tmp_path,
+                                                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 3))
+    y = (x[:, 0] + x[:, 1] > 0).astype(int)
+    _write_csv(tmp_path / "rows.csv", x, y)
+    cfg = config_from_dict({"name": "csv", "seed": 1, "rounds": 4,
+                            "data": {"dataset": "csv", "path": "rows.csv", "num_clients": 2},
+                            "model": {"name": "logreg"}, "client": {"steps": 2, "batch_size": 8, "lr": 0.1},
+                            "engine": {"checkpoint_every": 1}})
+    whole = run_experiment(cfg, "whole", progress=False, plots=False)
+    half = run_experiment(cfg, "half", progress=False, plots=False, stop_after=2).run_dir
+    edited = x.copy()
+    edited[7, 2] += 0.5
+    _write_csv(tmp_path / "rows.csv", edited, y)
+    with pytest.raises(CheckpointError, match="was written by a run on other data than this configuration loads"):
+        _resume(half)
+    assert [r["round"] for r in read_metrics(half)] == [1, 2]  # refused before anything was written
+    _write_csv(tmp_path / "rows.csv", x, y)
+    resumed = _resume(half)
+    assert torch.equal(resumed.params, whole.params)
+
+
+def test_the_data_digest_sees_every_split_and_nothing_else():
+    data = load_dataset("digits", None, seed=0)
+    reference = data_digest(data)
+    assert len(reference) == 64 and data_digest(load_dataset("digits", None, seed=0)) == reference
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        changed = dataclasses.replace(data, **{name: getattr(data, name).clone()})
+        getattr(changed, name).view(-1)[-1] += 1
+        assert data_digest(changed) != reference, name
+    reshaped = dataclasses.replace(data, train_x=data.train_x.reshape(-1, 8, 8), test_x=data.test_x.reshape(-1, 8, 8),
+                                   input_shape=(8, 8))
+    assert data_digest(reshaped) != reference  # the same bytes in another shape are other data
+    owners = dataclasses.replace(data, train_groups=torch.zeros(len(data.train_y), dtype=torch.int64))
+    assert data_digest(owners) != reference
+    assert data_digest(dataclasses.replace(data, source="elsewhere", metadata={"path": "x"})) == reference
+
+
+def test_a_checkpoint_from_before_data_digests_still_resumes(half, full):
+    saved = torch.load(half / CHECKPOINT, weights_only=True)
+    del saved["data_digest"]
+    torch.save(saved, half / CHECKPOINT)
+    assert torch.equal(_resume(half).params, full.params)
+
+
+# ------------------------------------------------------------------------------------------------------- metrics
+@pytest.mark.parametrize("keep, fragment", [
+    ([], "it lacks round\\(s\\) 1-2"),
+    ([0], "it lacks round\\(s\\) 2"),
+    ([0, 1, 1], "it repeats round\\(s\\) 2"),
+    ([1, 0], "holds its rows out of round order"),
+])
+def test_a_metrics_history_with_rows_lost_or_pasted_in_is_refused(half, keep, fragment):
+    path = half / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[i] for i in keep))
+    with pytest.raises(UsageError, match=f"does not hold one row for each of the 2 round\\(s\\).*{fragment}"):
+        _resume(half)
+
+
+def test_a_row_cut_short_by_a_crash_is_left_out_and_the_resumed_run_equals_the_whole_run(half, full):
+    path = half / "metrics.jsonl"
+    path.write_text(path.read_text() + '{"round": 3, "accur')  # round 3 was being written when the process died
+    assert [r["round"] for r in read_metrics(half)] == [1, 2]
+    resumed = _resume(half)
+    drop = ("wall_time_s",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.rows] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in full.rows]
+    assert torch.equal(resumed.params, full.params)
+
+
+def test_a_cut_line_before_the_last_is_still_an_error(half):
+    path = half / "metrics.jsonl"
+    first, second = path.read_text().splitlines()
+    path.write_text(first[:10] + "\n" + second + "\n")
+    with pytest.raises(UsageError, match="is not a trustfl metrics file \\(line 1"):
+        read_metrics(half)
+
+
+# ------------------------------------------------------------------------------------------------------- summary
+@pytest.mark.parametrize("text, fragment", [
+    ("{half", "cannot be read as JSON"),
+    ("[1, 2]", "must hold a JSON object, found list"),
+    ('{"metrics": 5}', "`metrics` must be a list of names, found 5"),
+    ('{"metrics": ["accuracy", 3]}', "`metrics` must be a list of names"),
+    ('{"rounds": "4"}', "`rounds` must be int, found '4'"),
+    ('{"rounds": true}', "`rounds` must be int, found True"),
+])
+def test_report_and_compare_refuse_a_damaged_summary_by_name(tmp_path, full, text, fragment):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(full.run_dir, run)
+    (run / "summary.json").write_text(text)
+    for read in (report_run, lambda d: compare_runs([d], out=tmp_path / "cmp", plots=False)):
+        with pytest.raises(UsageError, match=f"summary.json.*{fragment}"):
+            read(run)
+
+
+def test_the_cli_names_a_damaged_summary_in_one_line(tmp_path, full):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(full.run_dir, run)
+    (run / "summary.json").write_text("[]")
+    done = subprocess.run([sys.executable, "-m", "trustfl", "report", str(run)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [f"trustfl: error: {run / 'summary.json'} must hold a JSON object, "
+                                                f"found list."]
+
+
+def test_summaries_are_written_whole(full):
+    assert json.loads((full.run_dir / "summary.json").read_text())["rounds"] == 4
+    assert not list(full.run_dir.glob("*.tmp"))
+
+
+# ---------------------------------------------------------------------------------------------------------- lock
+def test_a_second_writer_of_a_run_directory_is_refused_and_the_run_left_whole(half, full):
+    before = (half / CHECKPOINT).read_bytes(), (half / "metrics.jsonl").read_text()
+    with hold_run_dir(half):
+        assert (half / LOCK).read_text().strip().isdigit()
+        with pytest.raises(UsageError, match=f"{half} is in use: another trustfl process \\(pid \\d+\\)"):
+            _resume(half)
+        cli = [sys.executable, "-m", "trustfl", "run", "--quiet"]
+        for args in (["--resume", str(half)], ["--out", str(half), "--overwrite", str(half / "config.toml")]):
+            done = subprocess.run(cli + args, capture_output=True, text=True)
+            assert done.returncode == 2 and "is in use: another trustfl process" in done.stderr, args
+            assert len(done.stderr.strip().splitlines()) == 1
+        assert ((half / CHECKPOINT).read_bytes(), (half / "metrics.jsonl").read_text()) == before
+    assert torch.equal(_resume(half).params, full.params)  # the lock goes with its holder

@@ -1,0 +1,117 @@
+"""``checkpoint.pt``: the whole :class:`EngineState` of a run, and what a resume checks before trusting it.
+
+A checkpoint is stamped with the configuration's hash and a digest of the data the run trained on
+(:func:`data_digest`). Resuming refuses a file whose zip records fail their CRC-32 (damaged after it was written),
+one of another configuration, and one whose run started on other data: an edited data file, or a fallback data set
+where the real one has since been fetched, would otherwise continue the run on different data without a word.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from trustfl.data.datasets import Dataset
+from trustfl.engine.federation import EngineState
+from trustfl.errors import CheckpointError
+
+CHECKPOINT = "checkpoint.pt"
+_DATA_FIELDS = ("train_x", "train_y", "test_x", "test_y", "train_groups")
+
+
+def data_digest(dataset: Dataset) -> str:
+    """SHA-256 of the data set's tensors (dtype, shape and bytes of each split, and the training rows' owners):
+    equal for the same data on any device."""
+    digest = hashlib.sha256()
+    for name in _DATA_FIELDS:
+        tensor = getattr(dataset, name)
+        if tensor is None:
+            digest.update(f"{name}:none;".encode())
+            continue
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        if tensor.numel():
+            digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+@contextmanager
+def _with_crc32() -> Iterator[None]:
+    """torch.save writing each record's CRC-32 (its default; a process may have turned it off), which
+    :func:`load_checkpoint` checks."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(True)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
+def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str, data: str | None = None) -> None:
+    """Write ``state`` to ``run_dir/checkpoint.pt`` atomically, stamped with ``cfg_hash`` and the data digest
+    ``data`` (:func:`data_digest`; ``None``: unchecked at resume)."""
+    tmp = run_dir / (CHECKPOINT + ".tmp")
+    with _with_crc32():
+        torch.save({"config_hash": cfg_hash, "data_digest": data, "state": dataclasses.asdict(state)}, tmp)
+    tmp.replace(run_dir / CHECKPOINT)
+
+
+def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | str | None = None,
+                    data: str | None = None) -> EngineState:
+    """The :class:`EngineState` saved in ``run_dir``, its tensors on ``map_location`` (the resuming run's device;
+    ``None``: where they were saved), so a run checkpointed on a GPU resumes on the CPU and vice versa.
+
+    The virtual clock (``EngineState.clock``: the asynchronous engine's host-side schedule) stays on the CPU.
+
+    Raises:
+      CheckpointError: no checkpoint, an unreadable or damaged file, one of another configuration, or one whose run
+        trained on other data than ``data`` (a :func:`data_digest`; checked when both it and the file have one).
+    """
+    path = run_dir / CHECKPOINT
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: nothing to resume (was checkpoint_every 0?).")
+    _check_records(path)
+    try:  # weights_only: tensors, numbers, strings and containers only, so a foreign file cannot run code
+        saved = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # a foreign file
+        raise CheckpointError(f"{path} cannot be read: {err}") from None
+    if not isinstance(saved, dict) or saved.get("config_hash") != cfg_hash:
+        raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}.")
+    if data is not None and saved.get("data_digest") not in (None, data):
+        raise CheckpointError(f"{path} was written by a run on other data than this configuration loads now (the "
+                              f"data set's contents differ: an edited `data.path` file, another `--data-dir`, or a "
+                              f"fallback data set where the real one is now present); resuming would continue on "
+                              f"different data. Restore the data, or start afresh with --overwrite.")
+    state = saved["state"]
+    if map_location is not None and state.get("clock"):
+        state["clock"] = _to_cpu(state["clock"])
+    return EngineState(**state)
+
+
+def _check_records(path: Path) -> None:
+    """Refuse a checkpoint that is not a whole zip archive or whose records fail their CRC-32."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise CheckpointError(f"{path} cannot be read: it is not a whole checkpoint ({err}); it was cut short or "
+                              f"is not a trustfl checkpoint.") from None
+    if damaged is not None:
+        raise CheckpointError(f"{path} is damaged: its record {damaged!r} fails its CRC-32 check (the file changed "
+                              f"after it was written). Resume from a copy, or start afresh with --overwrite.")
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in its (nested) dicts, lists and tuples on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
