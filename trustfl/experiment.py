@@ -41,7 +41,7 @@ from trustfl.engine.loop import MODEL, Progress, all_rejected, evaluate, metric_
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.core.runfiles import (hold_run_dir, metric_rows, read_json_object, read_metrics, truncate_metrics,
-                                   write_json)
+                                   write_json, writing)
 from trustfl.report.plots import plot_run
 
 __all__ = ["CHECKPOINT", "MODEL", "RunResult", "default_run_dir", "load_checkpoint", "run_config_file",
@@ -174,9 +174,10 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
     if resume is None:
         run_dir = Path(out) if out is not None else default_run_dir(cfg)
         if main:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            with writing(run_dir):
+                run_dir.mkdir(parents=True, exist_ok=True)
         run_dir = from_main(ranks, run_dir)  # the default name holds rank 0's clock
-    with hold_run_dir(run_dir) if main else nullcontext():
+    with writing(run_dir), hold_run_dir(run_dir) if main else nullcontext():
         return _train(cfg, run_dir, ranks, resume=resume is not None, data_dir=data_dir, progress=progress,
                       checkpoint_every=checkpoint_every, stop_after=stop_after, on_eval=on_eval, plots=plots,
                       engine=engine)

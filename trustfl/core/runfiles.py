@@ -8,6 +8,7 @@ rounds (every ``engine.eval_every`` rounds and the last one). A metric's curve i
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -59,6 +60,26 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
             handle.write(f"{os.getpid()}\n")
             handle.flush()
         yield
+
+
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM})
+"""Errors of writing a file that name no file (a full disk, a quota, a read-only file system)."""
+
+
+@contextmanager
+def writing(run_dir: Path) -> Iterator[None]:
+    """An OSError of writing into ``run_dir`` (a run, sweep or comparison directory: read-only, a full disk, a
+    folder where a file goes) as a UsageError naming the file, instead of a traceback; errors about other files
+    pass through."""
+    try:
+        yield
+    except OSError as err:
+        name = err.filename
+        inside = name is not None and Path(os.path.abspath(name)).is_relative_to(Path(os.path.abspath(run_dir)))
+        if not inside and not (name is None and err.errno in WRITE_ERRNOS):
+            raise
+        raise UsageError(f"cannot write {name or f'into {run_dir}'}: {err.strerror or err} (the directory must be "
+                         f"writable, and its disk have room).") from None
 
 
 def check_out_dir(out: str | Path) -> Path:

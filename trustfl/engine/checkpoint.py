@@ -55,10 +55,19 @@ def _with_crc32() -> Iterator[None]:
 def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str, data: str | None = None) -> None:
     """Write ``state`` to ``run_dir/checkpoint.pt`` atomically, stamped with ``cfg_hash`` and the data digest
     ``data`` (:func:`data_digest`; ``None``: unchecked at resume)."""
-    tmp = run_dir / (CHECKPOINT + ".tmp")
     with _with_crc32():
-        torch.save({"config_hash": cfg_hash, "data_digest": data, "state": dataclasses.asdict(state)}, tmp)
-    tmp.replace(run_dir / CHECKPOINT)
+        save_atomically({"config_hash": cfg_hash, "data_digest": data, "state": dataclasses.asdict(state)},
+                        run_dir / CHECKPOINT)
+
+
+def save_atomically(obj: Any, path: Path) -> None:
+    """``torch.save(obj)`` to ``path`` through a temporary file renamed over it, so a reader never sees half a
+    file; written through a Python file object, so a full disk or a read-only folder is an OSError naming
+    the file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        torch.save(obj, handle)
+    tmp.replace(path)
 
 
 def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | str | None = None,

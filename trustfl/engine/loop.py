@@ -20,7 +20,7 @@ import torch
 from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.runfiles import append_metrics
 from trustfl.engine.base import AbstractEngine
-from trustfl.engine.checkpoint import save_checkpoint
+from trustfl.engine.checkpoint import save_atomically, save_checkpoint
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.evaluate.base import evaluate_model
 
@@ -42,10 +42,8 @@ def model_state_dict(fed: Federation, params: torch.Tensor) -> dict[str, torch.T
 
 def save_model(run_dir: Path, fed: Federation, params: torch.Tensor) -> Path:
     """Write ``model.pt``: :func:`model_state_dict` of ``params``, loadable with ``torch.load`` alone."""
-    path, tmp = run_dir / MODEL, run_dir / (MODEL + ".tmp")
-    torch.save(model_state_dict(fed, params), tmp)
-    tmp.replace(path)
-    return path
+    save_atomically(model_state_dict(fed, params), run_dir / MODEL)
+    return run_dir / MODEL
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.config.load import read_toml
-from trustfl.core.runfiles import SUMMARY_TYPES, read_json_object
+from trustfl.core.runfiles import SUMMARY_TYPES, read_json_object, writing
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
@@ -242,11 +242,12 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
             target.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise UsageError(f"--out: cannot create {str(target)!r}: {err.strerror or err}.") from None
-        (target / "compare.md").write_text(markdown + "\n")
-        (target / "compare.csv").write_text(format_csv(rows, varied, columns))
-        result.files = [target / "compare.md", target / "compare.csv"]
-        if plots:
-            result.files += plot_groups(rows, groups, primary, target)
+        with writing(target):
+            (target / "compare.md").write_text(markdown + "\n")
+            (target / "compare.csv").write_text(format_csv(rows, varied, columns))
+            result.files = [target / "compare.md", target / "compare.csv"]
+            if plots:
+                result.files += plot_groups(rows, groups, primary, target)
     return result
 
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from trustfl.config.load import (apply_override, config_from_dict, config_to_dict, dump_toml, load_config,
                                  parse_override, read_toml)
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, read_json_object
+from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, read_json_object, writing
 from trustfl.errors import CheckpointError, ConfigError, TrustFLError, UsageError
 from trustfl.report.sweep_points import (_MAX_NAME, MAX_POINTS, _digest, _grids, flatten_config, parse_seeds,
                                         point_name)
@@ -189,8 +189,9 @@ def _execute(task: dict[str, Any]) -> dict[str, Any]:
 def _write_manifest(out: Path, header: dict[str, Any], points: list[SweepPoint]) -> None:
     data = {**header, "points": [p.manifest() for p in points]}
     tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(out / MANIFEST)
+    with writing(out):
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.replace(out / MANIFEST)
 
 
 def _fmt(value: Any) -> str:
@@ -312,8 +313,9 @@ def run_sweep(config: str | Path | Mapping[str, Any], grid: Sequence[str] | Mapp
 
     tasks = {id(p): {"run_dir": str(p.run_dir), "action": p.action, "config": p.config, "data_dir": data_dir,
                      "threads": threads} for p in todo}
-    for p in todo:
-        p.run_dir.mkdir(parents=True, exist_ok=True)
+    with writing(out):
+        for p in todo:
+            p.run_dir.mkdir(parents=True, exist_ok=True)
     if jobs == 1 or len(todo) <= 1:
         for point in todo:
             finish(point, _execute(tasks[id(point)]))

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.errors import TrustFLError
-from trustfl.core.runfiles import SUMMARY_TYPES, metric_rows, read_json_object, read_metrics
+from trustfl.core.runfiles import SUMMARY_TYPES, metric_rows, read_json_object, read_metrics, writing
 from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
@@ -38,7 +38,8 @@ def report_run(run_dir: str | Path) -> str:
         raise TrustFLError(f"{run_dir} holds no metrics.jsonl rows: is it a trustfl run directory?")
     summary = read_json_object(run_dir / "summary.json", SUMMARY_TYPES)
     metrics = summary.get("metrics") or [m for m in ("accuracy", "loss") if any(m in r for r in rows)]
-    plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics)
+    with writing(run_dir):
+        plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics)
     text = format_table(metric_rows(rows, metrics) or rows, ("round", *metrics, *_TAIL))
     if summary:
         primary = summary.get("primary_metric", "accuracy")
