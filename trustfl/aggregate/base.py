@@ -261,3 +261,11 @@ class Mean(AbstractAggregator):
 def require_f(f: int, name: str = "f") -> None:
     """Validate a Byzantine bound at construction."""
     check_number(name, f, integer=True, low=0)
+
+
+def aggregator_name(aggregator: AbstractAggregator) -> str:
+    """``aggregator 'cwtm'``, or ``aggregator 'cwtm' after pre-aggregator 'nnm'`` for a :class:`PreAggregated`."""
+    if not isinstance(aggregator, PreAggregated):
+        return component_name("aggregator", aggregator)
+    return f"{component_name('aggregator', aggregator.inner)} after " + \
+        ", ".join(component_name("pre_aggregator", p) for p in aggregator.pre)

@@ -18,7 +18,7 @@ from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerEx
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.device import device_info, on_device, resolve_engine_device
 from trustfl.config.inert import check_inert_settings
-from trustfl.config.model import build_config_model
+from trustfl.config.model import build_config_model, check_model_fits
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
@@ -235,6 +235,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                          blocks=None if blocks is None else [b.tolist() for b in blocks])
     model.to(device)  # built and seeded on the CPU (the same values on every device), then moved once
     check_model_outputs(evaluators, model)
+    if not vertical:
+        check_model_fits(cfg, model, objective, dataset, info["objective"])
     params = {k: v.detach() for k, v in model.named_parameters()}
     layout = ParamLayout.of(params)
     info["num_parameters"] = layout.numel

@@ -13,6 +13,7 @@ from trustfl.core.rng import derive_seed
 from trustfl.data.datasets import Dataset
 from trustfl.errors import ConfigError, DataError, RegistryError, ResourceError, TrustFLError
 from trustfl.models.zoo import build_model
+from trustfl.objectives.base import AbstractObjective
 from trustfl.types import ParamLayout
 
 
@@ -104,3 +105,43 @@ def load_initial_weights(model: torch.nn.Module, source: str, name: str = "") ->
         for k, v in own.items():
             if k in loaded:
                 v.copy_(loaded[k])
+
+
+SUPERVISED_TASKS = ("classification", "regression", "multilabel")
+
+
+def check_model_fits(cfg: ExperimentConfig, model: torch.nn.Module, objective: AbstractObjective,
+                     dataset: Dataset, objective_name: str) -> None:
+    """Refuse (ConfigError naming ``model``) a model with no trainable parameters, or whose outputs for two
+    training examples the supervised ``objective`` cannot turn into two losses (e.g. 3 outputs for 10 classes),
+    before any round runs. The probe runs in eval mode without gradients, so it changes no buffer and draws
+    nothing."""
+    who = f"`model` ({cfg.model.name!r})"
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{who} has no trainable parameters: federated training would have nothing to learn.")
+    x, y = (dataset.train_x, dataset.train_y) if len(dataset.train_x) else (dataset.test_x, dataset.test_y)
+    if objective.task not in SUPERVISED_TASKS or objective.batch_coupled or objective.input_key != "x" or not len(x):
+        return
+    device = next(model.parameters()).device
+    batch = {"x": x[:2].to(device), "y": y[:2].to(device)}
+    needed = objective.num_outputs(dataset.train_y, dataset.num_classes)
+    fit = f"objective {objective_name!r} on this data needs {needed} output(s) per example"
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            outputs = objective.forward(model, {k: v.detach() for k, v in model.named_parameters()}, batch)
+            if not isinstance(outputs, torch.Tensor) or outputs.shape[:1] != (2,) or outputs[0].numel() != needed:
+                found = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+                raise ConfigError(f"{who} gives outputs of shape {found} for 2 examples; {fit}.")
+            losses = objective.losses(outputs, batch)
+    except ConfigError:
+        raise
+    except (RuntimeError, IndexError, ValueError, TypeError) as err:
+        raise ConfigError(f"{who} fails on 2 training examples ({fit}): {str(err).splitlines()[0]}") from None
+    finally:
+        model.train(training)
+    if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (2,):
+        found = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+        raise ConfigError(f"{who}: objective {objective_name!r} gives losses of shape {found} for its "
+                          f"outputs of shape {tuple(outputs.shape)} for 2 examples; it must give (2,).")

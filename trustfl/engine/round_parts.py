@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from trustfl.aggregate.base import aggregator_name
 from trustfl.client.state import ClientStateStore
 from trustfl.core.finite import finite_rows
 from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.executors import ClientResults
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import ClientPlan, num_local_steps, step_event
-from trustfl.types import CohortContext, RoundContext
+from trustfl.errors import ConfigError
+from trustfl.types import CohortContext, RoundContext, StageOut
 
 if TYPE_CHECKING:
     from dp_accounting import dp_event
@@ -259,6 +261,30 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
     return conclude(fed, state, arrivals, bytes_down, metrics, uplink.scale, extra_bytes_up)
 
 
+def check_update(out: Any, who: str, params: torch.Tensor, r: int, n: int) -> None:
+    """Refuse (ConfigError naming the part) what an aggregator or the server stages return unless it is a
+    StageOut whose ``x`` is a finite vector of the model's shape, dtype and device and whose tensor metrics hold one
+    number each: a part of your own that breaks this would otherwise crash a later round or corrupt the model.
+    Built-in parts always meet it (finite rows in, finite aggregate out)."""
+    def fail(problem: str) -> None:
+        raise ConfigError(f"{who} {problem} in round {r + 1} (from {n} finite messages); it must return a "
+                          f"StageOut whose `x` is a finite tensor of shape ({params.numel()},), {params.dtype} on "
+                          f"{params.device}: the model's.")
+
+    if not isinstance(out, StageOut):
+        fail(f"returned a {type(out).__name__}, not a StageOut")
+    x = out.x
+    if not isinstance(x, torch.Tensor) or x.shape != params.shape or x.dtype != params.dtype \
+            or x.device != params.device:
+        found = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+        fail(f"returned `x` = {found}")
+    if not bool(torch.isfinite(x).all()):
+        fail("returned non-finite values (NaN or ±inf)")
+    for key, value in out.metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            fail(f"returned metric {key!r} as a tensor of shape {tuple(value.shape)}, not one number")
+
+
 def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down: int, metrics: dict[str, Any],
              scale: float | torch.Tensor = 1.0, extra_bytes_up: int = 0) -> tuple[EngineState, dict[str, Any]]:
     """The server's half of a round: screening → aggregation → server stages → server optimizer → shared
@@ -301,8 +327,10 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
         keep = torch.nonzero(accepted).flatten()
         ctx = context(fed, r, cohort, weights_all).select(keep)
         agg = fed.aggregator.apply(stacked if rejected == 0 else stacked[keep], state.aggregator, ctx)
+        check_update(agg, aggregator_name(fed.aggregator), state.params, r, usable)
         stage_metrics.update({f"aggregator/{k}": v for k, v in agg.metrics.items()})
         srv = fed.server_stages.apply(agg.x, state.server_stages, ctx)
+        check_update(srv, "`server_stages`", state.params, r, usable)
         events.extend(srv.events)
         stage_metrics.update(srv.metrics)
         step = srv.x if isinstance(scale, float) and scale == 1.0 else srv.x * scale

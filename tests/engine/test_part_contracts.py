@@ -1,0 +1,162 @@
+"""Parts of your own are checked where the engine takes their output: a model whose outputs the objective cannot
+use, or with nothing to train, is refused when the run is built; an aggregator or server stage that returns a
+wrong shape, dtype, type, non-finite values or a metric that is not one number is refused in the round it does,
+naming the part, before the model takes the step (they crashed a later round, or left a NaN model)."""
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from trustfl.aggregate.base import AbstractAggregator
+from trustfl.config.build import build_federation
+from trustfl.config.load import config_from_dict
+from trustfl.core import registry
+from trustfl.errors import ConfigError
+from trustfl.experiment import run_experiment
+from trustfl.core.stage import AbstractStage
+from trustfl.types import StageOut
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _cfg(**over):
+    data = {"name": "contracts", "seed": 0, "rounds": 2, "data": {"dataset": "digits", "num_clients": 4},
+            "model": {"name": "mlp", "hidden": [8]}, "client": {"steps": 1, "batch_size": 16},
+            "engine": {"checkpoint_every": 0}, **over}
+    return config_from_dict(data)
+
+
+def _register(monkeypatch, kind, name, factory):
+    monkeypatch.setitem(registry._REGISTRY.setdefault(kind, {}), name, factory)
+
+
+def _aggregator(result):
+    @dataclass(frozen=True)
+    class Rule(AbstractAggregator):
+        def apply(self, x, state, ctx):
+            return result(x, state)
+    return Rule
+
+
+BROKEN_RULES = {
+    "short": (lambda x, s: StageOut(x.mean(0)[:-1], s), r"returned `x` = \(609,\), torch.float32 on cpu"),
+    "float64": (lambda x, s: StageOut(x.mean(0).double(), s), r"returned `x` = \(610,\), torch.float64"),
+    "bare tensor": (lambda x, s: x.mean(0), "returned a Tensor, not a StageOut"),
+    "nan": (lambda x, s: StageOut(x.mean(0) * float("nan"), s), r"returned non-finite values \(NaN or ±inf\)"),
+    "inf": (lambda x, s: StageOut(x.mean(0) + float("inf"), s), "returned non-finite values"),
+    "vector metric": (lambda x, s: StageOut(x.mean(0), s, {"norms": x.norm(dim=1)}),
+                      r"returned metric 'norms' as a tensor of shape \(4,\), not one number"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_RULES)
+def test_an_aggregator_of_your_own_that_breaks_its_contract_is_named(monkeypatch, tmp_path, case):
+    result, fragment = BROKEN_RULES[case]
+    _register(monkeypatch, "aggregator", "contract_test_rule", _aggregator(result))
+    cfg = _cfg(aggregator={"name": "contract_test_rule"}, cohort={"sampler": "all"})
+    with pytest.raises(ConfigError, match=f"^aggregator 'contract_test_rule' {fragment}.* in round 1 \\(from 4 "
+                                          f"finite messages\\); it must return a StageOut whose `x` is a finite "
+                                          f"tensor of shape \\(610,\\), torch.float32 on cpu"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
+def test_a_rule_that_meets_the_contract_runs_and_keeps_its_scalar_metrics(monkeypatch, tmp_path):
+    fine = _aggregator(lambda x, s: StageOut(x.mean(0), s, {"spread": x.std(0).mean(), "n": x.shape[0]}))
+    _register(monkeypatch, "aggregator", "contract_test_rule", fine)
+    cfg = _cfg(aggregator={"name": "contract_test_rule"}, cohort={"sampler": "all"})
+    rows = run_experiment(cfg, tmp_path / "run", progress=False, plots=False).rows
+    plain = run_experiment(_cfg(cohort={"sampler": "all"}), tmp_path / "mean", progress=False, plots=False).rows
+    assert [r["accuracy"] for r in rows if "accuracy" in r] == [r["accuracy"] for r in plain if "accuracy" in r]
+    assert [r["aggregator/n"] for r in rows] == [4.0, 4.0] and all(r["aggregator/spread"] > 0 for r in rows)
+
+
+def test_a_server_stage_of_your_own_that_returns_another_shape_is_named(monkeypatch, tmp_path):
+    @dataclass(frozen=True)
+    class Doubling(AbstractStage):
+        def apply(self, x, state, ctx):
+            return StageOut(torch.cat([x, x]), state)
+
+    _register(monkeypatch, "server_stage", "contract_test_stage", Doubling)
+    cfg = _cfg(server_stages=[{"name": "contract_test_stage"}])
+    with pytest.raises(ConfigError, match=r"^`server_stages` returned `x` = \(1220,\), torch.float32 on cpu in round "
+                                          r"1"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
+# ---------------------------------------------------------------------------------------------------------- models
+class ThreeOutputs(nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.linear = nn.Linear(input_shape[-1], 3)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+
+class Frozen(nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.linear = nn.Linear(input_shape[-1], num_classes).requires_grad_(False)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+
+class Pooled(nn.Module):
+    """Averages over the batch: one output row for any number of examples."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.linear = nn.Linear(input_shape[-1], num_classes)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1)).mean(0, keepdim=True)
+
+
+class Normed(nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(input_shape[-1])
+        self.linear = nn.Linear(input_shape[-1], num_classes)
+
+    def forward(self, x):
+        return self.linear(self.norm(x.flatten(1)))
+
+
+@pytest.mark.parametrize("model, over, fragment", [
+    (ThreeOutputs, {}, r"gives outputs of shape \(2, 3\) for 2 examples; objective 'cross_entropy' on this data needs "
+                       r"10 output\(s\) per example"),
+    (Pooled, {}, r"gives outputs of shape \(1, 10\) for 2 examples"),
+    (Frozen, {}, "has no trainable parameters"),
+    (ThreeOutputs, {"data": {"dataset": "diabetes", "num_clients": 4}},
+     r"gives outputs of shape \(2, 3\) for 2 examples; objective 'mse' on this data needs 1 output"),
+])
+def test_a_model_the_objective_cannot_use_is_refused_when_the_run_is_built(monkeypatch, model, over, fragment):
+    _register(monkeypatch, "model", "contract_test_model", model)
+    cfg = _cfg(model={"name": "contract_test_model"}, **over)
+    with pytest.raises(ConfigError, match=f"^`model` \\('contract_test_model'\\) {fragment}"):
+        build_federation(cfg)
+
+
+def test_the_probe_changes_no_buffer_and_leaves_the_training_mode(monkeypatch):
+    _register(monkeypatch, "model", "contract_test_model", Normed)
+    fed = build_federation(_cfg(model={"name": "contract_test_model"}))
+    assert fed.model.training
+    assert int(fed.model.norm.num_batches_tracked) == 0
+    assert torch.equal(fed.model.norm.running_mean, torch.zeros(64))
+
+
+def test_a_pre_aggregator_of_your_own_is_named_beside_the_rule(monkeypatch, tmp_path):
+    from trustfl.aggregate.base import AbstractPreAggregator
+
+    @dataclass(frozen=True)
+    class Poisoning(AbstractPreAggregator):
+        def apply(self, x, state, ctx):
+            return StageOut(x * float("nan"), state)
+
+    _register(monkeypatch, "pre_aggregator", "contract_test_pre", Poisoning)
+    cfg = _cfg(aggregator={"name": "cwmed"}, pre_aggregators=[{"name": "contract_test_pre"}])
+    with pytest.raises(ConfigError, match="^aggregator 'cwmed' after pre_aggregator 'contract_test_pre' returned "
+                                          "non-finite values"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
