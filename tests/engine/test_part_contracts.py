@@ -79,8 +79,8 @@ def test_a_server_stage_of_your_own_that_returns_another_shape_is_named(monkeypa
 
     _register(monkeypatch, "server_stage", "contract_test_stage", Doubling)
     cfg = _cfg(server_stages=[{"name": "contract_test_stage"}])
-    with pytest.raises(ConfigError, match=r"^`server_stages` returned `x` = \(1220,\), torch.float32 on cpu in round "
-                                          r"1"):
+    with pytest.raises(ConfigError, match=r"^stage .contract_test_stage. returned `x` = \(1220,\), torch.float32 "
+                                          r"on cpu; a stage must return a StageOut"):
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
 
 
@@ -160,3 +160,39 @@ def test_a_pre_aggregator_of_your_own_is_named_beside_the_rule(monkeypatch, tmp_
     with pytest.raises(ConfigError, match="^aggregator 'cwmed' after pre_aggregator 'contract_test_pre' returned "
                                           "non-finite values"):
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
+def _client_stage(result):
+    @dataclass(frozen=True)
+    class Stage(AbstractStage):
+        def apply(self, x, state, ctx):
+            return result(x, state)
+    return Stage
+
+
+BROKEN_STAGES = {
+    "drops rows": (lambda x, s: StageOut(x[:1], s), r"returned `x` = \(1, 610\), torch.float32 on cpu"),
+    "drops a column": (lambda x, s: StageOut(x[:, 1:], s), r"returned `x` = \(4, 609\)"),
+    "poisons a row": (lambda x, s: StageOut(torch.cat([x[:1] * float("nan"), x[1:]]), s),
+                      r"turned finite row\(s\) \[0\] into non-finite ones"),
+    "bare tensor": (lambda x, s: x, "returned a Tensor, not a StageOut"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_STAGES)
+def test_a_client_stage_of_your_own_that_drops_or_poisons_messages_is_named(monkeypatch, tmp_path, case):
+    result, fragment = BROKEN_STAGES[case]
+    _register(monkeypatch, "client_stage", "contract_test_stage", _client_stage(result))
+    cfg = _cfg(client_stages=[{"name": "contract_test_stage"}], cohort={"sampler": "all"})
+    with pytest.raises(ConfigError, match=f"^stage 'contract_test_stage' {fragment}.*; a stage must return a StageOut "
+                                          f"whose `x` has its input's shape \\(4, 610\\)"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
+def test_a_stage_may_pass_on_rows_that_were_already_non_finite(monkeypatch):
+    from trustfl.core.stage import chain
+
+    scale = _client_stage(lambda x, s: StageOut(2 * x, s))()
+    x = torch.tensor([[1.0, float("nan")], [3.0, 4.0]])
+    out = chain(("scale", scale)).apply(x, {"scale": None}, None)
+    assert torch.equal(out.x[1], torch.tensor([6.0, 8.0])) and torch.isnan(out.x[0, 1])

@@ -18,6 +18,7 @@ import torch
 from trustfl.aggregate.base import aggregator_name
 from trustfl.client.state import ClientStateStore
 from trustfl.core.finite import finite_rows
+from trustfl.core.stage import vector_metric
 from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.executors import ClientResults
 from trustfl.engine.federation import EngineState, Federation
@@ -262,7 +263,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
 
 
 def check_update(out: Any, who: str, params: torch.Tensor, r: int, n: int) -> None:
-    """Refuse (ConfigError naming the part) what an aggregator or the server stages return unless it is a
+    """Refuse (ConfigError naming it) what an aggregator returns unless it is a
     StageOut whose ``x`` is a finite vector of the model's shape, dtype and device and whose tensor metrics hold one
     number each: a part of your own that breaks this would otherwise crash a later round or corrupt the model.
     Built-in parts always meet it (finite rows in, finite aggregate out)."""
@@ -280,9 +281,8 @@ def check_update(out: Any, who: str, params: torch.Tensor, r: int, n: int) -> No
         fail(f"returned `x` = {found}")
     if not bool(torch.isfinite(x).all()):
         fail("returned non-finite values (NaN or ±inf)")
-    for key, value in out.metrics.items():
-        if isinstance(value, torch.Tensor) and value.numel() != 1:
-            fail(f"returned metric {key!r} as a tensor of shape {tuple(value.shape)}, not one number")
+    if (problem := vector_metric(out.metrics)) is not None:
+        fail(f"returned {problem}")
 
 
 def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down: int, metrics: dict[str, Any],
@@ -330,7 +330,6 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
         check_update(agg, aggregator_name(fed.aggregator), state.params, r, usable)
         stage_metrics.update({f"aggregator/{k}": v for k, v in agg.metrics.items()})
         srv = fed.server_stages.apply(agg.x, state.server_stages, ctx)
-        check_update(srv, "`server_stages`", state.params, r, usable)
         events.extend(srv.events)
         stage_metrics.update(srv.metrics)
         step = srv.x if isinstance(scale, float) and scale == 1.0 else srv.x * scale
