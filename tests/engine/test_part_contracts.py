@@ -196,3 +196,46 @@ def test_a_stage_may_pass_on_rows_that_were_already_non_finite(monkeypatch):
     x = torch.tensor([[1.0, float("nan")], [3.0, 4.0]])
     out = chain(("scale", scale)).apply(x, {"scale": None}, None)
     assert torch.equal(out.x[1], torch.tensor([6.0, 8.0])) and torch.isnan(out.x[0, 1])
+
+
+# ------------------------------------------------------------------------------------------------------ evaluators
+def _evaluator(result):
+    from trustfl.evaluate.base import AbstractEvaluator
+
+    @dataclass(frozen=True)
+    class Counting(AbstractEvaluator):
+        metrics = {"seen": True}
+
+        def init(self):
+            return 0
+
+        def update(self, acc, outputs, batch, objective):
+            return acc + outputs.shape[0]
+
+        def result(self, acc):
+            return result(acc)
+    return Counting
+
+
+@pytest.mark.parametrize("result, fragment", [
+    (lambda n: {"seen": "many"}, "gave 'seen' = 'many'; a metric is one number"),
+    (lambda n: {"seen": torch.ones(3)}, "gave 'seen' = tensor"),
+    (lambda n: {"seen": True}, "gave 'seen' = True"),
+    (lambda n: {"other": 1.0}, r"must return \{name: number\} for its declared metrics \['seen'\].*found \['other'\]"),
+    (lambda n: {"seen": 1.0, "extra": 2.0}, r"found \['extra', 'seen'\]"),
+    (lambda n: n, r"found int"),
+])
+def test_an_evaluator_of_your_own_must_give_one_number_per_declared_metric(monkeypatch, tmp_path, result, fragment):
+    _register(monkeypatch, "evaluator", "contract_test_eval", _evaluator(result))
+    cfg = _cfg(evaluators=[{"name": "contract_test_eval"}])
+    with pytest.raises(ConfigError, match=f"^evaluator Counting: result\\(\\) .*{fragment}"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
+def test_an_evaluators_one_number_tensor_is_written_as_a_number(monkeypatch, tmp_path):
+    _register(monkeypatch, "evaluator", "contract_test_eval", _evaluator(lambda n: {"seen": torch.tensor(n)}))
+    cfg = _cfg(evaluators=[{"name": "contract_test_eval"}])
+    res = run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+    test_rows = build_federation(cfg).dataset.test_x.shape[0]
+    seen = [r["seen"] for r in res.rows if "seen" in r]
+    assert seen == [float(test_rows)] * 2 and all(type(v) is float for v in seen)

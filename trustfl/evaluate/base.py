@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import torch
 from torch import nn
 
+from trustfl.errors import ConfigError
 from trustfl.objectives.base import AbstractObjective, Batch
 
 
@@ -98,5 +99,24 @@ def evaluate_model(model: nn.Module, objective: AbstractObjective, evaluators: S
         accs = [e.update(a, outputs, chunk, objective) for e, a in zip(evaluators, accs)]
     out: dict[str, float] = {}
     for e, a in zip(evaluators, accs):
-        out.update(e.result(a))
+        out.update(checked_result(e, e.result(a)))
+    return out
+
+
+def checked_result(evaluator: AbstractEvaluator, result: Any) -> dict[str, float]:
+    """``result`` of ``evaluator``, refused (ConfigError naming it) unless it maps exactly the metric names the
+    evaluator declares (``metrics``) to numbers (a one-number tensor becomes a float): an evaluator of your own
+    that breaks this would otherwise fail when the row is written, or leave a metric out of every row."""
+    name, declared = type(evaluator).__name__, sorted(evaluator.metrics)
+    if not isinstance(result, Mapping) or sorted(result) != declared:
+        found = sorted(result) if isinstance(result, Mapping) else type(result).__name__
+        raise ConfigError(f"evaluator {name}: result() must return {{name: number}} for its declared metrics "
+                          f"{declared} (the class attribute `metrics`), found {found}.")
+    out: dict[str, float] = {}
+    for key, value in result.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"evaluator {name}: result() gave {key!r} = {value!r}; a metric is one number.")
+        out[key] = value
     return out
