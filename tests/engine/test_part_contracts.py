@@ -239,3 +239,41 @@ def test_an_evaluators_one_number_tensor_is_written_as_a_number(monkeypatch, tmp
     test_rows = build_federation(cfg).dataset.test_x.shape[0]
     seen = [r["seen"] for r in res.rows if "seen" in r]
     assert seen == [float(test_rows)] * 2 and all(type(v) is float for v in seen)
+
+
+# ---------------------------------------------------------------------------------------------------- partitioners
+def _partitioner(split):
+    import numpy as np
+
+    from trustfl.data.partition import AbstractPartitioner
+
+    @dataclass(frozen=True)
+    class Mine(AbstractPartitioner):
+        name = "mine"
+
+        def _split(self, labels, num_clients, rng):
+            return split(np.arange(labels.size), num_clients)
+    return Mine
+
+
+@pytest.mark.parametrize("split, fragment", [
+    (lambda idx, n: [idx[: len(idx) // 2], idx[len(idx) // 2:] + 1] + [idx[:0]] * (n - 2),
+     r"partitioner 'mine' gave index 1438, outside the 1438 examples"),
+    (lambda idx, n: [idx, idx[:3]] + [idx[:0]] * (n - 2), r"gave example 0 to 2 clients \(or twice to one\)"),
+    (lambda idx, n: [idx[5:]] + [idx[:0]] * (n - 1), r"gave 5 of the 1438 examples to no client \(first: 0\)"),
+    (lambda idx, n: [idx], r"must return a Partition of 4 clients' index arrays, found 1"),
+])
+def test_a_partitioner_of_your_own_must_give_each_example_to_one_client(monkeypatch, split, fragment):
+    _register(monkeypatch, "partitioner", "contract_test_split", _partitioner(split))
+    with pytest.raises(ConfigError, match=f"^`data.partition`.*{fragment}"):
+        build_federation(_cfg(data={"dataset": "digits", "num_clients": 4, "partition": "contract_test_split"}))
+
+
+def test_a_partitioner_of_your_own_that_partitions_is_used_as_given(monkeypatch):
+    import numpy as np
+
+    _register(monkeypatch, "partitioner", "contract_test_split",
+              _partitioner(lambda idx, n: np.array_split(idx[::-1], n)))
+    fed = build_federation(_cfg(data={"dataset": "digits", "num_clients": 4, "partition": "contract_test_split"}))
+    assert [int(r.min()) for r in fed.client_rows] == [1078, 718, 359, 0] and fed.client_rows.sizes() == [360] * 2 \
+        + [359] * 2

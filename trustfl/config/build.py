@@ -28,6 +28,7 @@ from trustfl.core.registry import import_module_or_file, keyword_parameters, loo
 from trustfl.core.rng import numpy_rng
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
+from trustfl.data.partition import Partition
 from trustfl.engine import chunking
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.asynchronous import Timing
@@ -341,6 +342,10 @@ def _partition(cfg: ExperimentConfig, dataset: Dataset, holders: int, seed: int)
                      if partitioner.needs_groups else partitioner(labels, holders, numpy_rng(seed, "partition")))
     except ConfigError as err:
         raise ConfigError(f"`data.partition` with `data.num_clients` = {n}: {err}") from None
+    if not isinstance(partition, Partition) or len(partition.indices) != holders:
+        found = len(partition.indices) if isinstance(partition, Partition) else type(partition).__name__
+        raise ConfigError(f"`data.partition`: the partitioner must return a Partition of {holders} clients' index "
+                          f"arrays, found {found}.")
     client_rows = ClientRows.from_arrays(partition.indices, n)
     return client_rows, partition.summary
 

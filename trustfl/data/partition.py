@@ -55,6 +55,22 @@ def _check_call(labels: np.ndarray, num_clients: int) -> np.ndarray:
     return labels
 
 
+def _check_cover(name: str, indices: list[np.ndarray], n: int) -> None:
+    """Refuse (ConfigError naming the partitioner) parts that are not a partition of ``range(n)``: an index outside
+    it, an example given to two clients (or twice to one), or one given to none."""
+    flat = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+    outside = flat[(flat < 0) | (flat >= n)]
+    if outside.size:
+        raise ConfigError(f"partitioner {name!r} gave index {int(outside[0])}, outside the {n} examples.")
+    counts = np.bincount(flat, minlength=n)
+    if (counts > 1).any():
+        raise ConfigError(f"partitioner {name!r} gave example {int(np.argmax(counts > 1))} to "
+                          f"{int(counts.max())} clients (or twice to one); a partition gives each example to one.")
+    if (counts == 0).any():
+        raise ConfigError(f"partitioner {name!r} gave {int((counts == 0).sum())} of the {n} examples to no client "
+                          f"(first: {int(np.argmax(counts == 0))}); a partition gives every example to one.")
+
+
 def _split_by_sizes(order: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return np.split(order, np.cumsum(sizes)[:-1])
 
@@ -97,6 +113,7 @@ class AbstractPartitioner:
     def _finish(self, labels: np.ndarray, parts: list[np.ndarray]) -> Partition:
         num_classes = int(labels.max()) + 1 if labels.size else 0
         indices = [np.sort(p).astype(np.int64) for p in parts]
+        _check_cover(getattr(self, "name", type(self).__name__), indices, labels.size)
         sizes = np.array([p.size for p in indices], dtype=np.int64)
         params: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore
         summary: dict[str, Any] = {
