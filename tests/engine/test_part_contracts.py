@@ -277,3 +277,35 @@ def test_a_partitioner_of_your_own_that_partitions_is_used_as_given(monkeypatch)
     fed = build_federation(_cfg(data={"dataset": "digits", "num_clients": 4, "partition": "contract_test_split"}))
     assert [int(r.min()) for r in fed.client_rows] == [1078, 718, 359, 0] and fed.client_rows.sizes() == [360] * 2 \
         + [359] * 2
+
+
+# -------------------------------------------------------------------------------------------------------- samplers
+def _sampler(draw):
+    from trustfl.data.sampling import AbstractBatchSampler
+
+    @dataclass(frozen=True)
+    class Mine(AbstractBatchSampler):
+        accounting = "shuffle"
+
+        def _draw_matrix(self, n, b, total, generator):
+            return draw(n, b, total)
+
+        def _draw(self, n, b, total, generator):
+            return list(draw(n, b, total))
+    return Mine
+
+
+@pytest.mark.parametrize("draw, fragment", [
+    (lambda n, b, t: torch.full((t, b), n, dtype=torch.int64), r"values in \[\d+, \d+\] over \d+ step\(s\)"),
+    (lambda n, b, t: torch.full((t, b), -2, dtype=torch.int64), r"values in \[-2, -2\]"),
+    (lambda n, b, t: torch.zeros((t, b), dtype=torch.int32), r"torch.int32"),
+    (lambda n, b, t: torch.zeros((t + 1, b), dtype=torch.int64), r"over (\d+) step\(s\); it must draw (?!\1)\d+ step"),
+])
+@pytest.mark.parametrize("executor", ["vectorized", "sequential"])
+def test_a_batch_sampler_of_your_own_must_draw_the_clients_own_indices(monkeypatch, tmp_path, draw, fragment,
+                                                                       executor):
+    _register(monkeypatch, "batch_sampler", "contract_test_sampler", _sampler(draw))
+    cfg = _cfg(client={"steps": 2, "batch_size": 16, "batch_sampler": "contract_test_sampler"},
+               engine={"checkpoint_every": 0, "executor": executor})
+    with pytest.raises(ConfigError, match=f"^batch sampler Mine drew .*{fragment}"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)

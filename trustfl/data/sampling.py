@@ -68,7 +68,11 @@ class AbstractBatchSampler:
         Raises:
           ConfigError: an invalid size or count, or not exactly one of ``epochs`` / ``num_steps``.
         """
-        return self._draw(*self._count(num_samples, batch_size, epochs, num_steps), generator)
+        n, b, total = self._count(num_samples, batch_size, epochs, num_steps)
+        batches = self._draw(n, b, total, generator)
+        for batch in batches:
+            self._check_drawn(batch, n, total, len(batches), pad=False)
+        return batches
 
     def step_matrix(self, num_samples: int, batch_size: int, generator: torch.Generator, *,
                     epochs: int | None = None, num_steps: int | None = None) -> torch.Tensor:
@@ -76,7 +80,23 @@ class AbstractBatchSampler:
         row ``s`` holds step ``s``'s indices followed by −1 pads; ``width`` is the largest batch (at least 1).
 
         A cohort's schedules are stacked from these without one tensor per batch (the simulator's hot path)."""
-        return self._draw_matrix(*self._count(num_samples, batch_size, epochs, num_steps), generator)
+        n, b, total = self._count(num_samples, batch_size, epochs, num_steps)
+        matrix = self._draw_matrix(n, b, total, generator)
+        self._check_drawn(matrix, n, total, matrix.shape[0] if isinstance(matrix, torch.Tensor) else -1, pad=True)
+        return matrix
+
+    def _check_drawn(self, drawn: object, n: int, total: int, steps: int, pad: bool) -> None:
+        """Refuse (ConfigError naming the sampler) draws that are not ``total`` steps of int64 indices into the
+        client's ``n`` examples (−1: padding, in a matrix): a sampler of your own would otherwise read past the
+        client's data or crash inside a round."""
+        low = -1 if pad else 0
+        good = isinstance(drawn, torch.Tensor) and drawn.dtype == torch.int64 and drawn.ndim == (2 if pad else 1) \
+            and steps == total and (drawn.numel() == 0 or (int(drawn.min()) >= low and int(drawn.max()) < n))
+        if not good:
+            what = f"{tuple(drawn.shape)} {drawn.dtype}, values in [{int(drawn.min())}, {int(drawn.max())}]" \
+                if isinstance(drawn, torch.Tensor) and drawn.numel() else type(drawn).__name__
+            raise ConfigError(f"batch sampler {type(self).__name__} drew {what} over {steps} step(s); it must draw "
+                              f"{total} step(s) of int64 indices in [{low}, {n}) for a client of {n} examples.")
 
     def _count(self, num_samples: int, batch_size: int, epochs: int | None,
                num_steps: int | None) -> tuple[int, int, int]:
