@@ -174,7 +174,7 @@ BROKEN_STAGES = {
     "drops rows": (lambda x, s: StageOut(x[:1], s), r"returned `x` = \(1, 610\), torch.float32 on cpu"),
     "drops a column": (lambda x, s: StageOut(x[:, 1:], s), r"returned `x` = \(4, 609\)"),
     "poisons a row": (lambda x, s: StageOut(torch.cat([x[:1] * float("nan"), x[1:]]), s),
-                      r"turned finite row\(s\) \[0\] into non-finite ones"),
+                      r"returned non-finite values \(NaN or ±inf\) in row\(s\) \[0\]"),
     "bare tensor": (lambda x, s: x, "returned a Tensor, not a StageOut"),
 }
 

@@ -81,40 +81,39 @@ class Chain(AbstractStage):
         return StageOut(x, new_state, metrics, tuple(events))
 
 
-def vector_metric(metrics: Any) -> str | None:
-    """The first metric of ``metrics`` that is a tensor of other than one number (a metric is one number), or
-    ``None``."""
-    return next((f"metric {k!r} as a tensor of shape {tuple(v.shape)}, not one number" for k, v in metrics.items()
-                 if isinstance(v, torch.Tensor) and v.numel() != 1), None)
+def stage_out_problem(out: Any, like: torch.Tensor, finite_in: torch.Tensor) -> str | None:
+    """What is wrong with ``out`` (what a stage or an aggregator returned), or ``None``: it must be a StageOut
+    whose ``x`` has ``like``'s shape, dtype and device, no non-finite row where ``finite_in`` (per row of ``x``; one
+    entry for a vector) is True, and tensor metrics of one number each."""
+    if not isinstance(out, StageOut):
+        return f"returned a {type(out).__name__}, not a StageOut"
+    y = out.x
+    if not isinstance(y, torch.Tensor) or y.shape != like.shape or y.dtype != like.dtype or y.device != like.device:
+        found = f"{tuple(y.shape)}, {y.dtype} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
+        return f"returned `x` = {found}"
+    poisoned = finite_in & ~_finite(y)
+    if bool(poisoned.any()):
+        rows = torch.nonzero(poisoned).flatten().tolist()
+        which = "" if y.ndim < 2 else f" in row(s) {rows[:8]}" + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
+        return f"returned non-finite values (NaN or ±inf){which}"
+    return next((f"returned metric {k!r} as a tensor of shape {tuple(v.shape)}, not one number"
+                 for k, v in out.metrics.items() if isinstance(v, torch.Tensor) and v.numel() != 1), None)
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
-    """Per row of an ``(n, d)`` matrix (one row for a vector): whether every entry is finite."""
+    """Per row of an ``(n, d)`` matrix (one entry for a vector): whether every entry is finite."""
     return finite_rows(x) if x.ndim == 2 else torch.isfinite(x).all().reshape(1)
 
 
 def check_stage_out(out: Any, name: str, x: torch.Tensor) -> None:
-    """Refuse (ConfigError naming stage ``name``) what a stage returned for ``x`` unless it is a StageOut whose
-    ``x`` keeps the input's shape, dtype and device, has no non-finite row where the input's was finite, and whose
-    tensor metrics are one number each: a stage of your own that breaks this would otherwise drop or poison the
-    clients' messages without a word (the server would reject them as if training had diverged)."""
-    def fail(problem: str) -> None:
+    """Refuse (ConfigError naming stage ``name``) what a stage returned for ``x`` unless it keeps the input's shape,
+    dtype and device and is finite where the input was (:func:`stage_out_problem`): a stage of your own that breaks
+    this would otherwise drop or poison the clients' messages without a word (the server would reject them as if
+    training had diverged)."""
+    problem = stage_out_problem(out, x, _finite(x))
+    if problem is not None:
         raise ConfigError(f"stage {name!r} {problem}; a stage must return a StageOut whose `x` has its input's shape "
                           f"{tuple(x.shape)}, dtype {x.dtype} and device {x.device}, finite where the input is.")
-
-    if not isinstance(out, StageOut):
-        fail(f"returned a {type(out).__name__}, not a StageOut")
-    y = out.x
-    if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype or y.device != x.device:
-        found = f"{tuple(y.shape)}, {y.dtype} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
-        fail(f"returned `x` = {found}")
-    poisoned = _finite(x) & ~_finite(y)
-    if bool(poisoned.any()):
-        rows = torch.nonzero(poisoned).flatten().tolist()
-        listed = f"{rows[:8]}" if len(rows) <= 8 else f"{rows[:8]} and {len(rows) - 8} more"
-        fail(f"turned finite row(s) {listed} into non-finite ones (NaN or ±inf)")
-    if (problem := vector_metric(out.metrics)) is not None:
-        fail(f"returned {problem}")
 
 
 def chain(*stages: tuple[str, AbstractStage]) -> Chain:

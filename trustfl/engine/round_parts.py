@@ -18,13 +18,13 @@ import torch
 from trustfl.aggregate.base import aggregator_name
 from trustfl.client.state import ClientStateStore
 from trustfl.core.finite import finite_rows
-from trustfl.core.stage import vector_metric
+from trustfl.core.stage import stage_out_problem
 from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.executors import ClientResults
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import ClientPlan, num_local_steps, step_event
 from trustfl.errors import ConfigError
-from trustfl.types import CohortContext, RoundContext, StageOut
+from trustfl.types import CohortContext, RoundContext
 
 if TYPE_CHECKING:
     from dp_accounting import dp_event
@@ -263,26 +263,15 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
 
 
 def check_update(out: Any, who: str, params: torch.Tensor, r: int, n: int) -> None:
-    """Refuse (ConfigError naming it) what an aggregator returns unless it is a
-    StageOut whose ``x`` is a finite vector of the model's shape, dtype and device and whose tensor metrics hold one
-    number each: a part of your own that breaks this would otherwise crash a later round or corrupt the model.
-    Built-in parts always meet it (finite rows in, finite aggregate out)."""
-    def fail(problem: str) -> None:
-        raise ConfigError(f"{who} {problem} in round {r + 1} (from {n} finite messages); it must return a "
-                          f"StageOut whose `x` is a finite tensor of shape ({params.numel()},), {params.dtype} on "
+    """Refuse (ConfigError naming it) what an aggregator returns unless it is a StageOut whose ``x`` is a finite
+    vector of the model's shape, dtype and device (:func:`~trustfl.core.stage.stage_out_problem`): an aggregator of
+    your own that breaks this would otherwise crash a later round or corrupt the model. Built-in rules always meet
+    it (finite rows in, finite aggregate out)."""
+    problem = stage_out_problem(out, params, params.new_ones(1, dtype=torch.bool))
+    if problem is not None:
+        raise ConfigError(f"{who} {problem} in round {r + 1} (from {n} finite messages); it must return a StageOut "
+                          f"whose `x` is a finite tensor of shape ({params.numel()},), {params.dtype} on "
                           f"{params.device}: the model's.")
-
-    if not isinstance(out, StageOut):
-        fail(f"returned a {type(out).__name__}, not a StageOut")
-    x = out.x
-    if not isinstance(x, torch.Tensor) or x.shape != params.shape or x.dtype != params.dtype \
-            or x.device != params.device:
-        found = f"{tuple(x.shape)}, {x.dtype} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
-        fail(f"returned `x` = {found}")
-    if not bool(torch.isfinite(x).all()):
-        fail("returned non-finite values (NaN or ±inf)")
-    if (problem := vector_metric(out.metrics)) is not None:
-        fail(f"returned {problem}")
 
 
 def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down: int, metrics: dict[str, Any],
