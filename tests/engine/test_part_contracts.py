@@ -31,12 +31,9 @@ def _register(monkeypatch, kind, name, factory):
     monkeypatch.setitem(registry._REGISTRY.setdefault(kind, {}), name, factory)
 
 
-def _aggregator(result):
-    @dataclass(frozen=True)
-    class Rule(AbstractAggregator):
-        def apply(self, x, state, ctx):
-            return result(x, state)
-    return Rule
+def _part(base, result):
+    """A frozen dataclass subclass of ``base`` whose ``apply(x, state, ctx)`` returns ``result(x, state)``."""
+    return dataclass(frozen=True)(type("Part", (base,), {"apply": lambda self, x, state, ctx: result(x, state)}))
 
 
 BROKEN_RULES = {
@@ -53,7 +50,7 @@ BROKEN_RULES = {
 @pytest.mark.parametrize("case", BROKEN_RULES)
 def test_an_aggregator_of_your_own_that_breaks_its_contract_is_named(monkeypatch, tmp_path, case):
     result, fragment = BROKEN_RULES[case]
-    _register(monkeypatch, "aggregator", "contract_test_rule", _aggregator(result))
+    _register(monkeypatch, "aggregator", "contract_test_rule", _part(AbstractAggregator, result))
     cfg = _cfg(aggregator={"name": "contract_test_rule"}, cohort={"sampler": "all"})
     with pytest.raises(ConfigError, match=f"^aggregator 'contract_test_rule' {fragment}.* in round 1 \\(from 4 "
                                           f"finite messages\\); it must return a StageOut whose `x` is a finite "
@@ -62,7 +59,7 @@ def test_an_aggregator_of_your_own_that_breaks_its_contract_is_named(monkeypatch
 
 
 def test_a_rule_that_meets_the_contract_runs_and_keeps_its_scalar_metrics(monkeypatch, tmp_path):
-    fine = _aggregator(lambda x, s: StageOut(x.mean(0), s, {"spread": x.std(0).mean(), "n": x.shape[0]}))
+    fine = _part(AbstractAggregator, lambda x, s: StageOut(x.mean(0), s, {"spread": x.std(0).mean(), "n": x.shape[0]}))
     _register(monkeypatch, "aggregator", "contract_test_rule", fine)
     cfg = _cfg(aggregator={"name": "contract_test_rule"}, cohort={"sampler": "all"})
     rows = run_experiment(cfg, tmp_path / "run", progress=False, plots=False).rows
@@ -162,14 +159,6 @@ def test_a_pre_aggregator_of_your_own_is_named_beside_the_rule(monkeypatch, tmp_
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
 
 
-def _client_stage(result):
-    @dataclass(frozen=True)
-    class Stage(AbstractStage):
-        def apply(self, x, state, ctx):
-            return result(x, state)
-    return Stage
-
-
 BROKEN_STAGES = {
     "drops rows": (lambda x, s: StageOut(x[:1], s), r"returned `x` = \(1, 610\), torch.float32 on cpu"),
     "drops a column": (lambda x, s: StageOut(x[:, 1:], s), r"returned `x` = \(4, 609\)"),
@@ -182,7 +171,7 @@ BROKEN_STAGES = {
 @pytest.mark.parametrize("case", BROKEN_STAGES)
 def test_a_client_stage_of_your_own_that_drops_or_poisons_messages_is_named(monkeypatch, tmp_path, case):
     result, fragment = BROKEN_STAGES[case]
-    _register(monkeypatch, "client_stage", "contract_test_stage", _client_stage(result))
+    _register(monkeypatch, "client_stage", "contract_test_stage", _part(AbstractStage, result))
     cfg = _cfg(client_stages=[{"name": "contract_test_stage"}], cohort={"sampler": "all"})
     with pytest.raises(ConfigError, match=f"^stage 'contract_test_stage' {fragment}.*; a stage must return a StageOut "
                                           f"whose `x` has its input's shape \\(4, 610\\)"):
@@ -192,7 +181,7 @@ def test_a_client_stage_of_your_own_that_drops_or_poisons_messages_is_named(monk
 def test_a_stage_may_pass_on_rows_that_were_already_non_finite(monkeypatch):
     from trustfl.core.stage import chain
 
-    scale = _client_stage(lambda x, s: StageOut(2 * x, s))()
+    scale = _part(AbstractStage, lambda x, s: StageOut(2 * x, s))()
     x = torch.tensor([[1.0, float("nan")], [3.0, 4.0]])
     out = chain(("scale", scale)).apply(x, {"scale": None}, None)
     assert torch.equal(out.x[1], torch.tensor([6.0, 8.0])) and torch.isnan(out.x[0, 1])
