@@ -237,7 +237,7 @@ def test_a_second_writer_of_a_run_directory_is_refused_and_the_run_left_whole(ha
 @pytest.mark.parametrize("blocked", ["checkpoint.pt.tmp", "model.pt.tmp", "summary.json.tmp", "accuracy.png", LOCK])
 def test_a_run_directory_that_cannot_be_written_is_named_in_one_error(tmp_path, blocked):
     (tmp_path / "run" / blocked).mkdir(parents=True)  # a folder where the run writes a file (root ignores modes)
-    with pytest.raises(UsageError, match=f"cannot write {tmp_path / 'run' / blocked}: Is a directory"):
+    with pytest.raises(UsageError, match=f"cannot write or read {tmp_path / 'run' / blocked}: Is a directory"):
         run_experiment(_cfg(rounds=1), tmp_path / "run", progress=False)
 
 
@@ -245,7 +245,7 @@ def test_a_run_directory_that_cannot_be_written_is_named_in_one_error(tmp_path, 
 def test_a_full_disk_is_a_one_line_error(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").symlink_to("/dev/full")
-    with pytest.raises(UsageError, match="cannot write into .*: No space left on device"):
+    with pytest.raises(UsageError, match="cannot write or read in .*: No space left on device"):
         run_experiment(_cfg(rounds=1), tmp_path / "run", progress=False, plots=False)
 
 
@@ -258,15 +258,15 @@ def test_report_compare_and_sweep_name_what_they_cannot_write(tmp_path, full):
     shutil.copytree(full.run_dir, run)
     (run / "accuracy.png").unlink(missing_ok=True)
     (run / "accuracy.png").mkdir()
-    with pytest.raises(UsageError, match="cannot write .*accuracy.png: Is a directory"):
+    with pytest.raises(UsageError, match="cannot write or read .*accuracy.png: Is a directory"):
         report_run(run)
     (tmp_path / "cmp" / "compare.md").mkdir(parents=True)
-    with pytest.raises(UsageError, match="cannot write .*compare.md: Is a directory"):
+    with pytest.raises(UsageError, match="cannot write or read .*compare.md: Is a directory"):
         compare_runs([full.run_dir], out=tmp_path / "cmp", plots=False)
     (tmp_path / "sweep" / "sweep.json.tmp").mkdir(parents=True)
     config = tmp_path / "base.toml"
     config.write_text((full.run_dir / "config.toml").read_text())
-    with pytest.raises(UsageError, match="cannot write .*sweep.json.tmp: Is a directory"):
+    with pytest.raises(UsageError, match="cannot write or read .*sweep.json.tmp: Is a directory"):
         run_sweep(str(config), [], "0", out=tmp_path / "sweep", log=None)
 
 

@@ -78,8 +78,9 @@ def writing(run_dir: Path) -> Iterator[None]:
         inside = name is not None and Path(os.path.abspath(name)).is_relative_to(Path(os.path.abspath(run_dir)))
         if not inside and not (name is None and err.errno in WRITE_ERRNOS):
             raise
-        raise UsageError(f"cannot write {name or f'into {run_dir}'}: {err.strerror or err} (the directory must be "
-                         f"writable, and its disk have room).") from None
+        where = name or f"in {run_dir}"
+        raise UsageError(f"cannot write or read {where}: {err.strerror or err} (the directory must be writable, and "
+                         f"its disk have room).") from None
 
 
 def check_out_dir(out: str | Path) -> Path:
