@@ -3,7 +3,8 @@
 # (tests/cuda and every test's `cuda` variant), the GPU rows of the scale benchmark (benchmarks/scale_gpu.md), 10,000
 # MLP clients of 600 examples each, the issue's prototype setting (benchmarks/scale_gpu_10k_600.md), a profile of the
 # 100-client round that also locates its host synchronisations (benchmarks/profile_round_gpu.md), and a timing of
-# the two forms of per-example convolution gradients on CUDA (benchmarks/conv_grads_cuda.md). A step that fails
+# the two forms of per-example convolution gradients on CUDA (benchmarks/conv_grads_cuda.md); also issue #11's QuAFL
+# simulation against its per-client loop, both on the GPU (benchmarks/quafl_speed_cuda.md). A step that fails
 # leaves its record as it was (scale.py writes nothing when a cell failed); the logs go to OUTDIR.
 #
 # Usage: benchmarks/gpu_checks.sh [OUTDIR]        (default runs/gpu_checks)
@@ -62,3 +63,8 @@ echo "profile: $(head -1 "$out/profile.txt"); $(grep -c "synchroniz" "$out/profi
 
 timeout 60 "$py" benchmarks/conv_grads.py --device cuda --out benchmarks/conv_grads_cuda.md > "$out/conv_grads.log" 2>&1
 echo "conv grads (products vs grouped on CUDA): exit $?"; grep -E "^\| (cnn|3)" benchmarks/conv_grads_cuda.md
+
+timeout 240 "$py" benchmarks/quafl_speed.py --device cuda --processes 1 --out benchmarks/quafl_speed_cuda.md \
+    > "$out/quafl_speed.log" 2>&1
+echo "QuAFL speed on CUDA, trustfl vs the per-client loop (issue #11): exit $?"
+grep -E "^Acceptance|^\| (trustfl \(as|plain loop)" benchmarks/quafl_speed_cuda.md

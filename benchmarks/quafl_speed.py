@@ -4,11 +4,11 @@ Acceptance: QuAFL with n = 100, s = 10, K = 5, MLP 784-200-200-10, 200 server ro
 time of a per-client loop implementation of the same algorithm written here, both measured in one invocation.
 
 Run: ``.venv/bin/python benchmarks/quafl_speed.py [--rounds 200] [--quick] [--batch-size 128] [--threads N]
-[--processes 3] [--out benchmarks/quafl_speed.md]``. Every variant (:data:`VARIANTS`) runs in fresh processes,
-``--processes`` times each, interleaved, and the table gives medians: glibc's allocator setting is process-wide,
-and the plain loop's time moves from one process to the next on the project's VMs. trustfl is timed as every run
-applies it (``tune_allocator`` at start-up) and without it; the loop with and without it, and the ratios divide by
-the loop's faster setting.
+[--processes 3] [--device cuda] [--out benchmarks/quafl_speed.md]``. Every variant (:data:`VARIANTS`) runs in fresh
+processes, ``--processes`` times each, interleaved, and the table gives medians: glibc's allocator setting is
+process-wide, and the plain loop's time moves from one process to the next on the project's VMs. trustfl is timed as
+every run applies it (``tune_allocator`` at start-up) and without it; the loop with and without it, and the ratios
+divide by the loop's faster setting.
 
 "The same algorithm" (QuAFL's Algorithm 1, structured as the authors' code): n = 100 clients, each an
 ``nn.Module`` MLP 784-200-200-10 with its own ``torch.optim.SGD`` (lr 0.05, created once), plus a server module.
@@ -23,6 +23,10 @@ so both do the same number of SGD steps in expectation (not bitwise the same ste
 Both start from trustfl's initial model. Rounds 0 and 1 are warm-up (round 0 has no local steps: every clock starts
 at 0) and are not timed; no evaluation is timed. The lattice row runs trustfl with the lattice quantizer on both
 links (14 bits, step 1e-4, paper mode), which also shortens a round to sit*14/32, against the identity loop.
+
+``--device cuda`` runs trustfl (``engine.device``), the loop (its modules, optimizers and data) and the floor on
+the GPU, and synchronises before each clock reading; the loop draws each step's permutation on the CPU and moves
+it, as a data loader would.
 
 On a loaded machine pass ``--threads 1``: with more torch threads than free cores, OpenMP workers spin at every
 small op and the per-client loop slows down about 20x (measured on 2 busy cores), which flatters trustfl.
@@ -49,7 +53,7 @@ SLOW_SHARE, FAST_MEAN, SLOW_MEAN = 0.25, 2.0, 8.0
 LATTICE = {"name": "lattice", "bits": 14, "step": 1e-4, "mode": "paper"}
 
 
-def trustfl_config(batch: int, lattice: bool, mnist: bool) -> dict:
+def trustfl_config(batch: int, lattice: bool, mnist: bool, device: str = "cpu") -> dict:
     data = {"dataset": "mnist", "num_clients": N, "partition": {"name": "iid"},
             "options": {"max_train": 60000}} if mnist else {"dataset": "digits", "num_clients": N}
     cfg = {"name": "quafl_speed", "seed": SEED, "rounds": 1, "algorithm": "quafl", "data": data,
@@ -58,6 +62,8 @@ def trustfl_config(batch: int, lattice: bool, mnist: bool) -> dict:
            "engine": {"kind": "async", "checkpoint_every": 0, "interaction_time": SIT,
                       "speed": {"name": "exponential_groups", "slow_share": SLOW_SHARE, "fast_mean": FAST_MEAN,
                                 "slow_mean": SLOW_MEAN}}}
+    if device != "cpu":
+        cfg["engine"]["device"] = device
     if lattice:
         cfg["compress"] = {"uplink": dict(LATTICE), "downlink": dict(LATTICE)}
     return cfg
@@ -76,18 +82,25 @@ def build(cfg_dict: dict, batch: int, mnist: bool):
         from trustfl.models.zoo import build_model
         from trustfl.types import ParamLayout
         gen = torch.Generator().manual_seed(0)
-        x = torch.randn(60000, 784, generator=gen)
-        y = torch.randint(0, 10, (60000,), generator=gen)
+        device = fed.initial_params.device  # drawn on the CPU (the same data on every device), then moved
+        x = torch.randn(60000, 784, generator=gen).to(device)
+        y = torch.randint(0, 10, (60000,), generator=gen).to(device)
         fed.train_data = TrainData({"x": x, "y": y}, 10)
         fed.client_rows = ClientRows(torch.arange(60000), torch.arange(0, 60001, 600))
         fed.batch_sizes = [batch] * N
         fed.noise_multipliers = [0.0] * N
-        fed.reports["num_samples"] = torch.full((N,), 600.0, dtype=torch.float64)
-        fed.model = build_model("mlp", (784,), 10, SEED, hidden=[200, 200])
+        fed.reports["num_samples"] = torch.full((N,), 600.0, dtype=torch.float64, device=device)
+        fed.model = build_model("mlp", (784,), 10, SEED, hidden=[200, 200]).to(device)
         params = {k: v.detach() for k, v in fed.model.named_parameters()}
         fed.layout = ParamLayout.of(params)
         fed.initial_params = fed.layout.flatten(params).clone()
     return fed, resolve_engine(cfg)
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA kernels run asynchronously), so that a clock reading covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_trustfl(fed, engine, rounds: int) -> tuple[float, int]:
@@ -95,10 +108,12 @@ def time_trustfl(fed, engine, rounds: int) -> tuple[float, int]:
     for _ in range(WARMUP):
         state, _ = engine.run_round(fed, state)
     steps = 0
+    _sync(fed.initial_params.device)
     start = time.perf_counter()
     for _ in range(rounds):
         state, metrics = engine.run_round(fed, state)
         steps += metrics["local_steps"]
+    _sync(fed.initial_params.device)
     return time.perf_counter() - start, steps
 
 
@@ -108,6 +123,7 @@ class LoopQuAFL:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, rows: list[torch.Tensor], init: torch.Tensor,
                  batch: int) -> None:
         self.x, self.y, self.rows, self.batch = x.reshape(x.shape[0], -1), y, rows, batch
+        self.device = x.device  # the data's; each step's permutation is drawn on the CPU and moved, as a loader would
         self.server = self._mlp(init)
         self.clients = [self._mlp(init) for _ in range(N)]
         self.opts = [torch.optim.SGD(c.parameters(), lr=LR) for c in self.clients]
@@ -123,12 +139,13 @@ class LoopQuAFL:
     def _mlp(init: torch.Tensor) -> torch.nn.Module:
         model = torch.nn.Sequential(torch.nn.Linear(784, 200), torch.nn.ReLU(), torch.nn.Linear(200, 200),
                                     torch.nn.ReLU(), torch.nn.Linear(200, 10))
+        model.to(init.device)
         torch.nn.utils.vector_to_parameters(init, model.parameters())
         return model
 
     def _step(self, i: int) -> None:
         rows = self.rows[i]
-        idx = rows[torch.randperm(rows.numel(), generator=self.gen)[:self.batch]]
+        idx = rows[torch.randperm(rows.numel(), generator=self.gen)[:self.batch].to(self.device)]
         self.opts[i].zero_grad(set_to_none=True)
         F.cross_entropy(self.clients[i](self.x[idx]), self.y[idx]).backward()
         self.opts[i].step()
@@ -167,9 +184,11 @@ def time_loop(fed, batch: int, rounds: int) -> tuple[float, int]:
     for _ in range(WARMUP):
         loop.round()
     steps = 0
+    _sync(loop.device)
     start = time.perf_counter()
     for _ in range(rounds):
         steps += loop.round()
+    _sync(loop.device)
     return time.perf_counter() - start, steps
 
 
@@ -180,28 +199,30 @@ setting on) and with ``TRUSTFL_NO_MALLOPT=1``; trustfl with the lattice quantize
 floor (:func:`product_floor`)."""
 
 
-def product_floor(batch: int, repeats: int = 100) -> float:
+def product_floor(batch: int, repeats: int = 100, device: str = "cpu") -> float:
     """Seconds per client step of the batched matrix products of one s-client MLP step alone (forward, the input
     gradients of layers 2 and 3, the weight gradients; ``torch.bmm`` into preallocated outputs, median of
     ``repeats``): what an executor doing these products at their own speed and nothing else would take."""
     dims = [784, 200, 200, 10]
-    x = [torch.randn(S, batch, d) for d in dims]  # each layer's input (and, for d = 10, the output's gradient)
-    w = [torch.randn(S, a, b) for a, b in zip(dims[:-1], dims[1:])]
-    grads = [torch.randn(S, batch, d) for d in dims[1:]]  # gradients of the layers' outputs
+    x = [torch.randn(S, batch, d, device=device) for d in dims]  # each layer's input (d = 10: the output's gradient)
+    w = [torch.randn(S, a, b, device=device) for a, b in zip(dims[:-1], dims[1:])]
+    grads = [torch.randn(S, batch, d, device=device) for d in dims[1:]]  # gradients of the layers' outputs
     products = [(x[i], w[i]) for i in range(3)]  # forward
     products += [(grads[i], w[i].transpose(1, 2)) for i in (1, 2)]  # input gradients of layers 2 and 3
     products += [(x[i].transpose(1, 2), grads[i]) for i in range(3)]  # weight gradients
-    outs = [torch.empty(S, a.shape[1], b.shape[2]) for a, b in products]
+    outs = [torch.empty(S, a.shape[1], b.shape[2], device=device) for a, b in products]
     times = []
     for _ in range(repeats + 5):
+        _sync(outs[0].device)
         start = time.perf_counter()
         for (a, b), out in zip(products, outs):
             torch.bmm(a, b, out=out)
+        _sync(outs[0].device)
         times.append(time.perf_counter() - start)
     return statistics.median(times[5:]) / S
 
 
-def worker(variant: str, rounds: int, batch: int, threads: int) -> dict:
+def worker(variant: str, rounds: int, batch: int, threads: int, device: str = "cpu") -> dict:
     """One variant's timed rounds in this process (``--worker``)."""
     if threads:
         torch.set_num_threads(threads)
@@ -212,21 +233,22 @@ def worker(variant: str, rounds: int, batch: int, threads: int) -> dict:
     from trustfl.data.datasets import dataset_available
     mnist = dataset_available("mnist")
     if variant == "floor":
-        return {"variant": variant, "seconds_per_step": product_floor(batch), "mallopt": mallopt, "mnist": mnist,
-                "threads": torch.get_num_threads()}
-    fed, engine = build(trustfl_config(batch, variant == "lattice", mnist), batch, mnist)
+        return {"variant": variant, "seconds_per_step": product_floor(batch, device=device), "mallopt": mallopt,
+                "mnist": mnist, "threads": torch.get_num_threads()}
+    fed, engine = build(trustfl_config(batch, variant == "lattice", mnist, device), batch, mnist)
     seconds, steps = (time_loop(fed, batch, rounds) if variant.startswith("loop") else
                       time_trustfl(fed, engine, rounds))
+    gpu = torch.cuda.get_device_name(fed.initial_params.device) if fed.initial_params.is_cuda else None
     return {"variant": variant, "seconds": seconds, "steps": steps, "mallopt": mallopt, "mnist": mnist,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "gpu": gpu}
 
 
-def _spawn(variant: str, rounds: int, batch: int, threads: int) -> dict:
+def _spawn(variant: str, rounds: int, batch: int, threads: int, device: str = "cpu") -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_MAX_", "TRUSTFL_NO_MALLOPT")}
     if variant == "trustfl_glibc":
         env["TRUSTFL_NO_MALLOPT"] = "1"
     cmd = [sys.executable, __file__, "--worker", variant, "--rounds", str(rounds), "--batch-size", str(batch),
-           "--threads", str(threads)]
+           "--threads", str(threads), "--device", device]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -240,16 +262,17 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3,
                         help="fresh processes per variant, interleaved; the table gives medians (min-max)")
     parser.add_argument("--out", help="also write the command and the table to this Markdown file")
+    parser.add_argument("--device", default="cpu", help="where trustfl and the loop compute: cpu (default) or cuda")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     rounds = 20 if args.quick else args.rounds
     if args.worker:
-        print(json.dumps(worker(args.worker, rounds, args.batch_size, args.threads)))
+        print(json.dumps(worker(args.worker, rounds, args.batch_size, args.threads, args.device)))
         return
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for _ in range(max(args.processes, 1)):  # interleaved: a slow spell of the machine hits every variant alike
         for variant in VARIANTS:
-            res = _spawn(variant, rounds, args.batch_size, args.threads)
+            res = _spawn(variant, rounds, args.batch_size, args.threads, args.device)
             runs[variant].append(res)
             print(f"  {variant:14s} " + (f"{1e3 * res['seconds_per_step']:.2f} ms/step" if variant == "floor" else
                                          f"{res['seconds']:.2f} s, {res['steps']} steps"), file=sys.stderr)
@@ -266,6 +289,7 @@ def main() -> None:
 
     loop = min(("loop", "loop_mallopt"), key=median.__getitem__)
     first = runs["trustfl"][0]
+    on_gpu = f"; trustfl and the loop on {first['gpu']}" if first.get("gpu") else ""
     labels = {"loop": "plain loop, glibc defaults", "loop_mallopt": "plain loop, trustfl's allocator setting",
               "trustfl": "trustfl (as every run: allocator setting on)",
               "trustfl_glibc": "trustfl, `TRUSTFL_NO_MALLOPT=1`",
@@ -275,7 +299,7 @@ def main() -> None:
              f"QuAFL, n={N}, s={S}, K={K}, MLP 784-200-200-10, batch {args.batch_size}, lr {LR}, sit {SIT}, "
              f"exponential steps (25% slow, means {SLOW_MEAN:g}/{FAST_MEAN:g}); data: "
              f"{'MNIST' if first['mnist'] else 'synthetic 60,000 x 784 (MNIST absent)'}; {rounds} timed rounds "
-             f"after {WARMUP} warm-up; torch threads {first['threads']}, {cpus()}; wall clock; each variant in "
+             f"after {WARMUP} warm-up; torch threads {first['threads']}, {cpus()}{on_gpu}; wall clock; each variant in "
              f"its own process" + ("." if n == 1 else f", {n} times, interleaved: median (min–max) over them."),
              "", f"The ratios divide by the plain loop's faster setting ({labels[loop]}).", "",
              "| variant | s | steps | ms/step | ratio s | ratio ms/step |", "|---|---|---|---|---|---|"]
