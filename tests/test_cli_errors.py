@@ -1,7 +1,8 @@
 """One error hierarchy at the command line: a TrustFLError is one line on stderr and exit code 2; Ctrl-C is one
-line and 130; anything else is a bug and keeps its traceback (issue #16)."""
+line and 130 (SIGTERM: 143); anything else is a bug and keeps its traceback (issue #16)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,34 @@ def test_keyboard_interrupt_exits_130(monkeypatch, capsys):
     assert main(["list"]) == 130
     line = _one_line(capsys)
     assert line == "trustfl: interrupted"
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_with_exit_143_and_the_resume_hint(tmp_path):
+    """A scheduler's SIGTERM: the run unwinds (its lock is released), says how to resume in one line, exits 143,
+    and the run resumes to its end with one row per round (resume's bitwise equality is tested elsewhere)."""
+    import signal
+    import subprocess
+    import sys
+
+    from trustfl.experiment import run_experiment
+
+    config = tmp_path / "run.toml"
+    config.write_text('name = "term"\nseed = 4\nrounds = 300\n[data]\ndataset = "digits"\nnum_clients = 4\n'
+                      '[model]\nname = "logreg"\n[client]\nsteps = 1\nbatch_size = 8\n'
+                      '[engine]\ncheckpoint_every = 1\neval_every = 100\n')
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trustfl", "run", str(config), "--out", str(run), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip().splitlines() == [f"trustfl: terminated (resume with `trustfl run --resume {run}`)"]
+    resumed = run_experiment(None, resume=run, progress=False, plots=False)
+    assert [r["round"] for r in resumed.rows] == list(range(1, 301))
 
 
 def test_keyboard_interrupt_in_privacy_command(monkeypatch, capsys):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
@@ -22,6 +24,17 @@ from trustfl.errors import TrustFLError, UsageError
 EXIT_USER_ERROR = 2
 _DEVICE_HELP = "set engine.device: cpu, cuda, cuda:N or auto (cuda when present, else cpu)"
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+"""128 + SIGTERM: a scheduler (or `kill`) stopped the command; handled as Ctrl-C is, with its own exit code."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that the run unwinds (progress bar, lock, TensorBoard) and the
+    CLI says how to resume, as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> NoReturn:
+    raise Terminated
 RANK0_GRACE_S = 20.0
 """How long a torchrun rank other than 0 waits, after a user error, for rank 0 to report it and exit."""
 
@@ -242,11 +255,14 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit code: 0, 2 (a user error, one line on stderr) or 130 (interrupted).
+    """Run the command; returns the exit code: 0, 2 (a user error, one line on stderr), 130 (interrupted: Ctrl-C)
+    or 143 (terminated: SIGTERM, e.g. a cluster's scheduler).
 
     Only :class:`TrustFLError` is caught: any other exception is a bug and propagates with its traceback.
     """
     command, run_dir = None, "RUN_DIR"
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         args = build_parser().parse_args(argv)
         command = args.command
@@ -261,13 +277,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:  # ... after rank 0 (torchrun ends this rank when rank 0 exits): exiting first could stop rank 0
             time.sleep(RANK0_GRACE_S)  # before it printed; a rank 0 that never meets the error costs this wait
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         hint = f" (resume with `trustfl run --resume {run_dir}`)" if command == "run" else ""
         if command == "sweep":
             hint = " (re-run the same command to resume the sweep)"
+        terminated = isinstance(err, Terminated)
         if _rank() == 0:
-            print(f"trustfl: interrupted{hint}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+            print(f"trustfl: {'terminated' if terminated else 'interrupted'}{hint}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
