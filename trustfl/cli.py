@@ -26,6 +26,8 @@ _DEVICE_HELP = "set engine.device: cpu, cuda, cuda:N or auto (cuda when present,
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 """128 + SIGTERM: a scheduler (or `kill`) stopped the command; handled as Ctrl-C is, with its own exit code."""
+RANK0_GRACE_S = 20.0
+"""How long a torchrun rank other than 0 waits, after a user error, for rank 0 to report it and exit."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -35,8 +37,7 @@ class Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum: int, frame: object) -> NoReturn:
     raise Terminated
-RANK0_GRACE_S = 20.0
-"""How long a torchrun rank other than 0 waits, after a user error, for rank 0 to report it and exit."""
+
 
 _KINDS_SHOWN = ("dataset", "partitioner", "batch_sampler", "model", "objective", "evaluator", "algorithm",
                 "engine", "executor", "gradient_method", "gradient_transform", "step_budget", "aggregator",
