@@ -110,7 +110,8 @@ def check_stage_out(out: Any, name: str, x: torch.Tensor, scan: bool = True) -> 
     dtype and device and is finite where the input was (:func:`stage_out_problem`): a stage of your own that breaks
     this would otherwise drop or poison the clients' messages without a word (the server would reject them as if
     training had diverged). ``scan=False`` skips the finiteness scan (two passes over ``x``): :class:`Chain` skips
-    it for trustfl's own stages, which keep finite rows finite (tested), and scans the stages of your own."""
+    it for trustfl's own stages, which keep finite rows finite up to float32's maximum (every one is fuzzed for
+    it: tests/fuzz/test_stages_keep_finite.py), and scans the stages of your own."""
     problem = stage_out_problem(out, x, _finite(x) if scan else None)
     if problem is not None:
         raise ConfigError(f"stage {name!r} {problem}; a stage must return a StageOut whose `x` has its input's shape "
