@@ -279,3 +279,16 @@ def test_errors_about_other_files_pass_through(tmp_path):
     with pytest.raises(ConnectionError):  # no file named: only the errors of writing files are the run's
         with writing(tmp_path / "run"):
             raise ConnectionError("peer went away")
+
+
+def test_a_second_sweep_into_a_running_sweeps_directory_is_refused(tmp_path, full):
+    from trustfl.report.sweep import run_sweep
+
+    config = tmp_path / "base.toml"
+    config.write_text((full.run_dir / "config.toml").read_text())
+    (tmp_path / "sweep").mkdir()
+    with hold_run_dir(tmp_path / "sweep"):  # as the first sweep holds it while its points run
+        with pytest.raises(UsageError, match="sweep is in use: another trustfl process"):
+            run_sweep(str(config), [], "0", out=tmp_path / "sweep", log=None)
+        assert not (tmp_path / "sweep" / "sweep.json").exists()
+    assert run_sweep(str(config), [], "0", out=tmp_path / "sweep", log=None).ok

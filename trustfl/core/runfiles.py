@@ -51,8 +51,8 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
-            raise UsageError(f"{run_dir} is in use: another trustfl process (pid {holder}) is writing a run there. "
-                             f"Wait for it to end, or stop it first.") from None
+            raise UsageError(f"{run_dir} is in use: another trustfl process (pid {holder}) is writing there. Wait "
+                             f"for it to end, or stop it first.") from None
         except OSError:  # a file system without locks
             pass
         else:

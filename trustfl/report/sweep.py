@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from trustfl.config.load import (apply_override, config_from_dict, config_to_dict, dump_toml, load_config,
                                  parse_override, read_toml)
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, read_json_object, writing
+from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, hold_run_dir, read_json_object, writing
 from trustfl.errors import CheckpointError, ConfigError, TrustFLError, UsageError
 from trustfl.report.sweep_points import (_MAX_NAME, MAX_POINTS, _digest, _grids, flatten_config, parse_seeds,
                                         point_name)
@@ -236,7 +236,6 @@ def run_sweep(config: str | Path | Mapping[str, Any], grid: Sequence[str] | Mapp
       UsageError: ``jobs`` < 1, ``threads`` < 0, ``out`` unusable, or a point's directory holding a run of
         another config.
     """
-    say = log or (lambda line: None)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs must be an integer >= 1, found {jobs!r}.")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
@@ -288,6 +287,16 @@ def run_sweep(config: str | Path | Mapping[str, Any], grid: Sequence[str] | Mapp
     header = {"config": config_path, "config_resolved": str(Path(config_path).resolve()) if config_path else None,
               "base_config": None if config_path else base, "overrides": list(overrides),
               "grids": {key: values for key, values in grids}, "seeds": seed_list}
+    with writing(out), hold_run_dir(out):  # a second sweep into `out` while this one runs is refused
+        _run_points(points, out, header, jobs, threads, data_dir, log)
+    return SweepResult(out, points)
+
+
+def _run_points(points: list[SweepPoint], out: Path, header: dict[str, Any], jobs: int, threads: int,
+                data_dir: str | None, log: Callable[[str], None] | None) -> None:
+    """:func:`run_sweep`'s points in ``out`` (held by this process): the skipped ones recorded, the others run,
+    the manifest rewritten after each."""
+    say = log or (lambda line: None)
     n, k = len(points), 0
     for point in points:
         if point.action == "skip":
@@ -325,7 +334,6 @@ def run_sweep(config: str | Path | Mapping[str, Any], grid: Sequence[str] | Mapp
         failed = [p for p in points if p.status == "failed"]
         say(f"sweep: {len(failed)} of {n} points failed ({', '.join(p.name for p in failed)}); re-run the same "
             f"command to retry them")
-    return SweepResult(out, points)
 
 
 def _run_pool(todo: list[SweepPoint], tasks: dict[int, dict[str, Any]], jobs: int,
