@@ -289,6 +289,7 @@ def _sampler(draw):
     (lambda n, b, t: torch.full((t, b), -2, dtype=torch.int64), r"values in \[-2, -2\]"),
     (lambda n, b, t: torch.zeros((t, b), dtype=torch.int32), r"torch.int32"),
     (lambda n, b, t: torch.zeros((t + 1, b), dtype=torch.int64), r"over (\d+) step\(s\); it must draw (?!\1)\d+ step"),
+    (lambda n, b, t: torch.zeros((0, b), dtype=torch.int64), r"over 0 step\(s\); it must draw [1-9]\d* step"),
 ])
 @pytest.mark.parametrize("executor", ["vectorized", "sequential"])
 def test_a_batch_sampler_of_your_own_must_draw_the_clients_own_indices(monkeypatch, tmp_path, draw, fragment,
@@ -298,3 +299,16 @@ def test_a_batch_sampler_of_your_own_must_draw_the_clients_own_indices(monkeypat
                engine={"checkpoint_every": 0, "executor": executor})
     with pytest.raises(ConfigError, match=f"^batch sampler Mine drew .*{fragment}"):
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
+@pytest.mark.parametrize("draw", [
+    lambda n, b, t: torch.zeros((0, b), dtype=torch.int64),  # no batch at all: the accountant would charge t steps
+    lambda n, b, t: torch.full((t, b), n, dtype=torch.int64),
+    lambda n, b, t: torch.zeros((t + 1, b), dtype=torch.int64),
+])
+def test_the_list_of_batches_is_checked_as_the_matrix_is(draw):
+    sampler = _sampler(draw)()
+    with pytest.raises(ConfigError, match="^batch sampler Mine drew .* it must draw 3 step"):
+        sampler.steps(100, 10, torch.Generator().manual_seed(0), num_steps=3)
+    assert [b.tolist() for b in _sampler(lambda n, b, t: torch.arange(t * b).reshape(t, b))().steps(
+        100, 10, torch.Generator(), num_steps=3)] == [list(range(s * 10, s * 10 + 10)) for s in range(3)]

@@ -70,8 +70,7 @@ class AbstractBatchSampler:
         """
         n, b, total = self._count(num_samples, batch_size, epochs, num_steps)
         batches = self._draw(n, b, total, generator)
-        for batch in batches:
-            self._check_drawn(batch, n, total, len(batches), pad=False)
+        self._check_drawn(batches, n, total, pad=False)
         return batches
 
     def step_matrix(self, num_samples: int, batch_size: int, generator: torch.Generator, *,
@@ -82,19 +81,29 @@ class AbstractBatchSampler:
         A cohort's schedules are stacked from these without one tensor per batch (the simulator's hot path)."""
         n, b, total = self._count(num_samples, batch_size, epochs, num_steps)
         matrix = self._draw_matrix(n, b, total, generator)
-        self._check_drawn(matrix, n, total, matrix.shape[0] if isinstance(matrix, torch.Tensor) else -1, pad=True)
+        self._check_drawn(matrix, n, total, pad=True)
         return matrix
 
-    def _check_drawn(self, drawn: object, n: int, total: int, steps: int, pad: bool) -> None:
+    def _check_drawn(self, drawn: object, n: int, total: int, pad: bool) -> None:
         """Refuse (ConfigError naming the sampler) draws that are not ``total`` steps of int64 indices into the
-        client's ``n`` examples (−1: padding, in a matrix): a sampler of your own would otherwise read past the
-        client's data or crash inside a round."""
-        low = -1 if pad else 0
-        good = isinstance(drawn, torch.Tensor) and drawn.dtype == torch.int64 and drawn.ndim == (2 if pad else 1) \
-            and steps == total and (drawn.numel() == 0 or (int(drawn.min()) >= low and int(drawn.max()) < n))
-        if not good:
-            what = f"{tuple(drawn.shape)} {drawn.dtype}, values in [{int(drawn.min())}, {int(drawn.max())}]" \
-                if isinstance(drawn, torch.Tensor) and drawn.numel() else type(drawn).__name__
+        client's ``n`` examples: one ``(steps, width)`` matrix with −1 pads (``pad``), or a list of one 1-D batch per
+        step. A sampler of your own would otherwise read past the client's data, crash inside a round, or take
+        other steps than the accountant charges."""
+        low, ndim = (-1, 2) if pad else (0, 1)
+        is_tensor = isinstance(drawn, torch.Tensor)
+        parts = [drawn] if pad or not isinstance(drawn, list) else drawn
+        steps = (drawn.shape[0] if is_tensor and drawn.ndim else -1) if pad else \
+            (len(drawn) if isinstance(drawn, list) else -1)
+
+        def fits(p: object) -> bool:
+            return isinstance(p, torch.Tensor) and p.dtype == torch.int64 and p.ndim == ndim and (
+                p.numel() == 0 or (int(p.min()) >= low and int(p.max()) < n))
+
+        bad = next((p for p in parts if not fits(p)), None)
+        if steps != total or bad is not None:
+            shown = bad if bad is not None else (parts[0] if parts else None)
+            what = f"{tuple(shown.shape)} {shown.dtype}, values in [{int(shown.min())}, {int(shown.max())}]" \
+                if isinstance(shown, torch.Tensor) and shown.numel() else type(shown).__name__
             raise ConfigError(f"batch sampler {type(self).__name__} drew {what} over {steps} step(s); it must draw "
                               f"{total} step(s) of int64 indices in [{low}, {n}) for a client of {n} examples.")
 
