@@ -20,7 +20,7 @@ import torch
 
 from trustfl.core.checks import check_number
 from trustfl.core.finite import all_finite, finite_rows
-from trustfl.core.registry import lookup, names, register
+from trustfl.core.registry import component_name, register
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import MessageError
 from trustfl.types import ParamLayout, RoundContext, StageOut
@@ -32,13 +32,6 @@ def _default_context(n: int, weights: torch.Tensor | None, seed: int,
                      reports: Mapping[str, torch.Tensor] | None = None) -> RoundContext:
     return RoundContext(round=0, seed=seed, client_ids=tuple(range(n)), weights=weights, num_clients=n,
                         reports=dict(reports or {}))
-
-
-def component_name(kind: str, stage: object) -> str:
-    """``kind 'name'`` for error messages: the name ``stage``'s class is registered under, else the class name."""
-    cls = type(stage)
-    found = next((name for name in names(kind) if lookup(kind, name) is cls), cls.__name__)
-    return f"{kind} {found!r}"
 
 
 def list_rows(rows: torch.Tensor) -> str:

@@ -22,7 +22,7 @@ import torch
 
 from trustfl.core.checks import check_number
 from trustfl.core.finite import all_finite, finite_rows
-from trustfl.core.registry import lookup, names
+from trustfl.core.registry import component_name
 from trustfl.errors import ConfigError, MessageError
 from trustfl.types import RoundContext
 
@@ -65,8 +65,7 @@ class AbstractAttack(abc.ABC):
 
     def label(self) -> str:
         """``attack 'name'`` for error messages: the registered name of this attack's class."""
-        cls = type(self)
-        return f"attack {next((n for n in names('attack') if lookup('attack', n) is cls), cls.__name__)!r}"
+        return component_name("attack", self)
 
 
 def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from trustfl.core.registry import register
+from trustfl.core.registry import component_name, register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
 
@@ -22,6 +23,18 @@ class AbstractStepBudget(abc.ABC):
     @abc.abstractmethod
     def max_steps(self, client_id: int, planned: int, seed: int, round_: int) -> int | None:
         """The most steps ``client_id`` completes this round (``None``: all ``planned``)."""
+
+
+def checked_max_steps(budget: AbstractStepBudget, client_id: int, planned: int, seed: int,
+                      round_: int) -> int | None:
+    """``budget.max_steps(...)``, refused (ConfigError naming the budget) unless ``None`` or an integer >= 0: a
+    negative count would cut steps from the end as a slice does, and a float would fail deep in a round."""
+    steps = budget.max_steps(client_id, planned, seed, round_)
+    if steps is None or (isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps >= 0):
+        return steps if steps is None else int(steps)
+    raise ConfigError(f"`client.step_budget`: {component_name('step_budget', budget)} gave {steps!r} steps for "
+                      f"client {client_id} in round {round_ + 1}; it must give None (every planned step) or an "
+                      f"integer >= 0.")
 
 
 @register("step_budget", "full")

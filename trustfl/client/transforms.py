@@ -22,7 +22,7 @@ import torch
 from trustfl.client.gradients import AbstractGradientMethod
 from trustfl.core.checks import check_number
 from trustfl.core.rng import normal_rows
-from trustfl.core.registry import register
+from trustfl.core.registry import component_name, of_trustfl, register
 from trustfl.errors import ConfigError
 from trustfl.types import CohortContext, ParamLayout, Params, RoundContext
 
@@ -266,7 +266,10 @@ class LocalChain:
     def step(self, grads: Params, states: dict[str, Any], params: Params, active: torch.Tensor | None) -> None:
         """Run the transforms on ``grads`` and apply the optimizer to ``params`` in place."""
         for name, t in self.transforms:
-            grads, states[name] = t.apply(grads, states[name], params, active, states["views"][name])
+            out = t.apply(grads, states[name], params, active, states["views"][name])
+            if not of_trustfl(t):
+                _check_apply(out, t, params)
+            grads, states[name] = out
         self.optimizer.step(params, grads, active)
 
     def finish(self, states: dict[str, Any], start: torch.Tensor, end: torch.Tensor,
@@ -274,7 +277,10 @@ class LocalChain:
         client_state: dict[str, torch.Tensor] = {}
         extras: dict[str, torch.Tensor] = {}
         for name, t in self.transforms:
-            new, sent = t.finish(states[name], states["views"][name], start, end, num_steps)
+            out = t.finish(states[name], states["views"][name], start, end, num_steps)
+            if not of_trustfl(t):
+                _check_finish(out, t, start)
+            new, sent = out
             client_state.update({f"{name}/{k}": v for k, v in new.items()})
             extras.update({f"{name}/{k}": v for k, v in sent.items()})
         return client_state, extras
@@ -300,3 +306,52 @@ class LocalChain:
     def extras_widths(self, layout: ParamLayout) -> dict[str, int]:
         """Flat width of every extra the clients send (what the server screens them against)."""
         return {f"{n}/{k}": w for n, t in self.transforms for k, w in t.extras_widths(layout).items()}
+
+
+def _refuse(t: AbstractGradientTransform, method: str, problem: str, must: str) -> None:
+    raise ConfigError(f"{component_name('gradient_transform', t)} {problem} from {method}(); {must}.")
+
+
+def _tensor(v: Any) -> str:
+    return f"{tuple(v.shape)}, {v.dtype} on {v.device}" if isinstance(v, torch.Tensor) else type(v).__name__
+
+
+def _check_apply(out: Any, t: AbstractGradientTransform, params: Params) -> None:
+    """Refuse what a gradient transform of your own returned from ``apply`` unless it is ``(grads, state)`` with one
+    floating-point gradient per parameter, of the parameter's stacked shape and device (else a traceback in the
+    optimizer, or a parameter left out)."""
+    must = "it must return (gradients, state), the gradients a dict with one floating-point tensor per parameter, " \
+           "of the parameter's shape (clients, ...) and device"
+    if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[0], Mapping):
+        _refuse(t, "apply", f"returned a {type(out).__name__}", must)
+    grads = out[0]
+    if set(grads) != set(params):
+        missing, extra = sorted(set(params) - set(grads)), sorted(set(grads) - set(params), key=str)
+        found = " and ".join(([f"no gradient for {missing}"] if missing else []) +
+                             ([f"gradients for unknown {extra}"] if extra else []))
+        _refuse(t, "apply", f"returned {found}", must)
+    for k, p in params.items():
+        g = grads[k]
+        if not isinstance(g, torch.Tensor) or g.shape != p.shape or g.device != p.device or not g.is_floating_point():
+            _refuse(t, "apply", f"returned gradient {k!r} = {_tensor(g)} for a parameter of {tuple(p.shape)} on "
+                    f"{p.device}", must)
+
+
+def _check_finish(out: Any, t: AbstractGradientTransform, start: torch.Tensor) -> None:
+    """Refuse what a gradient transform of your own returned from ``finish`` unless it is two dicts of tensors with
+    a row per client on the model's device: its client-state entries (each of the shape of its
+    ``client_state_defaults`` entry) and its extras (``extras_widths`` wide)."""
+    must = "it must return (client_state, extras), dicts of tensors with one row per client on the model's device: " \
+           "the state entries shaped as in client_state_defaults(), the extras as wide as extras_widths() says"
+    if not isinstance(out, tuple) or len(out) != 2 or not all(isinstance(d, Mapping) for d in out):
+        _refuse(t, "finish", f"returned a {type(out).__name__}", must)
+    m = start.shape[0]
+    defaults = t.client_state_defaults(start[0]) if out[0] else {}
+    for k, v in out[0].items():
+        want = (m, *defaults[k].shape) if k in defaults else None
+        if want is None or not isinstance(v, torch.Tensor) or v.shape != want or v.device != start.device:
+            what = "an undeclared client-state entry" if want is None else f"client-state entry {_tensor(v)}"
+            _refuse(t, "finish", f"returned {what} {k!r}" + ("" if want is None else f" (expected {want})"), must)
+    for k, v in out[1].items():
+        if not isinstance(v, torch.Tensor) or v.ndim != 2 or v.shape[0] != m or v.device != start.device:
+            _refuse(t, "finish", f"returned extra {k!r} = {_tensor(v)} for {m} clients", must)

@@ -156,6 +156,19 @@ def lookup(kind: str, name: str) -> Callable[..., Any]:
                         f"'module:Name').")
 
 
+def component_name(kind: str, part: object) -> str:
+    """``kind 'name'`` for error messages: the name ``part``'s class is registered under, else the class name."""
+    cls = type(part)
+    found = next((name for name in names(kind) if lookup(kind, name) is cls), cls.__name__)
+    return f"{kind} {found!r}"
+
+
+def of_trustfl(part: object) -> bool:
+    """Whether ``part``'s class is one of trustfl's own (its contracts are tested in trustfl's suite), not a plugin's:
+    the engine checks what a plugin's part returns where a check would cost time in every round or step."""
+    return type(part).__module__.startswith("trustfl.")
+
+
 def keyword_parameters(signature: inspect.Signature) -> list[str]:
     """The parameters a factory takes by keyword, in order (what a component table may set)."""
     return [n for n, p in signature.parameters.items()

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from trustfl.core.finite import finite_rows
+from trustfl.core.registry import of_trustfl
 from trustfl.errors import ConfigError
 from trustfl.types import ParamLayout, RoundContext, StageOut
 
@@ -73,7 +74,7 @@ class Chain(AbstractStage):
         events: list = []
         for name, stage in self.stages:
             out = stage.apply(x, state[name], ctx)
-            check_stage_out(out, name, x, scan=not type(stage).__module__.startswith("trustfl."))
+            check_stage_out(out, name, x, scan=not of_trustfl(stage))
             x = out.x
             new_state[name] = out.state
             metrics.update({f"{name}/{k}": v for k, v in out.metrics.items()})

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from trustfl.compress.base import AbstractCompressor, Encoded
+from trustfl.core.finite import finite_rows
+from trustfl.core.registry import component_name, of_trustfl
 from trustfl.core.rng import SERVER, derive_seed, make_generator
+from trustfl.errors import ConfigError
 
 UNCOMPRESSED_BITS = 32
 
@@ -51,7 +54,10 @@ class Links:
         enc = sent
         if enc.rows != receivers:  # one message decoded by several receivers (the server's broadcast)
             enc = Encoded({k: v.expand(receivers, *v.shape[1:]) for k, v in enc.payload.items()}, receivers, enc.dim)
-        decoded, flagged = comp.decode(enc, key, shared)
+        out = comp.decode(enc, key, shared)
+        if not of_trustfl(comp):
+            _check_decoded(comp, direction, out, x, receivers)
+        decoded, flagged = out
         failures = int(flagged.sum())
         if comp.needs_key and key is not None:
             # Simulation oracle: decoding against the sender's own value is always exact, so any coordinate the
@@ -72,3 +78,26 @@ class Links:
         if keys is not None:
             receivers = keys.shape[0]
         return self._send(self.downlink, model.unsqueeze(0), keys, r, SERVER, "down", receivers)
+
+
+def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: torch.Tensor, rows: int) -> None:
+    """Refuse (ConfigError naming the compressor) what a compressor of your own decoded from ``x`` (the sent rows;
+    one row for a broadcast) unless it is ``(decoded, failures)``: ``(rows, d)`` floats, finite where the sent row
+    was, and ``(rows,)`` integer counts. Otherwise its messages would be rejected as malformed (uplink) or poison
+    every client (downlink), as if the senders were at fault."""
+    d = x.shape[1]
+    problem = None
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        problem = f"a {type(out).__name__}"
+    else:
+        decoded, flagged = out
+        if decoded.shape != (rows, d) or not decoded.is_floating_point() or flagged.shape != (rows,) or \
+                flagged.is_floating_point() or flagged.dtype == torch.bool:
+            problem = f"({tuple(decoded.shape)} {decoded.dtype}, {tuple(flagged.shape)} {flagged.dtype})"
+        elif bool((finite_rows(x).expand(rows) & ~finite_rows(decoded)).any()):
+            problem = "non-finite values (NaN or ±inf) where the sent rows were finite"
+    if problem is not None:
+        key = "compress.uplink" if direction == "up" else "compress.downlink"
+        raise ConfigError(f"`{key}`: {component_name('compressor', comp)} decoded {problem} ({rows} "
+                          f"message(s) of {d} coordinates); decode() must return (decoded, failures): a ({rows}, {d}) "
+                          f"float tensor, finite where the message is, and a ({rows},) integer tensor.")

@@ -17,6 +17,7 @@ import torch
 
 from trustfl.aggregate.base import aggregator_name
 from trustfl.client.state import ClientStateStore
+from trustfl.client.step_budget import checked_max_steps
 from trustfl.core.finite import finite_rows
 from trustfl.core.stage import stage_out_problem
 from trustfl.core.rng import SERVER, make_generator
@@ -81,7 +82,7 @@ def make_plan(fed: Federation, cid: int, r: int, max_steps: int | None = None) -
     flip = bool(fed.attack is not None and fed.attack.data_level and cid in fed.byzantine)
     rows = fed.client_rows[cid]
     planned = num_local_steps(fed.training, int(rows.numel()), fed.batch_sizes[cid])
-    budget = fed.step_budget.max_steps(cid, planned, fed.seed, r) if max_steps is None else max_steps
+    budget = checked_max_steps(fed.step_budget, cid, planned, fed.seed, r) if max_steps is None else max_steps
     return ClientPlan(cid, rows, fed.batch_sizes[cid], fed.noise_multipliers[cid], flip, budget)
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from trustfl.core.checks import check_number, is_device
+from trustfl.core.registry import component_name, of_trustfl
 from trustfl.core.registry import register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
@@ -71,6 +72,26 @@ def _number(key: str, value: object, *, minimum: float = 0.0, strict: bool = Tru
     if not ok:
         raise ConfigError(f"`{_KEY}.{key}` must be a finite number {rule}, found {value!r}.")
     return float(value)  # type: ignore[arg-type]
+
+
+def _check_drawn(model: "AbstractSpeedModel", method: str, x: object, shape: tuple[int, ...], rule: str, *,
+                 positive: bool, device: torch.device | None = None) -> None:
+    """Refuse (ConfigError naming the model) what a speed model of your own returned unless it is a float64 tensor
+    of ``shape`` (on ``device``) whose entries are finite and ``> 0`` (``positive``) or ``>= 0``: a negative or NaN
+    step time would otherwise run the clock backwards or stop it without a word."""
+    problem = None
+    if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != torch.float64 or \
+            (device is not None and x.device != device):
+        problem = f"gave {_describe(x)}" if isinstance(x, torch.Tensor) else f"gave a {type(x).__name__}"
+        rule = f"a float64 tensor of shape {shape}" + ("" if device is None else f" on {device}") + f", {rule}"
+    else:
+        bad = ~torch.isfinite(x) | ((x <= 0) if positive else (x < 0))
+        if bool(bad.any()):
+            problem = f"gave {x[bad].flatten()[0].item()!r} at {tuple(torch.nonzero(bad)[0].tolist())}"
+    if problem is not None:
+        where = "" if method == "_bind_means" else f"`{_KEY}`: "  # bind()'s caller names the key
+        raise ConfigError(f"{where}{component_name('speed_model', model)} {problem} from {method}(); its step "
+                          f"times must be {rule}.")
 
 
 def _slow_count(slow_share: float, num_clients: int) -> int:
@@ -106,6 +127,8 @@ class AbstractSpeedModel:
         check_number("seed", seed, integer=True)
         bound = copy.copy(self)
         means = self._bind_means(int(num_clients), int(seed))
+        if not of_trustfl(self):
+            _check_drawn(self, "_bind_means", means, (int(num_clients),), "finite and > 0", positive=True)
         object.__setattr__(bound, "_num_clients", int(num_clients))
         object.__setattr__(bound, "_seed", int(seed))
         object.__setattr__(bound, "_means", means)
@@ -154,7 +177,11 @@ class AbstractSpeedModel:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) != bound_seed:
             raise ConfigError(f"`seed` must be the seed given to bind() ({bound_seed}), found {seed!r}.")
         check_number("steps", steps, integer=True, low=0)
-        return self._draw(ids, last_round.to(device=ids.device, dtype=torch.int64), int(seed), int(steps))
+        drawn = self._draw(ids, last_round.to(device=ids.device, dtype=torch.int64), int(seed), int(steps))
+        if not of_trustfl(self):
+            _check_drawn(self, "_draw", drawn, (ids.numel(), int(steps)), "finite and >= 0", positive=False,
+                         device=ids.device)
+        return drawn
 
     # -- subclass hooks ---------------------------------------------------------------------------------------
     def _bind_means(self, num_clients: int, seed: int) -> torch.Tensor:
