@@ -263,3 +263,41 @@ def test_cafcor_with_a_declared_byzantine_bound_deploys(tmp_path):
     assert torch.allclose(dep.params, sim.params, atol=1e-5, rtol=0)
     with pytest.raises(ConfigError, match="recipe.num_byzantine"):
         build_federation(_config(CAFCOR, "recipe.num_byzantine=4"), quiet=True)
+
+
+def test_a_node_answers_each_round_once_in_order_and_never_past_the_run():
+    """A node's noise comes from (its seed, the round): a server asking round 1 again with another model would get
+    the same noise and cancel it in the difference of the two replies (it did, before nodes kept their last
+    round: the difference was the noise-free one). Refused requests leave the node's state as it was."""
+    cfg = _config(FEDAVG_DP_ROBUST, secrets="node")
+    node = NodeRuntime(cfg, 0)
+    model = node.fed.initial_params
+
+    def ask(r, state, m=model):
+        return node.train(TrainRequest.from_wire(TrainRequest(r, {"model": m}, {"model": "float32"}).to_wire()), state)
+
+    start = node.new_state()
+    first, after = ask(0, start)
+    assert after["last_round"] == 0
+    for r, why in [(0, "this node has already trained round 1; each round is answered once, in order"),
+                   (3, "the run has rounds 1-3")]:
+        with pytest.raises(MessageError, match=f"^node 0 refuses to train round {r + 1}: {why} \\(a replayed round"):
+            ask(r, after, model + 0.01)
+    second, _ = ask(2, after)  # a round skipped (not in the cohort) is fine
+    with pytest.raises(MessageError, match="already trained round 3"):
+        ask(1, _)
+    # The state of a node that never kept its last round (saved before) trains, once.
+    legacy = {k: v for k, v in start.items() if k != "last_round"}
+    again, _ = ask(0, legacy)
+    assert torch.equal(again.message, first.message) and not torch.equal(second.message, first.message)
+
+
+def test_a_server_that_replays_a_round_gets_refusals_not_a_crash():
+    cfg = _config(FEDAVG_DP_ROBUST)
+    transport = InProcessTransport([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)])
+    wire = next(_requests(transport, cfg))
+    first = transport.train({0: wire, 1: wire}, 10.0)
+    assert all(isinstance(v, tuple) for v in first.values())
+    replayed = transport.train({0: wire, 1: wire}, 10.0)
+    assert all(isinstance(v, str) and v.startswith("node refused: node ") and "already trained round 1" in v
+               for v in replayed.values())

@@ -9,7 +9,7 @@ from typing import Callable
 from trustfl.deploy.node import NodeRuntime
 from trustfl.deploy.server import AbstractTransport
 from trustfl.deploy.wire import TrainRequest, Wire
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 
 class InProcessTransport(AbstractTransport):
@@ -44,7 +44,11 @@ class InProcessTransport(AbstractTransport):
                 replies[cid] = "node failed"
                 continue
             node = self.nodes[cid]
-            reply, state = node.train(request, NodeRuntime.load_state(self.states[cid]))
+            try:
+                reply, state = node.train(request, NodeRuntime.load_state(self.states[cid]))
+            except MessageError as err:  # the node refuses; over Flower, its ClientApp's error reply
+                replies[cid] = f"node refused: {err}"
+                continue
             self.states[cid] = NodeRuntime.save_state(state)
             replies[cid] = reply.to_wire()
             self._up += sum(a.nbytes for a in replies[cid][0].values())

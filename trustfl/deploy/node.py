@@ -30,7 +30,7 @@ from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, unpack_director
 from trustfl.engine.federation import Federation
 from trustfl.engine.round_parts import cohort_context, context, make_plan, weights
 from trustfl.engine.sync import round_job
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.privacy.correlated import simulation_key_seed
 from trustfl.privacy.keys import ClientKeys
 
@@ -68,7 +68,7 @@ class NodeRuntime:
         else:
             seed, key = _os_secrets.randbits(63), ClientKeys.generate(cid)
         return {"seed": seed, "private_key": key.private_key.private_bytes_raw(),
-                "stages": fed.client_stages.init(fed.layout), "clients": {}}
+                "stages": fed.client_stages.init(fed.layout), "clients": {}, "last_round": -1}
 
     @staticmethod
     def save_state(state: NodeState) -> bytes:
@@ -93,8 +93,22 @@ class NodeRuntime:
         return Hello(self.client_id, self.keys(state).public_bytes, int(rows.numel()))
 
     def train(self, request: TrainRequest, state: NodeState) -> tuple[TrainReply, NodeState]:
-        """Run this client's half of round ``request.round``; return the reply and the node's new state."""
+        """Run this client's half of round ``request.round``; return the reply and the node's new state.
+
+        Raises:
+          MessageError: the round is outside the run's rounds, or not after the last round this node trained.
+            The node's randomness comes from (its seed, the round), so a replayed round would draw the same noise
+            again: two replies to two models would cancel it in their difference. Its noise multiplier is
+            calibrated for at most ``rounds`` participations; so each round is answered at most once, in order,
+            and never past the run, whatever the server asks.
+        """
         fed, cid, r = self.fed, self.client_id, request.round
+        last = int(state.get("last_round", -1))  # a state saved before nodes kept it: no round trained yet
+        if not last < r < self.cfg.rounds:
+            why = f"the run has rounds 1-{self.cfg.rounds}" if r >= self.cfg.rounds else \
+                f"this node has already trained round {last + 1}; each round is answered once, in order"
+            raise MessageError(f"node {cid} refuses to train round {r + 1}: {why} (a replayed round would draw "
+                               f"the same noise again, and its privacy is calibrated for {self.cfg.rounds} rounds).")
         device = fed.initial_params.device
         encoded = {k: v.to(device) for k, v in request.payload.items()}
         received = fed.downlink.decode(encoded, request.torch_dtypes())
@@ -112,4 +126,4 @@ class NodeRuntime:
         extras = {k: v[0] for k, v in results.extras.items()}
         metrics = {k: float(v) for k, v in out.metrics.items() if isinstance(v, (int, float, torch.Tensor))}
         reply = TrainReply(cid, out.x[0], extras, int(results.num_steps[0]), float(results.train_loss[0]), metrics)
-        return reply, {**state, "stages": out.state, "clients": store.state_dict()}
+        return reply, {**state, "stages": out.state, "clients": store.state_dict(), "last_round": r}
