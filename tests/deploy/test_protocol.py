@@ -301,3 +301,27 @@ def test_a_server_that_replays_a_round_gets_refusals_not_a_crash():
     replayed = transport.train({0: wire, 1: wire}, 10.0)
     assert all(isinstance(v, str) and v.startswith("node refused: node ") and "already trained round 1" in v
                for v in replayed.values())
+
+
+def test_a_node_cannot_write_keys_of_the_servers_metrics_rows(tmp_path):
+    """A node's reply carries its client stages' metrics; one naming ``round`` once replaced the server's round
+    number and made the run's own metrics.jsonl unreadable. Only keys of the configured client stages that most
+    answering nodes report reach the row: the rows equal an honest deployment's."""
+    cfg = _config(CAFCOR)
+
+    class Injecting(InProcessTransport):
+        def train(self, requests, timeout):
+            replies = super().train(requests, timeout)
+            if isinstance(replies.get(0), tuple):
+                stage = next(k for k in replies[0][1] if k.startswith("metric/")).split("/")[1]
+                replies[0][1].update({"metric/round": 99.0, "metric/accuracy": 1.0, "metric/epsilon_max": 0.0,
+                                      "metric/rejected": 0.0, "metric/unknown/x": 5.0,
+                                      f"metric/{stage}/only_mine": 7.0, f"metric/{stage}/" + "y" * 300: 1.0})
+            return replies
+
+    honest, _ = _deploy(cfg, tmp_path, "honest")
+    nodes = [NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)]
+    injected, _ = _deploy(cfg, tmp_path, "injected", transport=Injecting(nodes))
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]  # noqa: E731
+    assert strip(injected.rows) == strip(honest.rows)
+    assert any("/" in k and not k.startswith(("aggregator/", "eval/")) for k in honest.rows[0])  # stage metrics

@@ -40,6 +40,10 @@ from trustfl.privacy.correlated import CorrelatedNoise
 from trustfl.privacy.keys import PublicKeyDirectory
 
 
+MAX_METRIC_NAME = 200
+"""The longest metric name a node may report (a client stage's name, ``/``, its metric's name)."""
+
+
 class AbstractTransport(abc.ABC):
     """How the server reaches its nodes. ``client id → wire message``; a failure is a string naming it."""
 
@@ -127,7 +131,7 @@ class RemoteEngine(AbstractEngine):
             if ev is not None:
                 events.append((p.client_id, ev))
         events.extend((p.client_id, e) for p in plans for e in stage_events)
-        stage_metrics = {k: sum(v) / len(v) for k, v in node_metrics.items()}
+        stage_metrics = node_stage_metrics(node_metrics, fed, len(answered))
         for name, stage in fed.client_stages.stages:
             if isinstance(stage, CorrelatedNoise):  # what is left in the sum of the rows that arrived
                 stage_metrics[f"{name}/sum_noise_std"] = stage.sum_noise_std(len(answered), fed.num_clients)
@@ -144,6 +148,16 @@ class RemoteEngine(AbstractEngine):
                   f"{fed.aggregator.too_few(usable)}", file=sys.stderr, flush=True)
         new.wall_time_s = state.wall_time_s + time.perf_counter() - start
         return new, metrics
+
+
+def node_stage_metrics(reported: dict[str, list[float]], fed: Federation, answered: int) -> dict[str, float]:
+    """The round's client-stage metrics from what the nodes reported: the mean of each metric that more than half
+    of the answering nodes reported under the name of one of the configured client stages (``"clip/mean_norm"``).
+    A node's other keys are dropped, so no node can overwrite a key of the server's row (``round``, ``accuracy``,
+    ``epsilon_max``...), which once made the run's own ``metrics.jsonl`` unreadable, nor add keys to it."""
+    stages = tuple(f"{name}/" for name, _ in fed.client_stages.stages)
+    return {k: sum(v) / len(v) for k, v in reported.items()
+            if k.startswith(stages) and len(k) <= MAX_METRIC_NAME and 2 * len(v) > answered} if stages else {}
 
 
 def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | None = None, *,
