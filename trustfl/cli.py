@@ -110,17 +110,13 @@ def _with_imports(cfg, imports: list[str]):
     return dataclasses.replace(cfg, plugins=[*cfg.plugins, *(m for m in imports if m not in cfg.plugins)])
 
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json")
-"""Files whose presence marks a directory as holding a run (``--out`` does not write over them by default)."""
-
-
 def _make_run_dir(out: str, overwrite: bool = False) -> None:
     """Create ``--out`` now, so that an unusable path, or one that holds another run (unless ``overwrite``), is a
     one-line error before the experiment is built."""
-    from trustfl.core.runfiles import check_out_dir, hold_run_dir
+    from trustfl.core.runfiles import check_out_dir, hold_run_dir, run_files_in
 
     path = check_out_dir(out)
-    held = [name for name in RUN_FILES if (path / name).exists()]
+    held = run_files_in(path)
     if held and not overwrite:
         raise UsageError(f"--out {out!r} already holds a run ({', '.join(held)}): continue it with `trustfl run "
                          f"--resume {out}`, or pass --overwrite to start afresh there.")

@@ -75,3 +75,31 @@ def test_the_app_is_rewritten_in_place_and_named_as_a_python_project(tmp_path):
     project = tomllib.loads((out / "pyproject.toml").read_text())
     assert project["project"]["name"] == "trustfl-my-run-v2"  # PEP 508 names: letters, digits, '-', '.'
     assert tomllib.loads(project["tool"]["flwr"]["app"]["config"]["trustfl-config"])["rounds"] == 3
+
+
+def test_the_server_app_run_again_writes_beside_its_earlier_runs(tmp_path, monkeypatch):
+    """The app's `run-dir` is fixed when the app is written: a second `flwr run` wrote over the first run's
+    metrics, model and summary without a word. Each run now takes the first of run, run-2, ... holding no run."""
+    pytest.importorskip("flwr")
+    from types import SimpleNamespace
+
+    from trustfl.config.load import config_to_dict, dump_toml
+    from trustfl.deploy import flower
+
+    written = []
+
+    def fake_run(cfg, transport, out, data_dir=None):
+        (Path(out) / "config.toml").parent.mkdir(parents=True, exist_ok=True)
+        (Path(out) / "config.toml").write_text("")
+        written.append(Path(out))
+        return SimpleNamespace(run_dir=Path(out))
+
+    monkeypatch.setattr(flower, "run_deployment", fake_run)
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs/quickstart.toml")
+    context = SimpleNamespace(run_config={"trustfl-config": dump_toml(config_to_dict(cfg)),
+                                          "run-dir": str(tmp_path / "run")})
+    (tmp_path / "run-2").mkdir()
+    (tmp_path / "run-2" / "summary.json").write_text("{}")  # a run there too: skipped
+    for _ in range(3):
+        flower._server_main(None, context)
+    assert written == [tmp_path / "run", tmp_path / "run-3", tmp_path / "run-4"]

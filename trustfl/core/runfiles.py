@@ -91,6 +91,24 @@ def check_out_dir(out: str | Path) -> Path:
     return path
 
 
+RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json")
+"""Files whose presence marks a directory as holding a run (``--out`` does not write over them by default)."""
+
+
+def run_files_in(path: Path) -> list[str]:
+    """The :data:`RUN_FILES` that ``path`` holds (none: it holds no run)."""
+    return [name for name in RUN_FILES if (path / name).exists()]
+
+
+def unused_run_dir(path: Path) -> Path:
+    """``path`` if it holds no run, else the first of ``path-2``, ``path-3``, ... that holds none."""
+    candidate, k = path, 1
+    while run_files_in(candidate):
+        k += 1
+        candidate = path.with_name(f"{path.name}-{k}")
+    return candidate
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON atomically: a reader (``trustfl compare`` beside a running sweep) sees the old file
     or the new one, never half of one."""

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from trustfl.core.runfiles import unused_run_dir
 from trustfl.deploy.node import NodeRuntime
 from trustfl.deploy.server import AbstractTransport, run_deployment
 from trustfl.deploy.wire import TrainRequest, Wire
@@ -145,6 +147,8 @@ def _server_main(grid: Grid, context: Context) -> None:
     try:
         cfg = _config(context.run_config)
         out = str(context.run_config.get("run-dir", "")) or None
+        if out is not None:  # an app run again writes beside its earlier runs, never over them
+            out = str(unused_run_dir(Path(out)))
         data_dir = str(context.run_config.get("data-dir", "")) or None
         result = run_deployment(cfg, FlowerTransport(grid), out, data_dir=data_dir)
         print(f"[trustfl deploy] run directory: {result.run_dir}", file=sys.stderr, flush=True)
