@@ -325,3 +325,21 @@ def test_a_node_cannot_write_keys_of_the_servers_metrics_rows(tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]  # noqa: E731
     assert strip(injected.rows) == strip(honest.rows)
     assert any("/" in k and not k.startswith(("aggregator/", "eval/")) for k in honest.rows[0])  # stage metrics
+
+
+@pytest.mark.parametrize("payload, found", [
+    (lambda p: {"model": p[:-1]}, r"\(649,\) torch.float32 as 'model', this run's is \(650,\) torch.float32"),
+    (lambda p: {"model": p.view(2, -1)}, r"\(2, 325\) torch.float32 as 'model'"),
+    (lambda p: {"model": p.double()}, r"\(650,\) torch.float64 as 'model'"),
+    (lambda p: {"model": p, "scaffold/c": p[:3]}, r"\(3,\) torch.float32 as 'scaffold/c', this run's is \(650,\)"),
+    (lambda p: {"model": p}, r"nothing as 'scaffold/c'"),
+])
+def test_a_node_refuses_a_downlink_of_other_shapes_in_one_line(payload, found):
+    """A model of another size or dtype, or a SCAFFOLD request without the server's control variate, failed deep in
+    local training (a traceback in the node's log)."""
+    cfg = _config(FEDAVG_DP_ROBUST, 'client.transforms=[{name="scaffold"}]', 'client.dp={mode="off"}')
+    node = NodeRuntime(cfg, 1)
+    sent = payload(node.fed.initial_params)
+    request = TrainRequest(0, sent, {k: str(v.dtype).removeprefix("torch.") for k, v in sent.items()})
+    with pytest.raises(MessageError, match=f"^node 1 refuses the request: the server sent {found}"):
+        node.train(TrainRequest.from_wire(request.to_wire()), node.new_state())

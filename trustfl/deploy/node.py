@@ -86,6 +86,19 @@ class NodeRuntime:
 
         return ClientKeys(self.client_id, X25519PrivateKey.from_private_bytes(state["private_key"]))
 
+    def _check_received(self, received: dict[str, torch.Tensor]) -> None:
+        """Refuse (MessageError) a downlink without the model, or the gradient transforms' server values, of this
+        run's shapes and dtypes: it would fail deep in local training with a traceback in the node's log."""
+        fed = self.fed
+        expected = {"model": fed.initial_params,
+                    **fed.local_chain.downlink(fed.local_chain.server_init(fed.initial_params))}
+        for key, like in expected.items():
+            got = received.get(key)
+            if not isinstance(got, torch.Tensor) or got.shape != like.shape or got.dtype != like.dtype:
+                found = "nothing" if got is None else f"{tuple(got.shape)} {got.dtype}"
+                raise MessageError(f"node {self.client_id} refuses the request: the server sent {found} as {key!r}, "
+                                   f"this run's is {tuple(like.shape)} {like.dtype}.")
+
     # -- the two messages ---------------------------------------------------------------------------------------
     def hello(self, state: NodeState) -> Hello:
         """Who this node is: its id, its public key and how many examples it holds."""
@@ -112,6 +125,7 @@ class NodeRuntime:
         device = fed.initial_params.device
         encoded = {k: v.to(device) for k, v in request.payload.items()}
         received = fed.downlink.decode(encoded, request.torch_dtypes())
+        self._check_received(received)
         plan = make_plan(fed, cid, r)
         store = ClientStateStore.from_state_dict(state["clients"])
         job, lr = round_job(fed, r)
