@@ -37,6 +37,12 @@ instead of page-faulting on every step). On a shared 2-core machine wall-clock t
 with other processes' load; CPU time with one thread is steady. For wall-clock figures on an idle machine:
   .venv/bin/python benchmarks/dp_throughput.py --threads 0 --clock wall
 Allocator comparison: ``--malloc default`` (glibc defaults) or ``--malloc mmap0`` (M_MMAP_MAX only).
+
+On a GPU (``--device cuda``, record benchmarks/dp_throughput_cuda.md): models, data, parameters and every generator
+on the device, the clock is the wall clock read after ``torch.cuda.synchronize()`` (every step synchronises, both
+libraries alike), and the peak memory of a step is the rise of ``torch.cuda.max_memory_allocated`` over what was
+allocated before it, measured in this process:
+  python benchmarks/dp_throughput.py --device cuda --threads 0 --out benchmarks/dp_throughput_cuda.md
 """
 from __future__ import annotations
 
@@ -83,6 +89,7 @@ def main() -> None:
     parser.add_argument("--out", help="also write the record (markdown) to this file")
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn_cafcor"], choices=["mlp", "cnn_cafcor"])
     parser.add_argument("--no-memory", action="store_true", help="skip the per-method peak-memory processes")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:k] (implies --clock wall)")
     parser.add_argument("--memory-worker", nargs=3, metavar=("MODEL", "COHORT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     malloc_note = apply_malloc(args.malloc)  # before torch allocates anything
@@ -102,6 +109,12 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device on this machine")
+    if device.type == "cuda":
+        args.clock = "wall"
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     warnings.filterwarnings("ignore", module="opacus")
     warnings.filterwarnings("ignore", message=".*full backward hook.*")
     sigma, clip = 1.0, 1.0
@@ -119,9 +132,11 @@ def main() -> None:
         runs: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.repeats):
             for name, step in steps.items():
+                sync()
                 n, start = 0, clock()
                 while True:
                     step()
+                    sync()  # on a GPU, the step's kernels have run before the clock is read
                     n += 1
                     elapsed = clock() - start
                     if elapsed >= args.min_time:
@@ -130,12 +145,12 @@ def main() -> None:
         return runs
 
     def cohort(name: str, shape: tuple[int, ...], batch: int, m: int, kw: dict):
-        nets = [build_model(name, shape, 10, seed=100 + i, **kw) for i in range(m)]
+        nets = [build_model(name, shape, 10, seed=100 + i, **kw).to(device) for i in range(m)]
         stacked = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets])
                    for k, _ in nets[0].named_parameters()}
-        gen = torch.Generator().manual_seed(m)
-        x = torch.randn(m, batch, *shape, generator=gen)
-        y = torch.randint(0, 10, (m, batch), generator=gen)
+        gen = torch.Generator().manual_seed(m)  # the same data on every device
+        x = torch.randn(m, batch, *shape, generator=gen).to(device)
+        y = torch.randint(0, 10, (m, batch), generator=gen).to(device)
         return nets, stacked, x, y
 
     def opacus_client(net: torch.nn.Module, batch: int, mode: str, noise: float):
@@ -164,8 +179,8 @@ def main() -> None:
     for label, name, shape, batch, kw in [s for s in setups if s[1] in args.models]:
         for m in args.cohorts:
             nets, stacked, x, y = cohort(name, shape, batch, m, kw)
-            mask = torch.ones(m, batch)
-            gens = [make_generator(0, "bench", i) for i in range(m)]
+            mask = torch.ones(m, batch, device=device)
+            gens = [make_generator(0, "bench", i, device=device) for i in range(m)]
 
             def trustfl_step(method: str) -> Callable[[], object]:
                 def step() -> object:
@@ -178,8 +193,8 @@ def main() -> None:
                 steps["lean"] = mlp_lean(stacked, x, y, gens, sigma, clip)
                 steps["floor"] = mlp_floor(stacked, x, gens)
             for mode in ("hooks", "ghost"):
-                clients = [opacus_client(build_model(name, shape, 10, seed=100 + i, **kw), batch, mode, sigma)
-                           for i in range(m)]
+                clients = [opacus_client(build_model(name, shape, 10, seed=100 + i, **kw).to(device), batch, mode,
+                                         sigma) for i in range(m)]
 
                 def opacus_step(clients=clients) -> None:
                     for i, (_, step) in enumerate(clients):
@@ -196,7 +211,12 @@ def main() -> None:
             rate["paired"] = (statistics.median(paired), paired[0], paired[-1])  # type: ignore[assignment]
             flops = {k: step_gflop(steps[k]) for k in ("trustfl ghost", "opacus ghost")}
             methods = [k for k in steps if k not in ("lean", "floor")]  # the bounds are not methods
-            peaks = {} if args.no_memory else {k: memory_worker(name, m, k, args) for k in methods}
+            if args.no_memory:
+                peaks = {}
+            elif device.type == "cuda":  # the caching allocator counts every byte: no process of its own needed
+                peaks = {k: cuda_step_peak_mb(steps[k]) for k in methods}
+            else:
+                peaks = {k: memory_worker(name, m, k, args) for k in methods}
             rows.append((label, batch, m, rate, peaks, flops))
             print(f"  measured {label} batch {batch} cohort {m}", flush=True)
 
@@ -204,7 +224,7 @@ def main() -> None:
             continue
         # Equality checks on a cohort of 3 clients with one padded example.
         nets, stacked, x, y = cohort(name, shape, batch, 3, kw)
-        mask = torch.ones(3, batch)
+        mask = torch.ones(3, batch, device=device)
         mask[1, -1] = 0
         sums, _ = clipped_grad_sum(nets[0], stacked, {"x": x, "y": y}, mask, clip, method="ghost")
         ref = {k: torch.zeros_like(v) for k, v in stacked.items()}
@@ -214,16 +234,18 @@ def main() -> None:
             coef = clip_factors(norms, clip) * mask[i]
             for k, g in pe.items():
                 ref[k][i] = torch.einsum("b...,b->...", g, coef)
-        noisy = noisy_clipped_mean(sums, sigma, clip, float(batch), [make_generator(1, i) for i in range(3)])
-        noisy_ref = noisy_clipped_mean(ref, sigma, clip, float(batch), [make_generator(1, i) for i in range(3)])
+        noisy = noisy_clipped_mean(sums, sigma, clip, float(batch),
+                                   [make_generator(1, i, device=device) for i in range(3)])
+        noisy_ref = noisy_clipped_mean(ref, sigma, clip, float(batch),
+                                       [make_generator(1, i, device=device) for i in range(3)])
         diff_ref = max((noisy[k] - noisy_ref[k]).abs().max().item() for k in noisy)
         clean = noisy_clipped_mean(sums, 0.0, clip, float(batch), [None] * 3)  # type: ignore[list-item]
-        gsm, step = opacus_client(build_model(name, shape, 10, seed=100, **kw), batch, "ghost", 0.0)
+        gsm, step = opacus_client(build_model(name, shape, 10, seed=100, **kw).to(device), batch, "ghost", 0.0)
         step(x[0], y[0])
         diff_opacus = max((clean[k][0] - p.grad).abs().max().item() for k, p in gsm._module.named_parameters())
         diff_lean = None
         if name == "mlp":  # the lean step on the clients without padding, noise-free, against trustfl's
-            full = torch.ones(3, batch)
+            full = torch.ones(3, batch, device=device)
             want = noisy_clipped_mean(clipped_grad_sum(nets[0], stacked, {"x": x, "y": y}, full, clip)[0], 0.0,
                                       clip, float(batch), [None] * 3)  # type: ignore[list-item]
             lean = mlp_lean(stacked, x, y, [None] * 3, 0.0, clip)()
@@ -231,11 +253,13 @@ def main() -> None:
         checks.append((label, diff_ref, diff_opacus, diff_lean))
 
     unit = "samples/s" if args.clock == "wall" else "samples per CPU-second"
+    where = "on the CPU" if device.type != "cuda" else (f"on {torch.cuda.get_device_name(device)} (every step "
+                                                        f"synchronised; step peak MB: CUDA memory allocated)")
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/dp_throughput.py'] + sys.argv[1:])}`", "",
              "# DP-SGD throughput: trustfl vs Opacus", "",
              f"torch {torch.__version__}, Opacus {opacus.__version__}, {torch.get_num_threads()} torch thread(s), "
              f"{malloc_note}, σ = {sigma}, C = {clip}; {unit}, best of {args.repeats} interleaved runs of >= "
-             f"{args.min_time} s; {cpus()}, load average {load_start:.2f} at the start and "
+             f"{args.min_time} s; {where}; {cpus()}, load average {load_start:.2f} at the start and "
              f"{os.getloadavg()[0]:.2f} at the end. Opacus has no cohort vectorization, so its cohort loops over "
              "the clients. The ratios divide the best runs' throughputs; *per run* gives the median (min–max) of "
              "the ratios within each interleaved run, which a change of the machine's speed between runs moves "
@@ -302,7 +326,8 @@ def mlp_floor(stacked: dict, x, gens: list) -> Callable[[], object]:
 
     from trustfl.core.rng import normal_rows
     weight = stacked["net.0.weight"]  # (m, 256, 784)
-    grads = torch.randn(weight.shape[0], x.shape[1], weight.shape[1])  # stands in for the clipped output gradients
+    # stands in for the clipped output gradients
+    grads = torch.randn(weight.shape[0], x.shape[1], weight.shape[1], device=x.device)
     hidden, weight_sum = torch.empty_like(grads), torch.empty_like(weight)
     noise = [torch.empty_like(v) for v in stacked.values()]
 
@@ -379,6 +404,20 @@ def step_peak_mb(step: Callable[[], object], steps: int = 3) -> float:
     for _ in range(steps):
         step()
     return _proc_status_mb("VmHWM") - before
+
+
+def cuda_step_peak_mb(step: Callable[[], object], steps: int = 3) -> float:
+    """The rise of the CUDA memory allocated at its peak during ``steps`` calls of ``step`` over what was allocated
+    before them."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
 def memory_worker(model: str, cohort: int, method: str, args: argparse.Namespace) -> float | None:

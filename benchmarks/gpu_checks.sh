@@ -4,7 +4,8 @@
 # MLP clients of 600 examples each, the issue's prototype setting (benchmarks/scale_gpu_10k_600.md), a profile of the
 # 100-client round that also locates its host synchronisations (benchmarks/profile_round_gpu.md), and a timing of
 # the two forms of per-example convolution gradients on CUDA (benchmarks/conv_grads_cuda.md); also issue #11's QuAFL
-# simulation against its per-client loop, both on the GPU (benchmarks/quafl_speed_cuda.md). A step that fails
+# simulation against its per-client loop, both on the GPU (benchmarks/quafl_speed_cuda.md), and issue #17's
+# DP-SGD throughput against Opacus (benchmarks/dp_throughput_cuda.md; where Opacus imports). A step that fails
 # leaves its record as it was (scale.py writes nothing when a cell failed); the logs go to OUTDIR.
 #
 # Usage: benchmarks/gpu_checks.sh [OUTDIR]        (default runs/gpu_checks)
@@ -68,3 +69,13 @@ timeout 240 "$py" benchmarks/quafl_speed.py --device cuda --processes 1 --out be
     > "$out/quafl_speed.log" 2>&1
 echo "QuAFL speed on CUDA, trustfl vs the per-client loop (issue #11): exit $?"
 grep -E "^Acceptance|^\| (trustfl \(as|plain loop)" benchmarks/quafl_speed_cuda.md
+
+# Issue #17 on CUDA: needs Opacus importable (pure Python: carry its package directory and put it on PYTHONPATH).
+if "$py" -c "import opacus" 2> /dev/null; then
+    timeout 180 "$py" benchmarks/dp_throughput.py --device cuda --threads 0 --repeats 3 --min-time 0.3 \
+        --out benchmarks/dp_throughput_cuda.md > "$out/dp_throughput.log" 2>&1
+    echo "DP-SGD throughput on CUDA, trustfl vs Opacus (issue #17): exit $?"
+    grep -E "^\| (mlp|cnn)" benchmarks/dp_throughput_cuda.md | head -4
+else
+    echo "DP-SGD throughput on CUDA (issue #17): skipped, opacus is not importable here"
+fi
