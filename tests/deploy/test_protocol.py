@@ -343,3 +343,22 @@ def test_a_node_refuses_a_downlink_of_other_shapes_in_one_line(payload, found):
     request = TrainRequest(0, sent, {k: str(v.dtype).removeprefix("torch.") for k, v in sent.items()})
     with pytest.raises(MessageError, match=f"^node 1 refuses the request: the server sent {found}"):
         node.train(TrainRequest.from_wire(request.to_wire()), node.new_state())
+
+
+@pytest.mark.parametrize("field, value", [("num_samples", 2**70), ("num_samples", -1), ("num_samples", "12"),
+                                          ("public_key", b"\x01" * 31), ("client_id", 2**64)])
+def test_a_malformed_hello_stops_the_start_in_one_line_naming_the_node(field, value, tmp_path):
+    """A sample count past int64 ended the server in a ValueError traceback (Overflow when unpacking long)."""
+    cfg = _config(FEDAVG_DP_ROBUST)
+
+    class Malformed(InProcessTransport):
+        def hello(self, num_nodes, timeout):
+            hellos = super().hello(num_nodes, timeout)
+            hellos[2][1][field] = value
+            return hellos
+
+    transport = Malformed([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)])
+    with pytest.raises(MessageError, match=r"^the node announcing partition-id 2 sent a malformed hello: a hello "
+                                           r"needs an int client_id in \[0, 2\^63\)"):
+        _deploy(cfg, tmp_path, transport=transport)
+    assert not (tmp_path / "dep" / "metrics.jsonl").exists()

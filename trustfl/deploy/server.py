@@ -35,7 +35,7 @@ from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import num_local_steps
 from trustfl.engine.round_parts import Arrivals, admit, conclude, round_events, sample_cohort
 from trustfl.engine.sync import initial_state
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.privacy.correlated import CorrelatedNoise
 from trustfl.privacy.keys import PublicKeyDirectory
 
@@ -78,7 +78,12 @@ class RemoteEngine(AbstractEngine):
     def connect(self, fed: Federation) -> None:
         """Collect every node's hello: the public-key directory and the clients' example counts."""
         n = fed.num_clients
-        hellos = {cid: Hello.from_wire(w) for cid, w in self.transport.hello(n, self.startup_timeout_s).items()}
+        hellos = {}
+        for cid, wire in self.transport.hello(n, self.startup_timeout_s).items():
+            try:
+                hellos[cid] = Hello.from_wire(wire)
+            except MessageError as err:
+                raise MessageError(f"the node announcing partition-id {cid} sent a malformed hello: {err}") from None
         if sorted(hellos) != list(range(n)):
             raise ConfigError(f"`data.num_clients` is {n} but the nodes announced client ids {sorted(hellos)}; "
                               f"start one node per client with partition-id 0..{n - 1}.")

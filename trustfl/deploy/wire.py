@@ -95,10 +95,10 @@ class Hello:
         """Raises MessageError if a field is missing or of the wrong kind."""
         _, config = wire
         cid, key, size = config.get("client_id"), config.get("public_key"), config.get("num_samples")
-        if not (_is_int(cid) and cid >= 0 and isinstance(key, bytes) and len(key) == KEY_BYTES and _is_int(size)
-                and size >= 0):
-            raise MessageError(f"a hello needs an int client_id >= 0, a {KEY_BYTES}-byte public_key and an int "
-                               f"num_samples >= 0, found {sorted(config)}.")
+        if not (_is_int(cid) and 0 <= cid < 2**63 and isinstance(key, bytes) and len(key) == KEY_BYTES
+                and _is_int(size) and 0 <= size < 2**63):
+            raise MessageError(f"a hello needs an int client_id in [0, 2^63), a {KEY_BYTES}-byte public_key and an int "
+                               f"num_samples in [0, 2^63), found {sorted(config)}.")
         return cls(int(cid), key, int(size))
 
 
