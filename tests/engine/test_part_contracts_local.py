@@ -75,15 +75,19 @@ BROKEN_APPLY = {
 }
 
 
+def _refused(monkeypatch, tmp_path, transform, pattern):
+    _register(monkeypatch, "gradient_transform", "contract_test_transform", transform)
+    cfg = _cfg(client={"steps": 2, "batch_size": 16, "transforms": [{"name": "contract_test_transform"}]},
+               cohort={"sampler": "all"})
+    with pytest.raises(ConfigError, match=f"^gradient_transform 'contract_test_transform' {pattern}"):
+        _run(cfg, tmp_path / "run")
+
+
 @pytest.mark.parametrize("case", BROKEN_APPLY)
 def test_a_gradient_transform_of_your_own_returning_other_gradients_is_named(monkeypatch, tmp_path, case):
     apply, fragment = BROKEN_APPLY[case]
-    _register(monkeypatch, "gradient_transform", "contract_test_transform", _transform(apply=apply))
-    cfg = _cfg(client={"steps": 2, "batch_size": 16, "transforms": [{"name": "contract_test_transform"}]},
-               cohort={"sampler": "all"})
-    with pytest.raises(ConfigError, match=f"^gradient_transform 'contract_test_transform' {fragment}.* from "
-                                          f"apply\\(\\); it must return \\(gradients, state\\)"):
-        _run(cfg, tmp_path / "run")
+    _refused(monkeypatch, tmp_path, _transform(apply=apply),
+             f"{fragment}.* from apply\\(\\); it must return \\(gradients, state\\)")
 
 
 BROKEN_FINISH = {
@@ -101,12 +105,8 @@ BROKEN_FINISH = {
 @pytest.mark.parametrize("case", BROKEN_FINISH)
 def test_a_gradient_transform_of_your_own_finishing_with_other_state_is_named(monkeypatch, tmp_path, case):
     finish, fragment = BROKEN_FINISH[case]
-    _register(monkeypatch, "gradient_transform", "contract_test_transform", _transform(finish=finish))
-    cfg = _cfg(client={"steps": 2, "batch_size": 16, "transforms": [{"name": "contract_test_transform"}]},
-               cohort={"sampler": "all"})
-    with pytest.raises(ConfigError, match=f"^gradient_transform 'contract_test_transform' {fragment} from "
-                                          f"finish\\(\\); it must return \\(client_state, extras\\)"):
-        _run(cfg, tmp_path / "run")
+    _refused(monkeypatch, tmp_path, _transform(finish=finish),
+             f"{fragment} from finish\\(\\); it must return \\(client_state, extras\\)")
 
 
 @pytest.mark.parametrize("name, base, params", [("momentum", Momentum, {"momentum": 0.9}),
