@@ -45,8 +45,7 @@ import numpy as np
 import torch
 
 from trustfl.core.checks import check_number, is_device
-from trustfl.core.registry import component_name, of_trustfl
-from trustfl.core.registry import register
+from trustfl.core.registry import component_name, of_trustfl, register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
 
