@@ -362,3 +362,37 @@ def test_a_malformed_hello_stops_the_start_in_one_line_naming_the_node(field, va
                                            r"needs an int client_id in \[0, 2\^63\)"):
         _deploy(cfg, tmp_path, transport=transport)
     assert not (tmp_path / "dep" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("rule", ["mean", "median"])
+def test_one_node_with_huge_scaffold_deltas_stops_training_unless_extras_take_the_median(rule, tmp_path):
+    """SCAFFOLD's server control variate averages the clients' deltas: one node sending 3e38 per coordinate (finite)
+    moved it so far that every later message was non-finite and rejected. ``server.extras = "median"`` replaces
+    the deltas by their coordinate-wise median first."""
+    cfg = _config(FEDAVG_DP_ROBUST, 'client.transforms=[{name="scaffold"}]', 'client.dp={mode="off"}', "rounds=4",
+                  f'server.extras="{rule}"')
+
+    class Huge(InProcessTransport):
+        def train(self, requests, timeout):
+            replies = super().train(requests, timeout)
+            if isinstance(replies.get(0), tuple):
+                arrays = replies[0][0]
+                key = next(k for k in arrays if k.startswith("extra/"))
+                arrays[key] = np.full_like(arrays[key], 3e38)
+            return replies
+
+    attacked, _ = _deploy(cfg, tmp_path, "attacked", transport=Huge([NodeRuntime(cfg, i) for i in range(4)]))
+    honest = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
+    rejected = [r["rejected"] for r in attacked.rows]
+    if rule == "mean":
+        assert rejected == [0, 4, 4, 4] and attacked.rows[-1]["accuracy"] == attacked.rows[0]["accuracy"]
+    else:
+        assert rejected == [0, 0, 0, 0] and torch.isfinite(attacked.params).all()
+        assert attacked.rows[-1]["accuracy"] > attacked.rows[0]["accuracy"] - 0.02
+        assert attacked.rows[-1]["accuracy"] == pytest.approx(honest.rows[-1]["accuracy"], abs=0.03)
+
+
+def test_server_extras_without_a_transform_sending_any_is_refused(tmp_path):
+    cfg = _config(FEDAVG_DP_ROBUST, 'server.extras="median"')
+    with pytest.raises(ConfigError, match=r"^`server.extras` = 'median' does nothing: no gradient transform"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)

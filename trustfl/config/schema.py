@@ -161,6 +161,11 @@ class ServerConfig:
     beta2: float = 0.99
     tau: float = 1e-3
     weighting: Literal["num_samples", "uniform"] = "num_samples"
+    extras: Literal["mean", "median"] = "mean"
+    """How the server combines what gradient transforms send beside the message (SCAFFOLD's control-variate
+    deltas): ``mean``, the algorithm's own average; ``median``, every client's replaced by their coordinate-wise
+    median first, so that a minority of Byzantine clients cannot move the server's state far (one huge delta stops
+    training under ``mean``). Refused without a transform that sends any."""
 
     def __post_init__(self) -> None:
         check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")

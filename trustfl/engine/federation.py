@@ -130,6 +130,9 @@ class Federation:
     one (``attack.view = "noiseless"``: the client chain without its privacy-noise stages); ``None``: the
     attack sees the transmitted messages."""
     weighting: str = "num_samples"
+    extras_rule: str = "mean"
+    """``server.extras``: ``median`` replaces the kept clients' extras by their coordinate-wise median before the
+    transforms' server halves average them."""
     reports: dict[str, torch.Tensor] = field(default_factory=dict)
     eval_every: int = 1
     eval_batch_size: int = 2048

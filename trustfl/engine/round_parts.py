@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from trustfl.aggregate.base import aggregator_name
+from trustfl.aggregate.coordinate import coordinate_median
 from trustfl.client.state import ClientStateStore
 from trustfl.client.step_budget import checked_max_steps
 from trustfl.core.finite import finite_rows
@@ -325,7 +326,10 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
         step = srv.x if isinstance(scale, float) and scale == 1.0 else srv.x * scale
         new.params, new.server_optimizer = fed.server_optimizer.step(state.params, step, state.server_optimizer)
         new.aggregator, new.server_stages = agg.state, srv.state
-        new.shared = fed.local_chain.server_update(state.shared, {k: v[keep] for k, v in extras.items()}, ctx)
+        kept = {k: v[keep] for k, v in extras.items()}
+        if fed.extras_rule == "median":  # a Byzantine minority's extras cannot move the server's state far
+            kept = {k: coordinate_median(v).expand_as(v) for k, v in kept.items()}
+        new.shared = fed.local_chain.server_update(state.shared, kept, ctx)
     if fed.ledger is not None and events:
         # Byzantine clients (e.g. label flippers that follow the protocol) have no privacy to protect: no ledger.
         fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
