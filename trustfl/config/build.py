@@ -293,9 +293,11 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         raise ConfigError(f"`client.transforms` {local_chain.names} send values beside the message (e.g. SCAFFOLD's "
                           f"control variates) that the message's privacy stages {noisy} do not protect; use "
                           f"sample-level DP (`client.dp`) instead.")
-    if cfg.server.extras != "mean" and not local_chain.extras_widths(layout):
-        raise ConfigError(f"`server.extras` = {cfg.server.extras!r} does nothing: no gradient transform of "
-                          f"`client.transforms` sends values beside the message (SCAFFOLD does).")
+    for key, value, default in [("server.extras", cfg.server.extras, "mean"),
+                                ("attack.extras", cfg.attack.extras, "zero")]:
+        if value != default and not local_chain.extras_widths(layout):
+            raise ConfigError(f"`{key}` = {value!r} does nothing: no gradient transform of `client.transforms` "
+                              f"sends values beside the message (SCAFFOLD does).")
     info["local_chain"] = [type(local_chain.method).__name__] + local_chain.names
     step_budget = build_component("step_budget", cfg.client.step_budget, "client.step_budget")
     augment, statistics = build_selfsup_parts(cfg, objective, sizes, dataset.input_shape)
@@ -312,7 +314,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         attack=attack, client_stages=client_stages,
         aggregator=aggregator, server_stages=server_stages,
         server_optimizer=server_opt, executor=executor, ledger=ledger, weighting=cfg.server.weighting,
-        extras_rule=cfg.server.extras,
+        extras_rule=cfg.server.extras, attack_extras=cfg.attack.extras,
         attack_view=client_stages.without_privacy_noise() if attack is not None and cfg.attack.view == "noiseless"
         else None,
         reports={"num_samples": torch.tensor(sizes, dtype=torch.float64)},

@@ -187,10 +187,15 @@ class AttackConfig:
     every client stage; docs/papers/cafcor.md, "What the attacker sees"), or the messages their client stages
     would produce without the privacy-noise stages ("noiseless", a simulation-only oracle kept with its own stage
     state)."""
+    extras: Literal["zero", "crafted"] = "zero"
+    """What an update-level attack's clients send beside the message (SCAFFOLD's control-variate delta): "zero", or
+    "crafted", the attack applied to the honest clients' extras as to their messages (what a real Byzantine node
+    can send; ``server.extras = "median"`` is the defence). Refused without a transform that sends extras."""
 
     def __post_init__(self) -> None:
         check(self.num_byzantine >= 0, "num_byzantine", self.num_byzantine, "an integer >= 0")
         check(self.view in ("transmitted", "noiseless"), "view", self.view, '"transmitted" or "noiseless"')
+        check(self.extras in ("zero", "crafted"), "extras", self.extras, '"zero" or "crafted"')
 
 
 MAX_ROUNDS = 10_000_000

@@ -131,6 +131,8 @@ class Federation:
     attack sees the transmitted messages."""
     weighting: str = "num_samples"
     extras_rule: str = "mean"
+    attack_extras: str = "zero"
+    """``attack.extras``: ``crafted`` applies an update-level attack to the honest clients' extras too."""
     """``server.extras``: ``median`` replaces the kept clients' extras by their coordinate-wise median before the
     transforms' server halves average them."""
     reports: dict[str, torch.Tensor] = field(default_factory=dict)

@@ -254,8 +254,17 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
             byz = state.params.new_full((len(crafted), d), float("nan"))
         for i, c in enumerate(crafted):
             rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
-    # Crafted messages carry zero extras: the attacks act on the model message only.
+    # Crafted clients' extras are zero (the attack acts on the message only) or, with `attack.extras = "crafted"`,
+    # the attack applied to the honest clients' finite extras as to their messages.
     extras = {key: dict(zip(trainers, results.extras[key])) for key in fed.local_chain.extras_widths(fed.layout)}
+    honest_ids = [i for i, c in enumerate(trainers) if c not in fed.byzantine]
+    if crafted and honest_ids and fed.attack_extras == "crafted":
+        for by_client in extras.values():
+            honest = torch.stack([by_client[trainers[i]] for i in honest_ids])
+            keep = torch.nonzero(finite_rows(honest)).flatten()
+            if len(keep):
+                chosen = ctx_train.select(torch.tensor(honest_ids, dtype=torch.long)[keep])
+                by_client.update(zip(crafted, fed.attack.craft(honest[keep], len(crafted), chosen, fed.aggregator)))
     arrivals = Arrivals(cohort, rows, extras, events, dict(out.metrics),
                         float(results.train_loss.mean()) if len(results.train_loss) else None, bits_row, failures,
                         uplink.to_server is not None)
