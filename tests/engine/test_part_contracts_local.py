@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from trustfl.client.divergence_aware import FedEMAStart
 from trustfl.client.scaffold import Scaffold
 from trustfl.client.step_budget import AbstractStepBudget, Stragglers
 from trustfl.client.transforms import AbstractGradientTransform, Momentum
@@ -109,10 +110,29 @@ def test_a_gradient_transform_of_your_own_finishing_with_other_state_is_named(mo
              f"{fragment} from finish\\(\\); it must return \\(client_state, extras\\)")
 
 
+def _personalizing(personalize):
+    body = {"personalizes": True, "personalize": lambda self, start, cohort: personalize(start),
+            "apply": lambda self, grads, state, params, active, cohort: (grads, state)}
+    return dataclass(frozen=True)(type("Transform", (AbstractGradientTransform,), body))
+
+
+@pytest.mark.parametrize("personalize, found", [(lambda start: start[0], r"\(610,\), torch.float32 on cpu"),
+                                                (lambda start: start[:, 1:], r"\(4, 609\), torch.float32 on cpu"),
+                                                (lambda start: None, "NoneType")], ids=["one row", "short", "none"])
+def test_a_personalizing_transform_of_your_own_returning_other_starts_is_named(monkeypatch, tmp_path, personalize,
+                                                                               found):
+    """A start of another shape ended in an IndexError or a reshape's RuntimeError."""
+    _refused(monkeypatch, tmp_path, _personalizing(personalize),
+             f"returned {found} from personalize\\(\\); it must return the clients' flat starting models, a "
+             f"floating-point tensor of shape \\(4, 610\\) on cpu")
+
+
 @pytest.mark.parametrize("name, base, params", [("momentum", Momentum, {"momentum": 0.9}),
-                                                ("scaffold", Scaffold, {})], ids=["momentum", "scaffold"])
+                                                ("scaffold", Scaffold, {}), ("fedema", FedEMAStart, {"tau": 0.5})],
+                         ids=["momentum", "scaffold", "fedema"])
 def test_checked_copies_of_the_built_in_transforms_run_as_the_built_ins(monkeypatch, tmp_path, name, base, params):
-    """Momentum's gradients and SCAFFOLD's control variates (client state) and extras pass the checks unchanged."""
+    """Momentum's gradients, SCAFFOLD's control variates (client state) and extras, and FedEMA's personalized
+    starts pass the checks unchanged."""
     assert registry.lookup("gradient_transform", name) is base
     copy = dataclass(frozen=True)(type("Copy", (base,), {}))
     _register(monkeypatch, "gradient_transform", "contract_test_copy", copy)

@@ -247,7 +247,12 @@ class LocalChain:
         start = received.unsqueeze(0).expand(cohort.size, -1)
         for name, t in self.transforms:
             if t.personalizes:
-                start = t.personalize(start, self._view(name, cohort))
+                out = t.personalize(start, self._view(name, cohort))
+                if not of_trustfl(t) and not (isinstance(out, torch.Tensor) and out.shape == start.shape and
+                                              out.is_floating_point() and out.device == start.device):
+                    _refuse(t, "personalize", f"returned {_tensor(out)}", f"it must return the clients' flat "
+                            f"starting models, a floating-point tensor of shape {tuple(start.shape)} on {start.device}")
+                start = out
         return start
 
     def init(self, params: Params, cohort: CohortContext) -> dict[str, Any]:
