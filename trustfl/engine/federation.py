@@ -131,10 +131,10 @@ class Federation:
     attack sees the transmitted messages."""
     weighting: str = "num_samples"
     extras_rule: str = "mean"
-    attack_extras: str = "zero"
-    """``attack.extras``: ``crafted`` applies an update-level attack to the honest clients' extras too."""
     """``server.extras``: ``median`` replaces the kept clients' extras by their coordinate-wise median before the
     transforms' server halves average them."""
+    attack_extras: str = "zero"
+    """``attack.extras``: ``crafted`` applies an update-level attack to the honest clients' extras too."""
     reports: dict[str, torch.Tensor] = field(default_factory=dict)
     eval_every: int = 1
     eval_batch_size: int = 2048
