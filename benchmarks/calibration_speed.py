@@ -11,6 +11,10 @@ is built in a fresh process (no cached RDP vector carries over), once as trustfl
 per-order functions, as before that module existed. The two variants interleave ``--repeats`` times; each cell
 is the median wall time of ``build_federation`` (data loading and model building included, identical in both).
 The last column checks that both variants calibrated the same noise multipliers, bit for bit.
+
+A third variant, ``node``, is the build of a deployed node (``build_federation(..., for_client=0)``, as
+``trustfl.deploy.node.NodeRuntime`` runs it at every message of a Flower node): it calibrates client 0's noise
+multiplier alone, and its value must equal the full build's, bit for bit.
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ CASES: dict[str, tuple[str, object]] = {
     "configs/robust_hdp/digits_quick.toml: 10 clients, Robust-HDP's calibration (fractional orders)":
         ("file", "configs/robust_hdp/digits_quick.toml"),
 }
-VARIANTS = ("trustfl", "dp_accounting")
+VARIANTS = ("trustfl", "dp_accounting", "node")
 
 
 def child(case: str, variant: str) -> None:
@@ -65,7 +69,7 @@ def child(case: str, variant: str) -> None:
     kind, spec = CASES[case]
     cfg = load_config(ROOT / str(spec)) if kind == "file" else config_from_dict(spec)  # type: ignore[arg-type]
     start = time.perf_counter()
-    fed = build_federation(cfg, quiet=True)
+    fed = build_federation(cfg, quiet=True, for_client=0 if variant == "node" else None)
     seconds = time.perf_counter() - start
     print(json.dumps({"seconds": seconds, "z": [float(z).hex() for z in fed.noise_multipliers]}))
 
@@ -96,20 +100,23 @@ def main() -> None:
             for variant in VARIANTS:
                 runs[variant].append(measure(case, variant))
         seconds = {v: statistics.median(r["seconds"] for r in runs[v]) for v in VARIANTS}
-        same = len({tuple(r["z"]) for v in VARIANTS for r in runs[v]}) == 1
-        rows.append((case, seconds, same, len(runs["trustfl"][0]["z"])))
+        same = len({tuple(r["z"]) for v in VARIANTS[:2] for r in runs[v]}) == 1
+        same_node = len({r["z"][0] for v in VARIANTS for r in runs[v]}) == 1
+        rows.append((case, seconds, same and same_node, len(runs["trustfl"][0]["z"])))
         print(f"{case}: dp_accounting {seconds['dp_accounting']:.2f} s, trustfl {seconds['trustfl']:.2f} s, "
-              f"same z: {same}", flush=True)
+              f"node {seconds['node']:.2f} s, same z: {same}, node's z: {same_node}", flush=True)
     lines = ["# Calibrating per-client noise: build time", "",
              f"Command: `.venv/bin/python benchmarks/calibration_speed.py --repeats {args.repeats}"
              + (f" --out {args.out}`" if args.out else "`"), "",
-             f"{cpus()}; load average {os.getloadavg()[0]:.2f} at the end; each build in a fresh process, the two "
-             f"variants interleaved {args.repeats} times, median wall seconds of `build_federation`.", "",
-             "| case | clients | dp_accounting's per-order bounds (s) | trustfl (s) | ratio | same noise multipliers |",
-             "|---|---|---|---|---|---|"]
+             f"{cpus()}; load average {os.getloadavg()[0]:.2f} at the end; each build in a fresh process, the three "
+             f"variants interleaved {args.repeats} times, median wall seconds of `build_federation`. *node*: a "
+             f"deployed node's build (`for_client=0`: client 0's noise alone).", "",
+             "| case | clients | dp_accounting's per-order bounds (s) | trustfl (s) | ratio | node (s) | "
+             "same noise multipliers (node: client 0's) |", "|---|---|---|---|---|---|---|"]
     for case, seconds, same, n in rows:
         lines.append(f"| {case} | {n} | {seconds['dp_accounting']:.2f} | {seconds['trustfl']:.2f} | "
-                     f"{seconds['trustfl'] / seconds['dp_accounting']:.2f}× | {'yes, bitwise' if same else 'NO'} |")
+                     f"{seconds['trustfl'] / seconds['dp_accounting']:.2f}× | {seconds['node']:.2f} | "
+                     f"{'yes, bitwise' if same else 'NO'} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

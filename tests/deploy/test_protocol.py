@@ -27,6 +27,7 @@ from trustfl.privacy.keys import pair_seed
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 SMALL = ["rounds=3", 'data.dataset="digits"', "data.num_clients=4"]
 FEDAVG_DP_ROBUST = (ROOT / "configs/dp/dpsgd_digits.toml", SMALL + ['aggregator={name="cwtm", f=1}'])
+HETEROGENEOUS_EPS = (ROOT / "configs/dp/heterogeneous_eps_digits.toml", SMALL)  # each node calibrates its own ε
 CAFCOR = (ROOT / "configs/cafcor/expA_cafcor_secldp.toml",
           SMALL + ['attack.name="none"', "attack.num_byzantine=0", 'recipe.noise_path="exact"', "recipe.ind_to_cor=1.0",
                    'model={name="mlp", hidden=[16]}', "client.batch_size=16"])
@@ -43,7 +44,8 @@ def _deploy(cfg, tmp_path, name="dep", fails=None, transport=None):
     return run_deployment(cfg, transport, tmp_path / name, progress=False, plots=False), transport
 
 
-@pytest.mark.parametrize("spec", [FEDAVG_DP_ROBUST, CAFCOR], ids=["fedavg_dp_cwtm", "cafcor_exact"])
+@pytest.mark.parametrize("spec", [FEDAVG_DP_ROBUST, HETEROGENEOUS_EPS, CAFCOR],
+                         ids=["fedavg_dp_cwtm", "heterogeneous_eps", "cafcor_exact"])
 def test_deployment_equals_the_simulation(spec, tmp_path):
     cfg = _config(spec)
     sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)

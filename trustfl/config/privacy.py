@@ -27,24 +27,28 @@ def _ceil(z: float, decimals: int) -> float:
 
 def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[int], batch_sizes: list[int],
                   byzantine: frozenset[int], info: dict[str, Any],
-                  round_events: list[Any]) -> tuple[list[float], LedgerBook | None]:
+                  round_events: list[Any], for_client: int | None = None) -> tuple[list[float], LedgerBook | None]:
     """Noise multipliers per client and the ledger book.
 
     ``round_events`` are the events the client and server stages charge every participating client per round
     (local noise, central noise, SecLDP steps). Without sample-level DP and without such events there is no
     ledger; otherwise every honest client gets one, with the budget of ``client.dp`` (unlimited if none).
+
+    ``for_client``: a deployed node's build. Only that client's noise multiplier is calibrated and only its
+    schedule checked (the server's build does every client's); every other calibrated multiplier is NaN.
     """
     n = len(sizes)
     dp = cfg.client.dp
     eps = client_epsilons(cfg.client.dp, n, cfg.seed)
     honest = [i for i in range(n) if i not in byzantine and (sizes[i] > 0 or dp.mode == "off")]
+    mine = honest if for_client is None else [i for i in honest if i == for_client]  # calibrated and checked here
     if dp.mode == "off":
         check_budget_has_a_use(cfg, round_events)
         if not round_events:
             return [0.0] * n, None
         budgets = {i: Budget(eps[i] if eps is not None else math.inf, dp.delta) for i in honest}
         per_round = round_events[0] if len(round_events) == 1 else composed(round_events)
-        for i in honest:
+        for i in mine:
             if not budgets[i].unlimited:
                 check_schedule(i, budgets[i], per_round, cfg.rounds, dp.accountant)
         info["privacy"] = {"mode": "stages", "delta": dp.delta, "accountant": dp.accountant,
@@ -57,19 +61,20 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
         noise = [dp.noise_multiplier] * n
     else:
         rates = [1.0 if dp.mode == "batch_clip" else min(1.0, batch_sizes[i] / max(sizes[i], 1)) for i in range(n)]
-        z_honest = calibrate_clients([eps[i] for i in honest], dp.delta, [rates[i] for i in honest],
-                                     [steps[i] for i in honest],
-                                     accountant="rhdp" if dp.calibration == "rhdp" else dp.accountant,
-                                     sampling="poisson" if dp.mode == "batch_clip" or dp.calibration == "rhdp"
-                                     else sampling, round_decimals=None)
-        noise = [0.0] * n
-        for i, z in zip(honest, z_honest):
+        z_mine = calibrate_clients([eps[i] for i in mine], dp.delta, [rates[i] for i in mine],
+                                   [steps[i] for i in mine],
+                                   accountant="rhdp" if dp.calibration == "rhdp" else dp.accountant,
+                                   sampling="poisson" if dp.mode == "batch_clip" or dp.calibration == "rhdp"
+                                   else sampling, round_decimals=None)
+        others = set(honest).difference(mine)  # honest clients of other nodes: not calibrated here
+        noise = [math.nan if i in others else 0.0 for i in range(n)]
+        for i, z in zip(mine, z_mine):
             # Rounding (Robust-HDP's code keeps 2 decimals) goes up, so a client never spends past its budget.
             noise[i] = _ceil(z, dp.round_noise_to) if dp.round_noise_to >= 0 else z
     # dp_accounting analyses sampling without replacement only under replace-one adjacency.
     neighboring = "replace_one" if dp.mode == "per_example" and sampling == "without_replacement" else "add_remove"
     budgets = {i: Budget(eps[i] if eps is not None else math.inf, dp.delta) for i in honest}
-    for i in honest:
+    for i in mine:
         if noise[i] <= 0 and not budgets[i].unlimited:
             raise ConfigError(f"`client.dp.noise_multiplier` is 0 for client {i} with a finite budget: no privacy.")
         plan = ClientPlan(i, torch.arange(sizes[i]), batch_sizes[i], noise[i])

@@ -44,7 +44,8 @@ class NodeRuntime:
       cfg: the experiment, the same file the server runs.
       client_id: which of the ``data.num_clients`` clients this node is.
       data_dir: where the data sets live (as for ``trustfl run``).
-      fed: an already built federation of ``cfg`` (tests share one); ``None``: built here.
+      fed: an already built federation of ``cfg`` (tests share one); ``None``: built here, for this client
+        alone (only its own noise multiplier is calibrated, at every message of a Flower node).
 
     Raises:
       ConfigError: if ``client_id`` is not one of the configured clients.
@@ -57,7 +58,8 @@ class NodeRuntime:
             raise ConfigError(f"node `partition-id` must be an integer in [0, {n}) for `data.num_clients` = {n}, "
                               f"found {client_id!r}.")
         self.cfg, self.client_id = cfg, client_id
-        self.fed = fed if fed is not None else build_federation(cfg, data_dir=data_dir, quiet=True)
+        self.fed = fed if fed is not None else build_federation(cfg, data_dir=data_dir, quiet=True,
+                                                                for_client=client_id)
 
     # -- state kept between messages (a Flower node runs each message in a fresh process) ---------------------
     def new_state(self) -> NodeState:

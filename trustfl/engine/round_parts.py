@@ -84,7 +84,11 @@ def make_plan(fed: Federation, cid: int, r: int, max_steps: int | None = None) -
     rows = fed.client_rows[cid]
     planned = num_local_steps(fed.training, int(rows.numel()), fed.batch_sizes[cid])
     budget = checked_max_steps(fed.step_budget, cid, planned, fed.seed, r) if max_steps is None else max_steps
-    return ClientPlan(cid, rows, fed.batch_sizes[cid], fed.noise_multipliers[cid], flip, budget)
+    noise = fed.noise_multipliers[cid]
+    if noise != noise:  # NaN: another node's client (build_federation's for_client)
+        raise ConfigError(f"client {cid}'s noise multiplier was not calibrated: this federation was built for "
+                          f"another client's node.")
+    return ClientPlan(cid, rows, fed.batch_sizes[cid], noise, flip, budget)
 
 
 def round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEvent | None:
