@@ -59,3 +59,10 @@ def test_attacks_on_rows_near_the_float32_maximum_stay_finite(name, dtype):
     assert out.shape == (F, D) and out.dtype == dtype
     if name not in NON_FINITE_BY_DESIGN:
         assert torch.isfinite(out).all(), out
+
+
+@pytest.mark.parametrize("name", [n for n in trustfl.names("attack") if not trustfl.build("attack", n).data_level])
+def test_poisoning_data_with_an_update_level_attack_is_refused_naming_it(name):
+    from trustfl.errors import ConfigError
+    with pytest.raises(ConfigError, match=f"^attack {name!r} is an update-level attack"):
+        trustfl.build("attack", name).poison(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 10)

@@ -297,7 +297,8 @@ def test_a_batch_sampler_of_your_own_must_draw_the_clients_own_indices(monkeypat
     _register(monkeypatch, "batch_sampler", "contract_test_sampler", _sampler(draw))
     cfg = _cfg(client={"steps": 2, "batch_size": 16, "batch_sampler": "contract_test_sampler"},
                engine={"checkpoint_every": 0, "executor": executor})
-    with pytest.raises(ConfigError, match=f"^batch sampler Mine drew .*{fragment}"):
+    named = "^`client.batch_sampler`: batch_sampler 'contract_test_sampler' drew "
+    with pytest.raises(ConfigError, match=f"{named}.*{fragment}"):
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
 
 
@@ -308,7 +309,7 @@ def test_a_batch_sampler_of_your_own_must_draw_the_clients_own_indices(monkeypat
 ])
 def test_the_list_of_batches_is_checked_as_the_matrix_is(draw):
     sampler = _sampler(draw)()
-    with pytest.raises(ConfigError, match="^batch sampler Mine drew .* it must draw 3 step"):
+    with pytest.raises(ConfigError, match="^`client.batch_sampler`: batch_sampler 'Mine' drew .* it must draw 3 step"):
         sampler.steps(100, 10, torch.Generator().manual_seed(0), num_steps=3)
     assert [b.tolist() for b in _sampler(lambda n, b, t: torch.arange(t * b).reshape(t, b))().steps(
         100, 10, torch.Generator(), num_steps=3)] == [list(range(s * 10, s * 10 + 10)) for s in range(3)]

@@ -60,7 +60,7 @@ class AbstractAttack(abc.ABC):
         Raises:
           ConfigError: for update-level attacks, which have no data form.
         """
-        raise ConfigError(f"{type(self).__name__} is an update-level attack (data_level=False): it has no "
+        raise ConfigError(f"{self.label()} is an update-level attack (data_level=False): it has no "
                           "poison(); the engine must call craft() instead.")
 
     def label(self) -> str:

@@ -29,7 +29,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from trustfl.core.registry import register
+from trustfl.core.registry import component_name, register
 from trustfl.errors import ConfigError
 
 
@@ -104,8 +104,9 @@ class AbstractBatchSampler:
             shown = bad if bad is not None else (parts[0] if parts else None)
             what = f"{tuple(shown.shape)} {shown.dtype}, values in [{int(shown.min())}, {int(shown.max())}]" \
                 if isinstance(shown, torch.Tensor) and shown.numel() else type(shown).__name__
-            raise ConfigError(f"batch sampler {type(self).__name__} drew {what} over {steps} step(s); it must draw "
-                              f"{total} step(s) of int64 indices in [{low}, {n}) for a client of {n} examples.")
+            raise ConfigError(f"`client.batch_sampler`: {component_name('batch_sampler', self)} drew {what} over "
+                              f"{steps} step(s); it must draw {total} step(s) of int64 indices in [{low}, {n}) for a "
+                              f"client of {n} examples.")
 
     def _count(self, num_samples: int, batch_size: int, epochs: int | None,
                num_steps: int | None) -> tuple[int, int, int]:
