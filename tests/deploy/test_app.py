@@ -45,10 +45,10 @@ def test_an_undeployable_config_is_refused_in_one_line(override, key, tmp_path, 
 
 def test_the_command_process_exits_2_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trustfl", "deploy", "app", str(ROOT / "configs/quickstart.toml"),
-                           "--out", str(tmp_path / "app"), "--set", 'compress.uplink={name="qsgd", levels=4}'],
+                           "--out", str(tmp_path / "app"), "--set", 'engine.kind="async"'],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "compress.uplink" in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and "engine.kind" in lines[0], proc.stderr
 
 
 def test_out_that_cannot_hold_the_app_is_refused_in_one_line(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """A real Flower deployment on loopback: one SuperLink with TLS and node authentication, three registered
 SuperNodes (an unregistered fourth is refused), ``flwr run`` of apps written by ``trustfl deploy app``.
 
-1. FedAvg + DP-SGD + coordinate-wise trimmed mean, 2 rounds: the final model equals the simulator's.
+1. FedAvg + DP-SGD + coordinate-wise trimmed mean, QSGD-compressed both ways (the encoded payloads in Flower's
+   array records), 2 rounds: the final model equals the simulator's.
 2. CafCor's pairwise-cancelling noise (pair seeds from X25519 keys relayed by the server), 2 rounds: equal too.
 3. A node killed as round 2 starts (the server has just sent its messages): the run completes and records the
    dropout.
@@ -38,6 +39,8 @@ FEDAVG = (ROOT / "configs/dp/dpsgd_digits.toml", COMMON + ['aggregator={name="cw
 CAFCOR = (ROOT / "configs/cafcor/expA_cafcor_secldp.toml",
           COMMON + ['attack.name="none"', "attack.num_byzantine=0", 'recipe.noise_path="exact"',
                     "recipe.ind_to_cor=1.0", 'model={name="mlp", hidden=[16]}', "client.batch_size=16"])
+FEDAVG_QSGD = (FEDAVG[0], FEDAVG[1] + ['compress.uplink={name="qsgd_minmax", levels=16}',
+                                      'compress.downlink={name="qsgd", levels=127}'])
 RUN_TIMEOUT = 240
 
 
@@ -69,7 +72,7 @@ def test_an_unregistered_node_is_refused(federation):
     assert rc != 0 and "Failed to activate SuperNode" in fed.log_text(fed.nodes[k].name)
 
 
-@pytest.mark.parametrize("spec", [FEDAVG, CAFCOR], ids=["fedavg_dpsgd_cwtm", "cafcor_pair_noise"])
+@pytest.mark.parametrize("spec", [FEDAVG_QSGD, CAFCOR], ids=["fedavg_dpsgd_cwtm_qsgd", "cafcor_pair_noise"])
 def test_a_deployment_equals_the_simulation(federation, spec, tmp_path):
     fed, tmp = federation
     cfg, run_dir, rows = _run(fed, tmp, spec, spec[0].stem)
@@ -77,9 +80,10 @@ def test_a_deployment_equals_the_simulation(federation, spec, tmp_path):
     assert torch.allclose(_final_model(run_dir), sim.params, atol=1e-5, rtol=0)
     assert [r["round"] for r in rows] == [1, 2] and all(r["dropped"] == 0 for r in rows)
     for mine, theirs in zip(rows, sim.rows):
-        assert mine["bytes_up"] == theirs["bytes_up"] and mine["epsilon_max"] == pytest.approx(theirs["epsilon_max"])
-        # The Flower array records carry the same floats plus one .npy header per array.
-        assert 0 < mine["wire_bytes_up"] - mine["bytes_up"] <= 3 * 256
+        assert (mine["bytes_up"], mine["bytes_down"]) == (theirs["bytes_up"], theirs["bytes_down"])
+        assert mine["epsilon_max"] == pytest.approx(theirs["epsilon_max"])
+        # The Flower array records carry the same bytes plus one .npy header per array (3 arrays a QSGD reply).
+        assert 0 < mine["wire_bytes_up"] - mine["bytes_up"] <= 3 * 3 * 256
     assert {p.name for p in run_dir.iterdir()} >= {"config.toml", "metrics.jsonl", "summary.json", "model.pt"}
 
 

@@ -151,7 +151,6 @@ def test_malformed_replies_that_leave_the_rule_too_few_skip_the_round_not_the_se
 
 @pytest.mark.parametrize("override,key", [
     ('attack={name="sign_flip", num_byzantine=1}', "attack.name"),
-    ('compress.uplink={name="qsgd", levels=4}', "compress.uplink"),
     ('recipe.noise_path="fast"', "recipe.noise_path"),
 ])
 def test_settings_a_deployment_cannot_honour_are_refused_before_start(override, key, tmp_path):

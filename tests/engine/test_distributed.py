@@ -90,12 +90,12 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def assert_same_run(one: Path, two: Path, rounds: int) -> None:
+def assert_same_run(one: Path, two: Path, rounds: int, model_atol: float = 1e-7) -> None:
     """The two run directories hold the same model (float tolerance), checkpoint and metrics rows."""
     a, b = torch.load(one / "model.pt"), torch.load(two / "model.pt")
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=model_atol)
     rows_a, rows_b = _rows(one), _rows(two)
     assert [r["round"] for r in rows_b] == list(range(1, rounds + 1))  # one row per round: one writer
     for ra, rb in zip(rows_a, rows_b):
@@ -164,14 +164,16 @@ def test_two_gloo_ranks_equal_one_process_robust_dp_scaffold_odd_cohort(tmp_path
 
 def test_two_gloo_ranks_equal_one_process_async_quafl(tmp_path):
     """The asynchronous engine (QuAFL polling: stacked per-client starts, client models in the state store) splits
-    its executor calls the same way."""
+    its executor calls the same way. Its rotated lattice links can turn the ranks' last-bit differences (other
+    group shapes, one thread) into a neighbouring lattice level: step/√block = 1e-4/16 a coordinate, scaled by
+    the mixing weights, hence the model's tolerance."""
     config = REPO / "configs" / "quafl" / "quafl_n100.toml"
     overrides = ["rounds=3", "data.dataset=\"digits\""]
     one = _one_process(config, tmp_path / "one", overrides)
     proc = torchrun("run", str(config), *[a for o in overrides for a in ("--set", o)], "--out",
                     str(tmp_path / "two"), "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_run(one, tmp_path / "two", 3)
+    assert_same_run(one, tmp_path / "two", 3, model_atol=1e-5)
 
 
 def test_vertical_engine_is_refused_in_one_line_printed_once(tmp_path):

@@ -11,6 +11,9 @@ before #10 still reproduces bitwise). configs/robust_hdp/mnist_falsified.toml (m
 in #16 when its learning rates became the ones the fair tuning chose (weiavg 0.003 → 0.01); with the old rates
 set on the command line it still reproduced its old fixture bitwise. configs/fedsc/digits_canvas_{1class,2class}.toml
 got new fixtures when their views' translation went from 2 pixels to 1 (benchmarks/fedsc_shift.md).
+configs/quafl/{quafl_n100,quafl_qsgd}.toml got new fixtures (written on the AMD EPYC) when every client's uplink
+encoding got its own generator, as a deployed node draws it, instead of one stream for the whole cohort; the other
+configs with a compressed uplink still match theirs within the quantized tolerance below.
 
 Since #14 (stop 24) the vectorized executor keeps a round's stacked parameters in the memory layout of their
 gradients (batched linear layers return weight gradients transposed; updating row-major parameters with them

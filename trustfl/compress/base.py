@@ -6,8 +6,9 @@ tensors (:meth:`Encoded.bits_per_row`), so the accounting can never drift from w
 places the two halves: the sender encodes, the receiver decodes, with a key (reference point)
 for quantizers whose decoding needs one (:attr:`AbstractCompressor.needs_key`).
 
-Randomness: ``gen`` is the sender's private generator (dithering, stochastic rounding), on ``x``'s device;
-``shared_seed`` is an integer both ends know (the lattice quantizer's random rotation).
+Randomness: ``gen`` is the sender's private generator (dithering, stochastic rounding), on ``x``'s device, or one
+per row when the rows come from several senders (:attr:`AbstractCompressor.rowwise_generators`); ``shared_seed``
+is an integer both ends know (the lattice quantizer's random rotation).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from trustfl.core.rng import run_draws
 from trustfl.errors import ConfigError, MessageError
 
 
@@ -59,6 +61,10 @@ class AbstractCompressor(abc.ABC):
     """
 
     needs_key: ClassVar[bool] = False
+    rowwise_generators: ClassVar[bool] = False
+    """``True``: :meth:`encode` also takes one generator per row and encodes row ``i`` as it would alone with
+    ``gen[i]`` (trustfl's compressors, through :func:`add_dither_`). Otherwise the engine encodes the messages of
+    several senders one row at a time, each with its sender's generator."""
 
     @property
     @abc.abstractmethod
@@ -72,7 +78,8 @@ class AbstractCompressor(abc.ABC):
         Args:
           x: the messages, one per row.
           gen: private randomness of the sender (dithering, stochastic rounding), on ``x``'s device; ``None``
-            uses torch's default generator (not reproducible).
+            uses torch's default generator (not reproducible); one generator per row where
+            :attr:`rowwise_generators` is ``True``.
           shared_seed: an integer both ends know (for the random rotation).
         """
 
@@ -133,16 +140,30 @@ def check_key(key: torch.Tensor | None, enc: Encoded, required: bool) -> torch.T
 _DITHER_BITS = 16
 
 
-def add_dither_(y: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+def add_dither_(y: torch.Tensor, gen: torch.Generator | Sequence[torch.Generator] | None) -> torch.Tensor:
     """Add a uniform dither ``u`` in (0, 1) to ``y`` in place and return ``y``; draws from ``gen`` on y's device.
 
     ``u = (k + ½)/2**16`` with ``k`` uniform on ``0..2**16 − 1``: four draws per 64 random bits, which is 4×
     cheaper than ``torch.rand`` on one CPU thread. ``floor(y + u)`` is then an unbiased rounding of ``y`` up to
     ``2**-17`` (plus float32 rounding of ``y + u``, which is coarser than that once ``|y| >= 2**8``).
+
+    ``gen`` may also be one generator per row of a 2-D ``y`` (the senders of a batch of messages): row ``i`` then
+    gets what ``y[i:i+1]`` alone gets from ``gen[i]``, bit for bit, so a sender encoding its own message on its
+    own machine draws the dither the simulation drew for it.
     """
-    numel = y.numel()
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=y.device)
-    words.random_(-2 ** 63, None, generator=gen)  # the full 64-bit range (a bare random_() leaves the sign bit 0)
-    k = words.view(torch.int16)[:numel].view(y.shape)  # uniform on −2**15..2**15 − 1
+    if gen is None or isinstance(gen, torch.Generator):
+        numel = y.numel()
+        words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=y.device)
+        words.random_(-2 ** 63, None, generator=gen)  # the full 64-bit range (a bare random_() leaves the sign bit 0)
+        k = words.view(torch.int16)[:numel].view(y.shape)  # uniform on −2**15..2**15 − 1
+    else:
+        gens = list(gen)
+        if y.ndim != 2 or y.shape[0] != len(gens):
+            raise ConfigError(f"add_dither_ needs one generator per row: {len(gens)} for a {tuple(y.shape)} tensor.")
+        width = y.shape[1]
+        words = torch.empty((len(gens), (width + 3) // 4), dtype=torch.int64, device=y.device)
+        run_draws([lambda i=i: words[i].random_(-2 ** 63, None, generator=gens[i]) for i in range(len(gens))],
+                  words.numel(), y.device)
+        k = words.view(torch.int16)[:, :width]
     y.add_(k, alpha=2.0 ** -_DITHER_BITS)
     return y.add_(0.5 + 2.0 ** -(_DITHER_BITS + 1))

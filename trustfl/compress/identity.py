@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +25,8 @@ class Identity(AbstractCompressor):
       >>> dec.tolist(), failures.tolist()
       ([[1.5, -2.0]], [0])
     """
+
+    rowwise_generators: ClassVar[bool] = True  # no randomness
 
     @property
     def bits_per_coordinate(self) -> float:

@@ -83,6 +83,8 @@ class Lattice(AbstractCompressor):
       ([0.3, -0.5, 1.0], [0])
     """
 
+    rowwise_generators: ClassVar[bool] = True  # the dither through add_dither_
+
     needs_key: ClassVar[bool] = True
 
     bits: int = 14

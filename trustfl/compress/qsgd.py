@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -62,6 +62,8 @@ class QSGDMinMax(AbstractCompressor):
       >>> qz.decode(enc, None, 0)[0].tolist()     # the grid 0, 1, 2, 3, 4 holds these exactly
       [[0.0, 1.0, 2.0, 4.0]]
     """
+
+    rowwise_generators: ClassVar[bool] = True  # the dither through add_dither_
 
     levels: int = 16
     l2: bool = False
@@ -167,6 +169,8 @@ class QSGD(AbstractCompressor):
       >>> all(v in (-5.0, -2.5, 0.0, 2.5, 5.0) for v in dec[0].tolist())
       True
     """
+
+    rowwise_generators: ClassVar[bool] = True  # the dither through add_dither_
 
     levels: int = 7
     bucket: int | None = None

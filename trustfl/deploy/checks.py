@@ -11,9 +11,8 @@ def check_deployable(cfg: ExperimentConfig, fed: Federation) -> None:
     """Raise :class:`ConfigError` naming the key of the first setting a real deployment cannot run.
 
     A deployment runs the synchronous schedule with real nodes: simulated adversaries, simulated clocks,
-    feature-partitioned parties, statistics exchanged before training, compressors (their encoded form is not
-    on the wire yet) and the fast correlated-noise sampler (a simulation shortcut no node could compute its own
-    row of) are simulation-only.
+    feature-partitioned parties, statistics exchanged before training and the fast correlated-noise sampler (a
+    simulation shortcut no node could compute its own row of) are simulation-only.
     """
     kind = fed.info.get("engine", cfg.engine.kind)
     refusals = [
@@ -23,10 +22,6 @@ def check_deployable(cfg: ExperimentConfig, fed: Federation) -> None:
         (fed.attack is not None or bool(fed.byzantine), "attack.num_byzantine", cfg.attack.num_byzantine, "0"),
         (bool(fed.statistics), "client.statistics", [c.name for c in cfg.client.statistics],
          "empty (statistics exchanged before training are simulation-only for now)"),
-        (cfg.compress.uplink.name != "none", "compress.uplink", cfg.compress.uplink.name,
-         '"none" (compressed messages are simulation-only for now)'),
-        (cfg.compress.downlink.name != "none", "compress.downlink", cfg.compress.downlink.name,
-         '"none" (compressed messages are simulation-only for now)'),
     ]
     for name, stage in fed.client_stages.stages:
         if isinstance(stage, CorrelatedNoise) and stage.path != "exact":

@@ -24,10 +24,13 @@ from typing import Any
 import torch
 
 from trustfl.client.state import ClientStateStore
+from trustfl.compress.base import Encoded
 from trustfl.config.build import build_federation
 from trustfl.config.schema import ExperimentConfig
+from trustfl.core.rng import SERVER
 from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, unpack_directory
 from trustfl.engine.federation import Federation
+from trustfl.engine.links import payload_problem
 from trustfl.engine.round_parts import cohort_context, context, make_plan, weights
 from trustfl.engine.sync import round_job
 from trustfl.errors import ConfigError, MessageError
@@ -101,6 +104,23 @@ class NodeRuntime:
                 raise MessageError(f"node {self.client_id} refuses the request: the server sent {found} as {key!r}, "
                                    f"this run's is {tuple(like.shape)} {like.dtype}.")
 
+    def _decoded_model(self, coded: dict[str, torch.Tensor], r: int) -> torch.Tensor:
+        """The model the server sent through ``compress.downlink``, decoded (MessageError: a request without it,
+        or with a payload of other shapes than the compressor's)."""
+        fed = self.fed
+        links = fed.links
+        if links is None or links.downlink is None:
+            raise MessageError(f"node {self.client_id} refuses the request: it carries an encoded model, but this "
+                               f"run's `compress.downlink` is \"none\".")
+        like = links.encode(links.downlink, fed.initial_params.new_zeros(1, fed.layout.numel), r, [SERVER], "down")
+        problem = payload_problem(coded, like)
+        if problem is not None:
+            raise MessageError(f"node {self.client_id} refuses the request: its encoded model {problem}.")
+        device = fed.initial_params.device
+        enc = Encoded({k: v.to(device) for k, v in coded.items()}, 1, fed.layout.numel)
+        decoded, _ = links.decode(links.downlink, enc, None, links.shared_seed(r, "down"), "down")
+        return decoded[0].to(fed.initial_params.dtype)
+
     # -- the two messages ---------------------------------------------------------------------------------------
     def hello(self, state: NodeState) -> Hello:
         """Who this node is: its id, its public key and how many examples it holds."""
@@ -127,6 +147,8 @@ class NodeRuntime:
         device = fed.initial_params.device
         encoded = {k: v.to(device) for k, v in request.payload.items()}
         received = fed.downlink.decode(encoded, request.torch_dtypes())
+        if request.coded or fed.links is not None and fed.links.downlink is not None:
+            received["model"] = self._decoded_model(request.coded, r)
         self._check_received(received)
         plan = make_plan(fed, cid, r)
         store = ClientStateStore.from_state_dict(state["clients"])
@@ -141,5 +163,9 @@ class NodeRuntime:
         out = fed.client_stages.apply(results.updates, state["stages"], ctx)
         extras = {k: v[0] for k, v in results.extras.items()}
         metrics = {k: float(v) for k, v in out.metrics.items() if isinstance(v, (int, float, torch.Tensor))}
-        reply = TrainReply(cid, out.x[0], extras, int(results.num_steps[0]), float(results.train_loss[0]), metrics)
+        message, coded = out.x[0], None
+        if fed.links is not None and fed.links.uplink is not None:  # its own dither, from its own seed
+            message, coded = None, fed.links.encode(fed.links.uplink, out.x, r, [cid], "up", seed).payload
+        reply = TrainReply(cid, message, extras, int(results.num_steps[0]), float(results.train_loss[0]), metrics,
+                           coded)
         return reply, {**state, "stages": out.state, "clients": store.state_dict(), "last_round": r}

@@ -28,10 +28,13 @@ from typing import Any, Callable
 
 import torch
 
+from trustfl.compress.base import Encoded
+from trustfl.core.rng import SERVER
 from trustfl.deploy.checks import check_deployable
 from trustfl.deploy.wire import Hello, TrainRequest, Wire, pack_directory, read_reply
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.links import payload_problem
 from trustfl.engine.local import num_local_steps
 from trustfl.engine.round_parts import Arrivals, admit, conclude, round_events, sample_cohort
 from trustfl.engine.sync import initial_state
@@ -103,11 +106,18 @@ class RemoteEngine(AbstractEngine):
         payload = {"model": state.params, **fed.local_chain.downlink(state.shared)}
         encoded = fed.downlink.encode(payload)
         dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in payload.items()}
-        request = TrainRequest(r, encoded, dtypes, pack_directory(self.directory)).to_wire()
+        coded: dict[str, torch.Tensor] = {}
+        links = fed.links
+        if links is not None and links.downlink is not None:  # the model through the compressor, the rest as it is
+            coded = links.encode(links.downlink, state.params.unsqueeze(0), r, [SERVER], "down").payload
+            encoded = {k: v for k, v in encoded.items() if k != "model"}
+        request = TrainRequest(r, encoded, dtypes, pack_directory(self.directory), coded).to_wire()
         sent_before = self.transport.bytes_sent
         replies = self.transport.train({p.client_id: request for p in plans}, self.round_timeout_s)
         sent_after = self.transport.bytes_sent
-        bytes_down = fed.downlink.nbytes(encoded) * len(plans)
+        bytes_down = (fed.downlink.nbytes(encoded) + fed.downlink.nbytes(coded)) * len(plans)
+        uplink = None if links is None else links.uplink
+        coded_up: dict[int, Any] = {}
 
         answered, dropped, rows, losses = [], [], {}, []
         extras: dict[str, dict[int, Any]] = {k: {} for k in fed.local_chain.extras_widths(fed.layout)}
@@ -125,6 +135,8 @@ class RemoteEngine(AbstractEngine):
             else:
                 answered.append(p.client_id)
                 rows[p.client_id] = reply.message
+                if uplink is not None:
+                    coded_up[p.client_id] = reply.coded
                 for k in extras:
                     extras[k][p.client_id] = reply.extras.get(k)
                 if reply.train_loss is not None:
@@ -141,7 +153,12 @@ class RemoteEngine(AbstractEngine):
             if isinstance(stage, CorrelatedNoise):  # what is left in the sum of the rows that arrived
                 stage_metrics[f"{name}/sum_noise_std"] = stage.sum_noise_std(len(answered), fed.num_clients)
         loss = float(torch.tensor(losses, dtype=torch.float32).mean()) if losses else None
-        arrivals = Arrivals(answered, rows, extras, events, stage_metrics, loss)
+        bits_row, failures = None, 0
+        if uplink is not None:
+            decoded, bits_row, failures = decoded_uplink(fed, r, coded_up, state.params)
+            rows.update(decoded)
+        arrivals = Arrivals(answered, rows, extras, events, stage_metrics, loss, bits_row, failures,
+                            uplink is not None)
         metrics.update({"dropped": len(dropped), "dropped_clients": dropped,
                         "wire_bytes_down": sent_after[0] - sent_before[0],
                         "wire_bytes_up": sent_after[1] - sent_before[1]})
@@ -153,6 +170,32 @@ class RemoteEngine(AbstractEngine):
                   f"{fed.aggregator.too_few(usable)}", file=sys.stderr, flush=True)
         new.wall_time_s = state.wall_time_s + time.perf_counter() - start
         return new, metrics
+
+
+def decoded_uplink(fed: Federation, r: int, coded: dict[int, Any],
+                   like: torch.Tensor) -> tuple[dict[int, torch.Tensor | None], int, int]:
+    """The nodes' messages as the server decodes them from what ``compress.uplink`` encoded (a lattice against
+    0, as in the simulation), each on its own: ``None`` for a payload of other shapes or dtypes than the
+    compressor's, or one it cannot decode (screened out as a malformed message). Also the bits of one message and
+    the decode failures the server detects itself."""
+    links, d = fed.links, fed.layout.numel
+    comp = links.uplink
+    template = links.encode(comp, like.new_zeros(1, d), r, [SERVER], "up")
+    shared = links.shared_seed(r, "up")
+    rows: dict[int, torch.Tensor | None] = {}
+    failures = 0
+    for cid, payload in coded.items():
+        rows[cid] = None
+        if payload_problem(payload, template) is not None:
+            continue
+        enc = Encoded({k: v.to(like.device) for k, v in payload.items()}, 1, d)
+        try:
+            decoded, flagged = links.decode(comp, enc, like.new_zeros(1, d) if comp.needs_key else None, shared,
+                                            "up")
+        except (MessageError, RuntimeError, ValueError):  # a payload of the right shapes that still cannot decode
+            continue
+        rows[cid], failures = decoded[0].to(like.dtype), failures + flagged
+    return rows, template.bits_per_row(), failures
 
 
 def node_stage_metrics(reported: dict[str, list[float]], fed: Federation, answered: int) -> dict[str, float]:

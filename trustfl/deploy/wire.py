@@ -6,9 +6,10 @@ ints, floats, strings, bytes or lists of them, the two record kinds every transp
 
 * hello (node → server, once): the node's client id, its 32-byte X25519 public key and its number of examples;
 * train request (server → node, each round): the round, the downlink payload (the model and the gradient
-  transforms' shared values, encoded by the downlink stages) and the public-key directory;
-* train reply (node → server): the message row, its extras, the completed local steps, the local loss and the
-  client stages' metrics.
+  transforms' shared values, encoded by the downlink stages; with ``compress.downlink``, the model as the
+  compressor encoded it, under ``coded/``) and the public-key directory;
+* train reply (node → server): the message row (with ``compress.uplink``, as the compressor encoded it, under
+  ``coded/``), its extras, the completed local steps, the local loss and the client stages' metrics.
 
 Everything read from the other side is untrusted: :func:`read_reply` never raises, and turns anything malformed
 into ``None`` fields the server screens out like a malformed simulated message.
@@ -32,32 +33,51 @@ Wire = tuple[Arrays, Config]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "bfloat16": torch.bfloat16}
+_CODE_DTYPES = {**_DTYPES, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64}
+"""What a compressor's payload may hold besides floats (packed codes)."""
 _ENTRY = struct.Struct(">Q")
 
 
 def to_array(t: torch.Tensor) -> tuple[np.ndarray, str]:
     """A CPU NumPy copy of ``t`` and its dtype name (bfloat16 travels as its int16 bit pattern)."""
     name = str(t.dtype).removeprefix("torch.")
-    if name not in _DTYPES:
-        raise MessageError(f"a wire tensor must be one of {sorted(_DTYPES)}, found {t.dtype}.")
+    if name not in _CODE_DTYPES:
+        raise MessageError(f"a wire tensor must be one of {sorted(_CODE_DTYPES)}, found {t.dtype}.")
     t = t.detach().to("cpu").contiguous()
     return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().copy(), name
 
 
-def from_array(a: Any, dtype: str, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The tensor :func:`to_array` sent, on ``device``.
+def from_array(a: Any, dtype: str, device: torch.device | str = "cpu", kinds: Mapping[str, torch.dtype] = _DTYPES
+               ) -> torch.Tensor:
+    """The tensor :func:`to_array` sent, on ``device``; ``kinds``: the dtypes accepted (floats unless said).
 
     Raises:
       MessageError: if ``a`` is not an array of the announced dtype.
     """
-    if dtype not in _DTYPES or not isinstance(a, np.ndarray):
-        raise MessageError(f"a wire tensor must be an array of one of {sorted(_DTYPES)}, found {type(a).__name__} "
+    if dtype not in kinds or not isinstance(a, np.ndarray):
+        raise MessageError(f"a wire tensor must be an array of one of {sorted(kinds)}, found {type(a).__name__} "
                            f"announced as {dtype!r}.")
-    want = np.int16 if dtype == "bfloat16" else torch.empty(0, dtype=_DTYPES[dtype]).numpy().dtype
+    want = np.int16 if dtype == "bfloat16" else torch.empty(0, dtype=kinds[dtype]).numpy().dtype
     if a.dtype != want:
         raise MessageError(f"a wire tensor announced as {dtype} holds {a.dtype} values.")
     t = torch.from_numpy(np.ascontiguousarray(a).copy())
     return (t.view(torch.bfloat16) if dtype == "bfloat16" else t).to(device)
+
+
+def put_coded(coded: Mapping[str, torch.Tensor], arrays: Arrays, config: Config) -> None:
+    """Add a compressor's payload (one row) to a wire message, under ``coded/``."""
+    for name, t in coded.items():
+        arrays[f"coded/{name}"], config[f"dtype/coded/{name}"] = to_array(t)
+
+
+def get_coded(arrays: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The compressor payload :func:`put_coded` added (empty if none).
+
+    Raises:
+      MessageError: if one of its arrays is not of its announced dtype.
+    """
+    return {k.removeprefix("coded/"): from_array(a, str(config.get(f"dtype/{k}")), kinds=_CODE_DTYPES)
+            for k, a in arrays.items() if isinstance(k, str) and k.startswith("coded/")}
 
 
 def pack_directory(directory: PublicKeyDirectory) -> bytes:
@@ -111,12 +131,16 @@ class TrainRequest:
     dtypes: Mapping[str, str]
     """Each payload tensor's dtype *before* the downlink stages encoded it (the decoder's target)."""
     directory: bytes = b""
+    coded: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """With ``compress.downlink``: the model as the compressor encoded it (one row), in place of
+    ``payload["model"]``."""
 
     def to_wire(self) -> Wire:
         arrays, config = {}, {"round": self.round, "directory": self.directory}
         for name, t in self.payload.items():
             arrays[f"payload/{name}"], config[f"wire_dtype/{name}"] = to_array(t)
             config[f"dtype/{name}"] = self.dtypes[name]
+        put_coded(self.coded, arrays, config)
         return arrays, config
 
     @classmethod
@@ -134,9 +158,11 @@ class TrainRequest:
             dtypes[name] = str(config.get(f"dtype/{name}"))
             if dtypes[name] not in _DTYPES:
                 raise MessageError(f"payload {name!r} announces the unknown dtype {dtypes[name]!r}.")
-        if "model" not in payload:
-            raise MessageError("a train request carries no model.")
-        return cls(int(config["round"]), payload, dtypes, bytes(config.get("directory", b"")))
+        coded = get_coded(arrays, config)
+        if ("model" in payload) == bool(coded):
+            raise MessageError("a train request must carry the model, either as it is or encoded (coded/), not "
+                               f"{'both' if coded else 'neither'}.")
+        return cls(int(config["round"]), payload, dtypes, bytes(config.get("directory", b"")), coded)
 
     def torch_dtypes(self) -> dict[str, torch.dtype]:
         return {k: _DTYPES[v] for k, v in self.dtypes.items()}
@@ -155,11 +181,16 @@ class TrainReply:
     num_steps: int | None = None
     train_loss: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    coded: dict[str, torch.Tensor] | None = None
+    """With ``compress.uplink``: the message as the compressor encoded it (one row), in place of ``message``
+    (``None`` read from the wire: malformed)."""
 
     def to_wire(self) -> Wire:
         arrays, config = {}, {"client_id": self.client_id, "num_steps": self.num_steps,
                               "train_loss": self.train_loss}
-        arrays["message"], config["dtype/message"] = to_array(self.message)
+        if self.message is not None:
+            arrays["message"], config["dtype/message"] = to_array(self.message)
+        put_coded(self.coded or {}, arrays, config)
         for name, t in self.extras.items():
             arrays[f"extra/{name}"], config[f"dtype/extra/{name}"] = to_array(t)
         config.update({f"metric/{k}": float(v) for k, v in self.metrics.items()})
@@ -182,9 +213,13 @@ def read_reply(wire: Any) -> TrainReply:
     cid, steps, loss = config.get("client_id"), config.get("num_steps"), config.get("train_loss")
     metrics = {k.removeprefix("metric/"): float(v) for k, v in config.items()
                if isinstance(k, str) and k.startswith("metric/") and _is_number(v)}
+    try:
+        coded = get_coded(arrays, config) or None
+    except MessageError:
+        coded = None
     return TrainReply(int(cid) if _is_int(cid) else None, tensor("message", "dtype/message"), extras,
                       int(steps) if _is_int(steps) and steps >= 0 else None,
-                      float(loss) if _is_number(loss) else None, metrics)
+                      float(loss) if _is_number(loss) else None, metrics, coded)
 
 
 def _is_int(v: Any) -> bool:

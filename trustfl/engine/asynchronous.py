@@ -270,10 +270,10 @@ def _polling(fed: Federation, state: EngineState, clock: ClockState, sched: Poll
         results = _scaled(results, state.clock["speed_weights"][torch.tensor(ids)])
     sent_models: dict[str, torch.Tensor] = {}
 
-    def to_server(x: torch.Tensor, _: list[int]) -> tuple[torch.Tensor, int, int]:
+    def to_server(x: torch.Tensor, senders: list[int]) -> tuple[torch.Tensor, int, int]:
         y = base + x  # Y^i = X^i − η η_i h̃_i: the client's model with its completed progress
         sent_models.setdefault("y", y)
-        up = _links(fed).up(y, x_t, r)  # the server decodes every message against its X_t
+        up = _links(fed).up(y, x_t, r, senders)  # the server decodes every message against its X_t
         return up.decoded - x_t, up.bits_per_message, up.decode_failures
 
     scale = s / (s + 1) if sched.server_averaging else 1.0
@@ -352,15 +352,15 @@ def _buffered(fed: Federation, state: EngineState, clock: ClockState, sched: Buf
     if sched.mixing == "fedasync":
         alpha = sched.alpha * (1 + tau) ** (-sched.a)
 
-        def to_server(x: torch.Tensor, _: list[int]) -> tuple[torch.Tensor, int, int]:
-            up = _links(fed).up(base + x, x_t, r)  # the client's model, decoded against x_t
+        def to_server(x: torch.Tensor, senders: list[int]) -> tuple[torch.Tensor, int, int]:
+            up = _links(fed).up(base + x, x_t, r, senders)  # the client's model, decoded against x_t
             return (up.decoded - x_t) * alpha.to(x).unsqueeze(1), up.bits_per_message, up.decode_failures
         uplink = Uplink(to_server)
     else:
         w = (1 + tau) ** -0.5 if sched.staleness == "sqrt" else torch.ones_like(tau)
 
-        def to_server(x: torch.Tensor, _: list[int]) -> tuple[torch.Tensor, int, int]:
-            up = _links(fed).up(x, None, r)  # deltas: a lattice decodes them against 0
+        def to_server(x: torch.Tensor, senders: list[int]) -> tuple[torch.Tensor, int, int]:
+            up = _links(fed).up(x, None, r, senders)  # deltas: a lattice decodes them against 0
             return up.decoded * w.to(x).unsqueeze(1), up.bits_per_message, up.decode_failures
         uplink = Uplink(to_server, sched.server_lr)
     new, metrics = deliver(fed, state, plans, crafted, cohort, results, store, 0, metrics, uplink)

@@ -5,12 +5,15 @@ point when the compressor needs one, e.g. the lattice quantizer), and the bits c
 payload. Decode failures of a quantizer with a reference point are counted exactly (a simulation oracle: the
 receiver's value is compared with what decoding against the sender's own value gives), never silently wrong. The
 shared seed (for the lattice rotation) derives from the run seed, the round and the direction; the
-sender's private randomness (dithering, stochastic rounding) from the run seed, the round, the sender and the
-direction, on the device of the data.
+sender's private randomness (dithering, stochastic rounding) from the run seed, the round, the sender (each client
+of an uplink its own, the server on the downlink) and the direction, on the device of the data: a deployed node
+encodes its own message exactly as the simulation did (:meth:`Links.encode`). A deployment's server sees only the
+failures the receiver detects itself (:meth:`Links.decode`); the oracle needs the sent value.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -45,20 +48,15 @@ class Links:
         return float(UNCOMPRESSED_BITS if comp is None else comp.bits_per_coordinate)
 
     def _send(self, comp: AbstractCompressor | None, x: torch.Tensor, key: torch.Tensor | None, r: int,
-              sender: int, direction: str, receivers: int) -> Sent:
+              senders: Sequence[int], direction: str, receivers: int) -> Sent:
         if comp is None:
             return Sent(x.expand(receivers, -1) if x.shape[0] == 1 else x, UNCOMPRESSED_BITS * x.shape[1], 0)
-        gen = make_generator(self.seed, r, sender, f"compress/{direction}", device=x.device)
-        shared = derive_seed(self.seed, r, SERVER, f"compress/{direction}/shared") % (2 ** 62)
-        sent = comp.encode(x, gen, shared)
+        shared = self.shared_seed(r, direction)
+        sent = self.encode(comp, x, r, senders, direction)
         enc = sent
         if enc.rows != receivers:  # one message decoded by several receivers (the server's broadcast)
             enc = Encoded({k: v.expand(receivers, *v.shape[1:]) for k, v in enc.payload.items()}, receivers, enc.dim)
-        out = comp.decode(enc, key, shared)
-        if not of_trustfl(comp):
-            _check_decoded(comp, direction, out, x, receivers)
-        decoded, flagged = out
-        failures = int(flagged.sum())
+        decoded, failures = self.decode(comp, enc, key, shared, direction, x)
         if comp.needs_key and key is not None:
             # Simulation oracle: decoding against the sender's own value is always exact, so any coordinate the
             # receiver decoded differently landed on a wrong lattice point (the receiver's own check only sees
@@ -67,25 +65,72 @@ class Links:
             failures = max(failures, int(((decoded - exact).abs() > 0.5 * getattr(comp, "step", 0.0)).sum()))
         return Sent(decoded.to(x.dtype), enc.bits_per_row(), failures)
 
-    def up(self, messages: torch.Tensor, keys: torch.Tensor | None, r: int) -> Sent:
-        """Clients' ``(m, d)`` messages as the server decodes them (``keys``: the server's reference points)."""
+    def shared_seed(self, r: int, direction: str) -> int:
+        """The seed both ends of a ``direction`` (``"up"``/``"down"``) link know in round ``r`` (the rotation)."""
+        return derive_seed(self.seed, r, SERVER, f"compress/{direction}/shared") % (2 ** 62)
+
+    def encode(self, comp: AbstractCompressor, x: torch.Tensor, r: int, senders: Sequence[int], direction: str,
+               private_seed: int | None = None) -> Encoded:
+        """``x`` (one row per sender) as its senders encode it: each with its own generator, from the run seed (or
+        a deployed node's ``private_seed``), the round, the sender and the direction, so that a node encoding its
+        own message draws what the simulation drew for it (a compressor without
+        :attr:`~AbstractCompressor.rowwise_generators` encodes row by row)."""
+        shared = self.shared_seed(r, direction)
+        seed = self.seed if private_seed is None else private_seed
+        gens = [make_generator(seed, r, s, f"compress/{direction}", device=x.device) for s in senders]
+        if len(gens) == 1:
+            return comp.encode(x, gens[0], shared)
+        if comp.rowwise_generators:
+            return comp.encode(x, gens, shared)
+        parts = [comp.encode(x[i:i + 1], g, shared) for i, g in enumerate(gens)]
+        return Encoded({k: torch.cat([p.payload[k] for p in parts]) for k in parts[0].payload}, len(parts),
+                       parts[0].dim)
+
+    def decode(self, comp: AbstractCompressor, enc: Encoded, key: torch.Tensor | None, shared: int,
+               direction: str, sent: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+        """What the receivers decode from ``enc`` (``(rows, d)``) and the failures they detect themselves.
+        ``sent``: the encoded rows, where known (the simulation), to check a compressor of your own against."""
+        out = comp.decode(enc, key, shared)
+        if not of_trustfl(comp):
+            _check_decoded(comp, direction, out, sent, enc.dim, enc.rows)
+        decoded, flagged = out
+        return decoded, int(flagged.sum())
+
+    def up(self, messages: torch.Tensor, keys: torch.Tensor | None, r: int, senders: Sequence[int]) -> Sent:
+        """Clients ``senders``' ``(m, d)`` messages as the server decodes them (``keys``: the server's reference
+        points)."""
         if keys is None and self.uplink is not None and self.uplink.needs_key:
             keys = torch.zeros_like(messages)
-        return self._send(self.uplink, messages, keys, r, SERVER - 1, "up", messages.shape[0])
+        return self._send(self.uplink, messages, keys, r, senders, "up", messages.shape[0])
 
     def down(self, model: torch.Tensor, r: int, keys: torch.Tensor | None = None, receivers: int = 1) -> Sent:
         """The server's ``(d,)`` model, encoded once, as ``receivers`` clients decode it (``keys``: theirs)."""
         if keys is not None:
             receivers = keys.shape[0]
-        return self._send(self.downlink, model.unsqueeze(0), keys, r, SERVER, "down", receivers)
+        return self._send(self.downlink, model.unsqueeze(0), keys, r, [SERVER], "down", receivers)
 
 
-def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: torch.Tensor, rows: int) -> None:
+def payload_problem(coded: object, like: Encoded) -> str | None:
+    """Why ``coded``, one message's payload from the other side of a deployment, is not shaped as ``like``'s
+    payload (the encoder's own output for one row), or ``None``: decoding a payload of other shapes or dtypes
+    would fail or read garbage."""
+    if not isinstance(coded, dict) or set(coded) != set(like.payload):
+        found = sorted(coded) if isinstance(coded, dict) else type(coded).__name__
+        return f"holds {found}, not the compressor's {sorted(like.payload)}"
+    for name, want in like.payload.items():
+        got = coded[name]
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+            found = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
+            return f"holds {name!r} as {found}, not {tuple(want.shape)} {want.dtype}"
+    return None
+
+
+def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: torch.Tensor | None, d: int,
+                   rows: int) -> None:
     """Refuse (ConfigError naming the compressor) what a compressor of your own decoded from ``x`` (the sent rows;
-    one row for a broadcast) unless it is ``(decoded, failures)``: ``(rows, d)`` floats, finite where the sent row
-    was, and ``(rows,)`` integer counts. Otherwise its messages would be rejected as malformed (uplink) or poison
-    every client (downlink), as if the senders were at fault."""
-    d = x.shape[1]
+    one row for a broadcast; ``None`` where the receiver does not know them) unless it is ``(decoded, failures)``:
+    ``(rows, d)`` floats, finite where the sent row was, and ``(rows,)`` integer counts. Otherwise its messages
+    would be rejected as malformed (uplink) or poison every client (downlink), as if the senders were at fault."""
     problem = None
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
         problem = f"a {type(out).__name__}"
@@ -94,7 +139,7 @@ def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: tor
         if decoded.shape != (rows, d) or not decoded.is_floating_point() or flagged.shape != (rows,) or \
                 flagged.is_floating_point() or flagged.dtype == torch.bool:
             problem = f"({tuple(decoded.shape)} {decoded.dtype}, {tuple(flagged.shape)} {flagged.dtype})"
-        elif bool((finite_rows(x).expand(rows) & ~finite_rows(decoded)).any()):
+        elif x is not None and bool((finite_rows(x).expand(rows) & ~finite_rows(decoded)).any()):
             problem = "non-finite values (NaN or ±inf) where the sent rows were finite"
     if problem is not None:
         key = "compress.uplink" if direction == "up" else "compress.downlink"

@@ -68,7 +68,7 @@ def compressed_deltas(fed: Federation, r: int) -> Uplink:
         return Uplink()
 
     def to_server(x: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, int, int]:
-        sent = fed.links.up(x, None, r)
+        sent = fed.links.up(x, None, r, ids)
         return sent.decoded, sent.bits_per_message, sent.decode_failures
     return Uplink(to_server)
 
