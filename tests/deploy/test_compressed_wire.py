@@ -83,7 +83,7 @@ def _request(node, r, coded=None, model=False):
     fed = node.fed
     if coded is None:
         links = fed.links
-        coded = links.encode(links.downlink, fed.initial_params.unsqueeze(0), r, [SERVER], "down").payload
+        coded = links.encode(fed.initial_params.unsqueeze(0), r, [SERVER], "down").payload
     payload = {"model": fed.initial_params} if model else {}
     return TrainRequest(r, payload, {"model": "float32"}, b"", coded)
 

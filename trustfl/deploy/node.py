@@ -8,7 +8,8 @@ the server relays. A round at the node::
 
     decode the downlink → its plan (rows, batch size, noise multiplier, step budget, as the simulator's)
     → local training (objective → gradient method → gradient transforms → local SGD)
-    → client stages (clip, noise, correlated noise with pair seeds from its own key, momentum) → reply
+    → client stages (clip, noise, correlated noise with pair seeds from its own key, momentum)
+    → uplink compressor, if any (its own rounding, from its own seed) → reply
 
 With ``deploy.secrets = "run_seed"`` the node derives its seed and key from the run seed exactly as the simulator
 does, so a deployment reproduces the simulation (to float rounding); the server could then reproduce the noise,
@@ -27,7 +28,6 @@ from trustfl.client.state import ClientStateStore
 from trustfl.compress.base import Encoded
 from trustfl.config.build import build_federation
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.rng import SERVER
 from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, unpack_directory
 from trustfl.engine.federation import Federation
 from trustfl.engine.links import payload_problem
@@ -107,19 +107,16 @@ class NodeRuntime:
     def _decoded_model(self, coded: dict[str, torch.Tensor], r: int) -> torch.Tensor:
         """The model the server sent through ``compress.downlink``, decoded (MessageError: a request without it,
         or with a payload of other shapes than the compressor's)."""
-        fed = self.fed
-        links = fed.links
+        fed, links = self.fed, self.fed.links
         if links is None or links.downlink is None:
             raise MessageError(f"node {self.client_id} refuses the request: it carries an encoded model, but this "
                                f"run's `compress.downlink` is \"none\".")
-        like = links.encode(links.downlink, fed.initial_params.new_zeros(1, fed.layout.numel), r, [SERVER], "down")
-        problem = payload_problem(coded, like)
+        problem = payload_problem(coded, links.expected_payload(r, "down", fed.initial_params))
         if problem is not None:
             raise MessageError(f"node {self.client_id} refuses the request: its encoded model {problem}.")
         device = fed.initial_params.device
         enc = Encoded({k: v.to(device) for k, v in coded.items()}, 1, fed.layout.numel)
-        decoded, _ = links.decode(links.downlink, enc, None, links.shared_seed(r, "down"), "down")
-        return decoded[0].to(fed.initial_params.dtype)
+        return links.decode(enc, None, r, "down")[0][0].to(fed.initial_params.dtype)
 
     # -- the two messages ---------------------------------------------------------------------------------------
     def hello(self, state: NodeState) -> Hello:
@@ -165,7 +162,7 @@ class NodeRuntime:
         metrics = {k: float(v) for k, v in out.metrics.items() if isinstance(v, (int, float, torch.Tensor))}
         message, coded = out.x[0], None
         if fed.links is not None and fed.links.uplink is not None:  # its own dither, from its own seed
-            message, coded = None, fed.links.encode(fed.links.uplink, out.x, r, [cid], "up", seed).payload
+            message, coded = None, fed.links.encode(out.x, r, [cid], "up", seed).payload
         reply = TrainReply(cid, message, extras, int(results.num_steps[0]), float(results.train_loss[0]), metrics,
                            coded)
         return reply, {**state, "stages": out.state, "clients": store.state_dict(), "last_round": r}

@@ -109,7 +109,7 @@ class RemoteEngine(AbstractEngine):
         coded: dict[str, torch.Tensor] = {}
         links = fed.links
         if links is not None and links.downlink is not None:  # the model through the compressor, the rest as it is
-            coded = links.encode(links.downlink, state.params.unsqueeze(0), r, [SERVER], "down").payload
+            coded = links.encode(state.params.unsqueeze(0), r, [SERVER], "down").payload
             encoded = {k: v for k, v in encoded.items() if k != "model"}
         request = TrainRequest(r, encoded, dtypes, pack_directory(self.directory), coded).to_wire()
         sent_before = self.transport.bytes_sent
@@ -179,9 +179,8 @@ def decoded_uplink(fed: Federation, r: int, coded: dict[int, Any],
     compressor's, or one it cannot decode (screened out as a malformed message). Also the bits of one message and
     the decode failures the server detects itself."""
     links, d = fed.links, fed.layout.numel
-    comp = links.uplink
-    template = links.encode(comp, like.new_zeros(1, d), r, [SERVER], "up")
-    shared = links.shared_seed(r, "up")
+    template = links.expected_payload(r, "up", like)
+    key = like.new_zeros(1, d) if links.uplink.needs_key else None
     rows: dict[int, torch.Tensor | None] = {}
     failures = 0
     for cid, payload in coded.items():
@@ -190,8 +189,7 @@ def decoded_uplink(fed: Federation, r: int, coded: dict[int, Any],
             continue
         enc = Encoded({k: v.to(like.device) for k, v in payload.items()}, 1, d)
         try:
-            decoded, flagged = links.decode(comp, enc, like.new_zeros(1, d) if comp.needs_key else None, shared,
-                                            "up")
+            decoded, flagged = links.decode(enc, key, r, "up")
         except (MessageError, RuntimeError, ValueError):  # a payload of the right shapes that still cannot decode
             continue
         rows[cid], failures = decoded[0].to(like.dtype), failures + flagged

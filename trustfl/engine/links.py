@@ -43,39 +43,43 @@ class Links:
     downlink: AbstractCompressor | None
     seed: int
 
+    def compressor(self, direction: str) -> AbstractCompressor | None:
+        """The compressor of ``direction``: ``"up"`` (clients → server) or ``"down"``."""
+        return self.uplink if direction == "up" else self.downlink
+
     def nominal_bits(self, direction: str) -> float:
-        comp = self.uplink if direction == "up" else self.downlink
+        comp = self.compressor(direction)
         return float(UNCOMPRESSED_BITS if comp is None else comp.bits_per_coordinate)
 
-    def _send(self, comp: AbstractCompressor | None, x: torch.Tensor, key: torch.Tensor | None, r: int,
-              senders: Sequence[int], direction: str, receivers: int) -> Sent:
+    def _send(self, x: torch.Tensor, key: torch.Tensor | None, r: int, senders: Sequence[int], direction: str,
+              receivers: int) -> Sent:
+        comp = self.compressor(direction)
         if comp is None:
             return Sent(x.expand(receivers, -1) if x.shape[0] == 1 else x, UNCOMPRESSED_BITS * x.shape[1], 0)
-        shared = self.shared_seed(r, direction)
-        sent = self.encode(comp, x, r, senders, direction)
+        sent = self.encode(x, r, senders, direction)
         enc = sent
         if enc.rows != receivers:  # one message decoded by several receivers (the server's broadcast)
             enc = Encoded({k: v.expand(receivers, *v.shape[1:]) for k, v in enc.payload.items()}, receivers, enc.dim)
-        decoded, failures = self.decode(comp, enc, key, shared, direction, x)
+        decoded, failures = self.decode(enc, key, r, direction, x)
         if comp.needs_key and key is not None:
             # Simulation oracle: decoding against the sender's own value is always exact, so any coordinate the
             # receiver decoded differently landed on a wrong lattice point (the receiver's own check only sees
             # coordinates near the edge of its decoding window). One exact decode per message, not per receiver.
-            exact, _ = comp.decode(sent, x, shared)
+            exact, _ = comp.decode(sent, x, self.shared_seed(r, direction))
             failures = max(failures, int(((decoded - exact).abs() > 0.5 * getattr(comp, "step", 0.0)).sum()))
         return Sent(decoded.to(x.dtype), enc.bits_per_row(), failures)
 
     def shared_seed(self, r: int, direction: str) -> int:
-        """The seed both ends of a ``direction`` (``"up"``/``"down"``) link know in round ``r`` (the rotation)."""
+        """The seed both ends of a ``direction`` link know in round ``r`` (the lattice's rotation)."""
         return derive_seed(self.seed, r, SERVER, f"compress/{direction}/shared") % (2 ** 62)
 
-    def encode(self, comp: AbstractCompressor, x: torch.Tensor, r: int, senders: Sequence[int], direction: str,
+    def encode(self, x: torch.Tensor, r: int, senders: Sequence[int], direction: str,
                private_seed: int | None = None) -> Encoded:
-        """``x`` (one row per sender) as its senders encode it: each with its own generator, from the run seed (or
-        a deployed node's ``private_seed``), the round, the sender and the direction, so that a node encoding its
-        own message draws what the simulation drew for it (a compressor without
-        :attr:`~AbstractCompressor.rowwise_generators` encodes row by row)."""
-        shared = self.shared_seed(r, direction)
+        """``x`` (one row per sender) as its senders encode it on ``direction``'s compressor: each with its own
+        generator, from the run seed (or a deployed node's ``private_seed``), the round, the sender and the
+        direction, so that a node encoding its own message draws what the simulation drew for it (a compressor
+        without :attr:`~AbstractCompressor.rowwise_generators` encodes row by row)."""
+        comp, shared = self.compressor(direction), self.shared_seed(r, direction)
         seed = self.seed if private_seed is None else private_seed
         gens = [make_generator(seed, r, s, f"compress/{direction}", device=x.device) for s in senders]
         if len(gens) == 1:
@@ -86,11 +90,18 @@ class Links:
         return Encoded({k: torch.cat([p.payload[k] for p in parts]) for k in parts[0].payload}, len(parts),
                        parts[0].dim)
 
-    def decode(self, comp: AbstractCompressor, enc: Encoded, key: torch.Tensor | None, shared: int,
-               direction: str, sent: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
-        """What the receivers decode from ``enc`` (``(rows, d)``) and the failures they detect themselves.
-        ``sent``: the encoded rows, where known (the simulation), to check a compressor of your own against."""
-        out = comp.decode(enc, key, shared)
+    def expected_payload(self, r: int, direction: str, like: torch.Tensor) -> Encoded:
+        """One message of ``like``'s width encoded on ``direction`` (zeros): the arrays, shapes and dtypes that a
+        payload received over a network must have (:func:`payload_problem`)."""
+        return self.encode(like.new_zeros(1, like.numel()), r, [SERVER], direction)
+
+    def decode(self, enc: Encoded, key: torch.Tensor | None, r: int, direction: str,
+               sent: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+        """What the receivers of ``direction`` decode from ``enc`` (``(rows, d)``) and the failures they detect
+        themselves. ``sent``: the encoded rows, where known (the simulation), to check a compressor of your own
+        against."""
+        comp = self.compressor(direction)
+        out = comp.decode(enc, key, self.shared_seed(r, direction))
         if not of_trustfl(comp):
             _check_decoded(comp, direction, out, sent, enc.dim, enc.rows)
         decoded, flagged = out
@@ -101,13 +112,13 @@ class Links:
         points)."""
         if keys is None and self.uplink is not None and self.uplink.needs_key:
             keys = torch.zeros_like(messages)
-        return self._send(self.uplink, messages, keys, r, senders, "up", messages.shape[0])
+        return self._send(messages, keys, r, senders, "up", messages.shape[0])
 
     def down(self, model: torch.Tensor, r: int, keys: torch.Tensor | None = None, receivers: int = 1) -> Sent:
         """The server's ``(d,)`` model, encoded once, as ``receivers`` clients decode it (``keys``: theirs)."""
         if keys is not None:
             receivers = keys.shape[0]
-        return self._send(self.downlink, model.unsqueeze(0), keys, r, [SERVER], "down", receivers)
+        return self._send(model.unsqueeze(0), keys, r, [SERVER], "down", receivers)
 
 
 def payload_problem(coded: object, like: Encoded) -> str | None:
