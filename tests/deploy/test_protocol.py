@@ -234,13 +234,22 @@ def test_wire_readers_never_crash_on_junk():
             ({"message": rng.normal(size=3).astype(np.float32)}, {"dtype/message": "int8", "client_id": -1}),
             ({"message": np.zeros(2, np.float32)}, {"dtype/message": "float32", "client_id": True, "num_steps": -3,
                                                       "train_loss": math.nan, "metric/a": "b"})]
+    junk += [({"coded/codes": "x"}, {"dtype/coded/codes": "uint8"}),  # encoded payloads (compress.uplink)
+             ({"coded/codes": np.zeros((1, 3), np.uint8)}, {"dtype/coded/codes": "bool"}),
+             ({"coded/codes": np.zeros((1, 3), np.int32)}, {"dtype/coded/codes": "uint8"}),
+             ({"coded/codes": np.zeros((1, 3), np.uint8), 7: np.zeros(1)}, {})]
     for wire in junk:
         reply = read_reply(wire)
         assert isinstance(reply, TrainReply) and reply.num_steps is None and reply.train_loss is None
+        assert reply.coded is None
+    coded = read_reply(({"coded/codes": np.arange(3, dtype=np.uint8)[None]}, {"dtype/coded/codes": "uint8"}))
+    assert coded.coded["codes"].dtype == torch.uint8 and coded.coded["codes"].tolist() == [[0, 1, 2]]
     ok = read_reply(({"message": np.ones(2, np.float32)}, {"dtype/message": "float32", "client_id": 1,
                                                              "num_steps": 4, "train_loss": 0.5, "metric/a": 2.0}))
     assert ok.client_id == 1 and ok.num_steps == 4 and ok.metrics == {"a": 2.0} and ok.message.tolist() == [1, 1]
-    for bad in [({}, {}), ({}, {"round": -1}), ({"payload/model": np.zeros(2)}, {"round": 0})]:
+    for bad in [({}, {}), ({}, {"round": -1}), ({"payload/model": np.zeros(2)}, {"round": 0}),
+                ({"coded/codes": np.zeros((1, 2), np.uint8)}, {"round": 0, "dtype/coded/codes": "complex64"}),
+                ({7: np.zeros(2, np.float32)}, {"round": 0})]:
         with pytest.raises(MessageError):
             TrainRequest.from_wire(bad)
     with pytest.raises(MessageError):

@@ -151,7 +151,7 @@ class TrainRequest:
             raise MessageError(f"a train request needs an int round >= 0, found {config.get('round')!r}.")
         payload, dtypes = {}, {}
         for key, a in arrays.items():
-            if not key.startswith("payload/"):
+            if not isinstance(key, str) or not key.startswith("payload/"):
                 continue
             name = key.removeprefix("payload/")
             payload[name] = from_array(a, str(config.get(f"wire_dtype/{name}")))
@@ -209,7 +209,8 @@ def read_reply(wire: Any) -> TrainReply:
         except MessageError:
             return None
 
-    extras = {k.removeprefix("extra/"): tensor(k, f"dtype/{k}") for k in arrays if k.startswith("extra/")}
+    extras = {k.removeprefix("extra/"): tensor(k, f"dtype/{k}") for k in arrays
+              if isinstance(k, str) and k.startswith("extra/")}
     cid, steps, loss = config.get("client_id"), config.get("num_steps"), config.get("train_loss")
     metrics = {k.removeprefix("metric/"): float(v) for k, v in config.items()
                if isinstance(k, str) and k.startswith("metric/") and _is_number(v)}
