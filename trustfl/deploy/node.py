@@ -144,7 +144,7 @@ class NodeRuntime:
         device = fed.initial_params.device
         encoded = {k: v.to(device) for k, v in request.payload.items()}
         received = fed.downlink.decode(encoded, request.torch_dtypes())
-        if request.coded or fed.links is not None and fed.links.downlink is not None:
+        if request.coded or (fed.links is not None and fed.links.downlink is not None):
             received["model"] = self._decoded_model(request.coded, r)
         self._check_received(received)
         plan = make_plan(fed, cid, r)
