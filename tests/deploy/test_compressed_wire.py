@@ -115,3 +115,15 @@ def test_a_request_must_carry_the_model_once_and_as_the_run_sends_it():
     uncompressed = NodeRuntime(_config(FEDAVG_DP_ROBUST), 0)
     with pytest.raises(MessageError, match="`compress.downlink` is \"none\""):
         uncompressed.train(TrainRequest.from_wire(_request(node, 0).to_wire()), uncompressed.new_state())
+
+
+def test_an_encoded_model_that_fails_to_decode_is_refused_not_a_traceback(monkeypatch):
+    cfg = _config(FEDAVG_DP_ROBUST, *QSGD_BOTH)
+    node = NodeRuntime(cfg, 1)
+    request = _request(node, 0)
+
+    def broken(self, enc, key, shared_seed):
+        raise RuntimeError("shape '[1, 650]' is invalid")
+    monkeypatch.setattr(type(node.fed.links.downlink), "decode", broken)
+    with pytest.raises(MessageError, match=r"^node 1 refuses the request: its encoded model cannot be decoded"):
+        node.train(TrainRequest.from_wire(request.to_wire()), node.new_state())

@@ -116,7 +116,11 @@ class NodeRuntime:
             raise MessageError(f"node {self.client_id} refuses the request: its encoded model {problem}.")
         device = fed.initial_params.device
         enc = Encoded({k: v.to(device) for k, v in coded.items()}, 1, fed.layout.numel)
-        return links.decode(enc, None, r, "down")[0][0].to(fed.initial_params.dtype)
+        try:
+            return links.decode(enc, None, r, "down")[0][0].to(fed.initial_params.dtype)
+        except (RuntimeError, ValueError) as err:  # the right shapes, still not decodable
+            raise MessageError(f"node {self.client_id} refuses the request: its encoded model cannot be decoded "
+                               f"({err}).") from None
 
     # -- the two messages ---------------------------------------------------------------------------------------
     def hello(self, state: NodeState) -> Hello:
