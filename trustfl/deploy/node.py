@@ -25,12 +25,10 @@ from typing import Any
 import torch
 
 from trustfl.client.state import ClientStateStore
-from trustfl.compress.base import Encoded
 from trustfl.config.build import build_federation
 from trustfl.config.schema import ExperimentConfig
 from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, unpack_directory
 from trustfl.engine.federation import Federation
-from trustfl.engine.links import payload_problem
 from trustfl.engine.round_parts import cohort_context, context, make_plan, weights
 from trustfl.engine.sync import round_job
 from trustfl.errors import ConfigError, MessageError
@@ -111,16 +109,9 @@ class NodeRuntime:
         if links is None or links.downlink is None:
             raise MessageError(f"node {self.client_id} refuses the request: it carries an encoded model, but this "
                                f"run's `compress.downlink` is \"none\".")
-        problem = payload_problem(coded, links.expected_payload(r, "down", fed.initial_params))
-        if problem is not None:
-            raise MessageError(f"node {self.client_id} refuses the request: its encoded model {problem}.")
-        device = fed.initial_params.device
-        enc = Encoded({k: v.to(device) for k, v in coded.items()}, 1, fed.layout.numel)
-        try:
-            return links.decode(enc, None, r, "down")[0][0].to(fed.initial_params.dtype)
-        except (RuntimeError, ValueError) as err:  # the right shapes, still not decodable
-            raise MessageError(f"node {self.client_id} refuses the request: its encoded model cannot be decoded "
-                               f"({err}).") from None
+        expected = links.expected_payload(r, "down", fed.initial_params)
+        what = f"node {self.client_id} refuses the request: its encoded model"
+        return links.decode_received(coded, expected, r, "down", fed.initial_params, what)[0]
 
     # -- the two messages ---------------------------------------------------------------------------------------
     def hello(self, state: NodeState) -> Hello:

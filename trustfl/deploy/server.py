@@ -28,13 +28,11 @@ from typing import Any, Callable
 
 import torch
 
-from trustfl.compress.base import Encoded
 from trustfl.core.rng import SERVER
 from trustfl.deploy.checks import check_deployable
 from trustfl.deploy.wire import Hello, TrainRequest, Wire, pack_directory, read_reply
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.links import payload_problem
 from trustfl.engine.local import num_local_steps
 from trustfl.engine.round_parts import Arrivals, admit, conclude, round_events, sample_cohort
 from trustfl.engine.sync import initial_state
@@ -178,21 +176,17 @@ def decoded_uplink(fed: Federation, r: int, coded: dict[int, Any],
     0, as in the simulation), each on its own: ``None`` for a payload of other shapes or dtypes than the
     compressor's, or one it cannot decode (screened out as a malformed message). Also the bits of one message and
     the decode failures the server detects itself."""
-    links, d = fed.links, fed.layout.numel
-    template = links.expected_payload(r, "up", like)
-    key = like.new_zeros(1, d) if links.uplink.needs_key else None
+    links = fed.links
+    template = links.expected_payload(r, "up", like)  # once a round, for every reply
     rows: dict[int, torch.Tensor | None] = {}
     failures = 0
     for cid, payload in coded.items():
-        rows[cid] = None
-        if payload_problem(payload, template) is not None:
-            continue
-        enc = Encoded({k: v.to(like.device) for k, v in payload.items()}, 1, d)
         try:
-            decoded, flagged = links.decode(enc, key, r, "up")
-        except (MessageError, RuntimeError, ValueError):  # a payload of the right shapes that still cannot decode
+            rows[cid], flagged = links.decode_received(payload, template, r, "up", like, f"node {cid}'s reply")
+        except MessageError:
+            rows[cid] = None
             continue
-        rows[cid], failures = decoded[0].to(like.dtype), failures + flagged
+        failures += flagged
     return rows, template.bits_per_row(), failures
 
 

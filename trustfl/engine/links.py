@@ -21,7 +21,7 @@ from trustfl.compress.base import AbstractCompressor, Encoded
 from trustfl.core.finite import finite_rows
 from trustfl.core.registry import component_name, of_trustfl
 from trustfl.core.rng import SERVER, derive_seed, make_generator
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 UNCOMPRESSED_BITS = 32
 
@@ -106,6 +106,28 @@ class Links:
             _check_decoded(comp, direction, out, sent, enc.dim, enc.rows)
         decoded, flagged = out
         return decoded, int(flagged.sum())
+
+    def decode_received(self, payload: object, expected: Encoded, r: int, direction: str, like: torch.Tensor,
+                        what: str) -> tuple[torch.Tensor, int]:
+        """One message received over a network on ``direction`` (a deployment), decoded into ``like``'s device,
+        dtype and width (a quantizer with a reference point against 0, as the simulator's delta messages), and the
+        failures the receiver detects itself.
+
+        Raises:
+          MessageError: ``what`` (e.g. "node 3's reply") followed by the problem: a payload of other arrays,
+            shapes or dtypes than ``expected`` (:meth:`expected_payload`), or one that cannot be decoded.
+        """
+        problem = payload_problem(payload, expected)
+        if problem is not None:
+            raise MessageError(f"{what} {problem}.")
+        d = like.numel()
+        enc = Encoded({k: v.to(like.device) for k, v in payload.items()}, 1, d)  # type: ignore[union-attr]
+        key = like.new_zeros(1, d) if self.compressor(direction).needs_key else None
+        try:
+            decoded, failures = self.decode(enc, key, r, direction)
+        except (RuntimeError, ValueError) as err:  # the right shapes, still not decodable
+            raise MessageError(f"{what} cannot be decoded ({err}).") from None
+        return decoded[0].to(like.dtype), failures
 
     def up(self, messages: torch.Tensor, keys: torch.Tensor | None, r: int, senders: Sequence[int]) -> Sent:
         """Clients ``senders``' ``(m, d)`` messages as the server decodes them (``keys``: the server's reference
