@@ -245,12 +245,10 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         view, view_state = shadow.x, shadow.state
         if uplink.to_server is not None and trainers:
             view = uplink.to_server(view, trainers)[0]
+    honest = [i for i, c in enumerate(trainers) if c not in fed.byzantine]  # rows of trainers that craft nothing
     if crafted:
         # The adversary sees the honest messages the server would accept (a diverged client's NaN row is not one).
-        honest_rows = [i for i, c in enumerate(trainers) if c not in fed.byzantine]
-        if honest_rows:
-            finite = finite_rows(view[honest_rows]).tolist()
-            honest_rows = [i for i, ok in zip(honest_rows, finite) if ok]
+        honest_rows = _finite_rows_among(view, honest)
         if honest_rows:
             byz = fed.attack.craft(view[honest_rows], len(crafted),
                                    ctx_train.select(torch.tensor(honest_rows, dtype=torch.long)), fed.aggregator)
@@ -261,20 +259,24 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
     # Crafted clients' extras are zero (the attack acts on the message only) or, with `attack.extras = "crafted"`,
     # the attack applied to the honest clients' finite extras as to their messages.
     extras = {key: dict(zip(trainers, results.extras[key])) for key in fed.local_chain.extras_widths(fed.layout)}
-    honest_ids = [i for i, c in enumerate(trainers) if c not in fed.byzantine]
-    if crafted and honest_ids and fed.attack_extras == "crafted":
-        for by_client in extras.values():
-            honest = torch.stack([by_client[trainers[i]] for i in honest_ids])
-            keep = torch.nonzero(finite_rows(honest)).flatten()
-            if len(keep):
-                chosen = ctx_train.select(torch.tensor(honest_ids, dtype=torch.long)[keep])
-                by_client.update(zip(crafted, fed.attack.craft(honest[keep], len(crafted), chosen, fed.aggregator)))
+    if crafted and fed.attack_extras == "crafted":
+        for key, by_client in extras.items():
+            sent = results.extras[key]
+            keep = _finite_rows_among(sent, honest)
+            if keep:
+                chosen = ctx_train.select(torch.tensor(keep, dtype=torch.long))
+                by_client.update(zip(crafted, fed.attack.craft(sent[keep], len(crafted), chosen, fed.aggregator)))
     arrivals = Arrivals(cohort, rows, extras, events, dict(out.metrics),
                         float(results.train_loss.mean()) if len(results.train_loss) else None, bits_row, failures,
                         uplink.to_server is not None)
     state = dataclasses.replace(state, client_stages=client_state, attack_view=view_state,
                                 clients=store.state_dict())
     return conclude(fed, state, arrivals, bytes_down, metrics, uplink.scale, extra_bytes_up)
+
+
+def _finite_rows_among(x: torch.Tensor, rows: list[int]) -> list[int]:
+    """Those of ``rows`` whose row of ``x`` is finite (a list: it indexes ``x`` on any device)."""
+    return [i for i, ok in zip(rows, finite_rows(x[rows]).tolist()) if ok] if rows else []
 
 
 def check_update(out: Any, who: str, params: torch.Tensor, r: int, n: int) -> None:
