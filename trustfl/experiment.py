@@ -83,7 +83,7 @@ def with_device(cfg: ExperimentConfig, device: str) -> ExperimentConfig:
         raise ConfigError(f"`engine.{err.name}` must be {err.allowed}, found {err.value!r}.") from None
 
 
-def _config_hash(cfg: ExperimentConfig) -> str:
+def config_hash(cfg: ExperimentConfig) -> str:
     """The identity a checkpoint is resumed under. ``engine.device`` is not part of it (a run checkpointed on a
     GPU may resume on the CPU), nor is ``engine.dtype`` at its default (checkpoints written before the key
     existed keep their hash)."""
@@ -196,7 +196,7 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
                               f"torchrun (WORLD_SIZE={ranks.world_size}); run it in one process.")
         fed.executor = DistributedExecutor(fed.executor, ranks)
     engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
-    cfg_hash = _config_hash(cfg)
+    cfg_hash = config_hash(cfg)
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
     digest = data_digest(fed.dataset) if main and (every or resume) else None

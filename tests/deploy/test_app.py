@@ -88,7 +88,11 @@ def test_the_server_app_run_again_writes_beside_its_earlier_runs(tmp_path, monke
 
     written = []
 
-    def fake_run(cfg, transport, out, data_dir=None):
+    def fake_run(cfg, transport, out, resume=None, data_dir=None):
+        if resume is not None:  # the run config's `resume` continues that run directory
+            assert out is None
+            written.append(("resume", Path(resume)))
+            return SimpleNamespace(run_dir=Path(resume))
         (Path(out) / "config.toml").parent.mkdir(parents=True, exist_ok=True)
         (Path(out) / "config.toml").write_text("")
         written.append(Path(out))
@@ -103,3 +107,6 @@ def test_the_server_app_run_again_writes_beside_its_earlier_runs(tmp_path, monke
     for _ in range(3):
         flower._server_main(None, context)
     assert written == [tmp_path / "run", tmp_path / "run-3", tmp_path / "run-4"]
+    context.run_config["resume"] = str(tmp_path / "run-3")
+    flower._server_main(None, context)
+    assert written[-1] == ("resume", tmp_path / "run-3")

@@ -58,8 +58,9 @@ def test_deployment_equals_the_simulation(spec, tmp_path):
         assert d["accuracy"] == pytest.approx(s["accuracy"], abs=1e-3)
     down, up = transport.bytes_sent  # what the wire carried: the float32 model down, the message up
     assert up == sum(r["bytes_up"] for r in dep.rows) and down == sum(r["bytes_down"] for r in dep.rows)
-    # The run directory of a deployment is that of a simulation.
-    assert sorted(p.name for p in dep.run_dir.iterdir()) == sorted(p.name for p in sim.run_dir.iterdir())
+    # The run directory of a deployment is that of a simulation, plus the journal of what was sent.
+    assert sorted(p.name for p in dep.run_dir.iterdir()) == sorted([p.name for p in sim.run_dir.iterdir()]
+                                                                   + ["deployment.jsonl"])
 
 
 def test_correlated_noise_is_real_in_the_deployment(tmp_path):
@@ -178,8 +179,8 @@ def test_the_server_cannot_compute_a_pair_seed(tmp_path):
     seen: list[bytes] = []
 
     class Recording(InProcessTransport):
-        def hello(self, num_nodes, timeout):
-            out = super().hello(num_nodes, timeout)
+        def hello(self, num_nodes, timeout, run_id=""):
+            out = super().hello(num_nodes, timeout, run_id)
             seen.extend(_blobs(out))
             return out
 
@@ -192,13 +193,14 @@ def test_the_server_cannot_compute_a_pair_seed(tmp_path):
     dep, _ = _deploy(cfg, tmp_path, transport=transport)
     seen.extend(p.read_bytes() for p in dep.run_dir.rglob("*") if p.is_file())
     private = {cid: NodeRuntime.load_state(s)["private_key"] for cid, s in transport.states.items()}
-    node_keys = {cid: nodes[cid].keys(NodeRuntime.load_state(s)) for cid, s in transport.states.items()}
     assert all(len(k) == 32 for k in private.values())
     for key in private.values():
         assert not any(key in blob for blob in seen)
     # The directory the server relays is the nodes' public keys, and the simulation keys (which the server could
-    # derive from the run seed) give other pair seeds than the nodes'.
+    # derive from the run seed) give other pair seeds than the nodes'. (A new run: the nodes start afresh.)
     request = TrainRequest.from_wire(next(w for w in _requests(transport, cfg)))
+    node_keys = {cid: nodes[cid].keys(NodeRuntime.load_state(s)) for cid, s in transport.states.items()}
+    assert not set(private.values()) & {NodeRuntime.load_state(s)["private_key"] for s in transport.states.values()}
     directory = unpack_directory(request.directory)
     assert {c: directory[c] for c in directory.ids} == {c: k.public_bytes for c, k in node_keys.items()}
     sim_keys, sim_directory = simulation_keys(cfg.seed, cfg.data.num_clients)
@@ -302,15 +304,27 @@ def test_a_node_answers_each_round_once_in_order_and_never_past_the_run():
     assert torch.equal(again.message, first.message) and not torch.equal(second.message, first.message)
 
 
-def test_a_server_that_replays_a_round_gets_refusals_not_a_crash():
+def test_a_server_that_asks_a_round_again_gets_the_same_reply_or_a_refusal():
+    """A resumed server asks again the round it was interrupted in: the same request gets the node's kept reply
+    (no new release), marked replayed; the same round with another model is refused (the same noise would cancel
+    in the difference), never a crash."""
     cfg = _config(FEDAVG_DP_ROBUST)
     transport = InProcessTransport([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)])
     wire = next(_requests(transport, cfg))
     first = transport.train({0: wire, 1: wire}, 10.0)
     assert all(isinstance(v, tuple) for v in first.values())
-    replayed = transport.train({0: wire, 1: wire}, 10.0)
+    states = dict(transport.states)
+    again = transport.train({0: wire, 1: wire}, 10.0)
+    for cid in (0, 1):
+        was, now = read_reply(first[cid]), read_reply(again[cid])
+        assert now.replayed and not was.replayed and torch.equal(now.message, was.message)
+        assert (now.num_steps, now.train_loss, now.metrics) == (was.num_steps, was.train_loss, was.metrics)
+    assert transport.states == states
+    other = TrainRequest.from_wire(wire)
+    other = TrainRequest(other.round, {"model": other.payload["model"] + 0.01}, other.dtypes, other.directory)
+    refused = transport.train({0: other.to_wire(), 1: other.to_wire()}, 10.0)
     assert all(isinstance(v, str) and v.startswith("node refused: node ") and "already trained round 1" in v
-               for v in replayed.values())
+               for v in refused.values())
 
 
 def test_a_node_cannot_write_keys_of_the_servers_metrics_rows(tmp_path):
@@ -362,8 +376,8 @@ def test_a_malformed_hello_stops_the_start_in_one_line_naming_the_node(field, va
     cfg = _config(FEDAVG_DP_ROBUST)
 
     class Malformed(InProcessTransport):
-        def hello(self, num_nodes, timeout):
-            hellos = super().hello(num_nodes, timeout)
+        def hello(self, num_nodes, timeout, run_id=""):
+            hellos = super().hello(num_nodes, timeout, run_id)
             hellos[2][1][field] = value
             return hellos
 

@@ -14,7 +14,7 @@ from trustfl.config.load import load_config
 from trustfl.engine.federation import EngineState
 from trustfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from trustfl.errors import ConfigError
-from trustfl.experiment import _config_hash, run_experiment, with_device
+from trustfl.experiment import config_hash, run_experiment, with_device
 from trustfl.objectives.builtin import CrossEntropy
 from trustfl.objectives.precision import Autocast
 
@@ -128,8 +128,8 @@ def test_resume_refuses_an_unknown_device(small_config, tmp_path):
 
 def test_config_hash_ignores_the_device_but_not_a_non_default_dtype(small_config):
     cfg = small_config()
-    assert _config_hash(with_device(cfg, "cuda:1")) == _config_hash(cfg)
-    assert _config_hash(small_config(engine__dtype="bfloat16")) != _config_hash(cfg)
+    assert config_hash(with_device(cfg, "cuda:1")) == config_hash(cfg)
+    assert config_hash(small_config(engine__dtype="bfloat16")) != config_hash(cfg)
 
 
 # ---------------------------------------------------------------- bfloat16 local training

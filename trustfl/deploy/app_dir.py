@@ -1,9 +1,9 @@
 """``trustfl deploy app CONFIG --out DIR``: a ready Flower app directory for an experiment.
 
 The directory holds ``pyproject.toml`` (the app's components and its run config: the experiment TOML as text,
-the run directory, the data directory) and a two-line package whose ``server_app`` and ``client_app`` are
-trustfl's (:mod:`trustfl.deploy.flower`). ``flwr run DIR <connection>`` then runs the experiment on the
-connected SuperNodes (docs/deployment.md).
+the run directory, the data directory, a run directory to resume) and a two-line package whose ``server_app``
+and ``client_app`` are trustfl's (:mod:`trustfl.deploy.flower`). ``flwr run DIR <connection>`` then runs the
+experiment on the connected SuperNodes (docs/deployment.md).
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _write(out: Path, name: str, experiment_toml: str, run_dir: str, data_dir: s
             "publisher": "trustfl",
             "components": {"serverapp": f"{PACKAGE}.server_app:app", "clientapp": f"{PACKAGE}.client_app:app"},
             "config": {"trustfl-config": experiment_toml,
-                       "run-dir": run_dir or str((out / "run").resolve()), "data-dir": data_dir},
+                       "run-dir": run_dir or str((out / "run").resolve()), "data-dir": data_dir, "resume": ""},
         }}},
     }
     (out / "pyproject.toml").write_text(tomli_w.dumps(project, multiline_strings=True))

@@ -8,11 +8,15 @@ No Flower ``Strategy`` is used: the server is :class:`trustfl.deploy.server.Remo
 run directory) and ``data-dir``; each node's ``partition-id`` (its client id) comes from its node config
 (``--node-config "partition-id=k"``), optionally with its own ``data-dir``.
 
-A node keeps its state (secrets, stage state, client-store entry) in Flower's ``context.state`` between
-messages; Flower runs each message in a fresh process, so nothing else survives.
+A node keeps its state (secrets, stage state, client-store entry, its last reply) in Flower's ``context.state``
+between messages; Flower runs each message in a fresh process, so nothing else survives. A Flower run's context
+ends with the run: given a ``state-dir`` in its node config, a node also writes its state to a file there, named by
+the trustfl run's id, which a resumed run (run config ``resume``: the run directory) finds again.
 """
 from __future__ import annotations
 
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -73,7 +77,7 @@ class FlowerTransport(AbstractTransport):
                 time.sleep(POLL_S)
         return replies
 
-    def hello(self, num_nodes: int, timeout: float) -> dict[int, Wire]:
+    def hello(self, num_nodes: int, timeout: float, run_id: str = "") -> dict[int, Wire]:
         deadline = time.monotonic() + timeout
         nodes = sorted(self.grid.get_node_ids())
         while len(nodes) < num_nodes and time.monotonic() < deadline:
@@ -82,7 +86,8 @@ class FlowerTransport(AbstractTransport):
         if len(nodes) != num_nodes:
             raise ConfigError(f"`data.num_clients` is {num_nodes} but {len(nodes)} node(s) are connected after "
                               f"`deploy.startup_timeout_s` = {timeout:g} s; start one node per client.")
-        messages = [Message(RecordDict({"config": ConfigRecord({"hello": True})}), nid, "query") for nid in nodes]
+        hello = ConfigRecord({"hello": True, "run_id": run_id})
+        messages = [Message(RecordDict({"config": hello}), nid, "query") for nid in nodes]
         replies = self._exchange(messages, max(deadline - time.monotonic(), 10.0))
         out: dict[int, Wire] = {}
         for msg in messages:
@@ -146,11 +151,12 @@ client_app = ClientApp()
 def _server_main(grid: Grid, context: Context) -> None:
     try:
         cfg = _config(context.run_config)
-        out = str(context.run_config.get("run-dir", "")) or None
+        resume = str(context.run_config.get("resume", "")) or None
+        out = None if resume else str(context.run_config.get("run-dir", "")) or None
         if out is not None:  # an app run again writes beside its earlier runs, never over them
             out = str(unused_run_dir(Path(out)))
         data_dir = str(context.run_config.get("data-dir", "")) or None
-        result = run_deployment(cfg, FlowerTransport(grid), out, data_dir=data_dir)
+        result = run_deployment(cfg, FlowerTransport(grid), out, resume=resume, data_dir=data_dir)
         print(f"[trustfl deploy] run directory: {result.run_dir}", file=sys.stderr, flush=True)
     except TrustFLError as err:  # one line, as the CLI prints it
         print(f"trustfl: error: {err}", file=sys.stderr, flush=True)
@@ -173,20 +179,50 @@ def _node(context: Context) -> NodeRuntime:
     return _NODES[key]
 
 
-def _state(node: NodeRuntime, context: Context) -> dict:
+def _state_file(context: Context, run_id: str) -> Path | None:
+    """Where the node keeps its state beyond the Flower run (``state-dir`` in its node config), or None."""
+    state_dir = str(context.node_config.get("state-dir", ""))
+    if not state_dir or not run_id:
+        return None
+    if not re.fullmatch(r"[0-9a-f]{32}", run_id):  # from the server: never a path of its choosing
+        raise MessageError(f"this node refuses the hello: its run id {run_id[:40]!r} is not 32 hex digits.")
+    return Path(state_dir) / f"trustfl-node-{context.node_config.get('partition-id')}-{run_id}.pt"
+
+
+def _state(node: NodeRuntime, context: Context, run_id: str = "") -> dict:
+    """The node's state: this Flower run's, else the one its state file kept for the trustfl run, else new."""
     if STATE_KEY in context.state:
         return NodeRuntime.load_state(context.state[STATE_KEY]["blob"])
-    return node.new_state()
+    path = _state_file(context, run_id)
+    if path is not None and path.is_file():
+        try:
+            return NodeRuntime.load_state(path.read_bytes())
+        except Exception as err:  # torch.load's errors are of many kinds
+            raise MessageError(f"this node's state file {path} cannot be read ({type(err).__name__}); it cannot "
+                               f"resume this run.") from None
+    return {**node.new_state(), "run_id": run_id}
 
 
 def _keep(state: dict, context: Context) -> None:
-    context.state[STATE_KEY] = ConfigRecord({"blob": NodeRuntime.save_state(state)})
+    blob = NodeRuntime.save_state(state)
+    context.state[STATE_KEY] = ConfigRecord({"blob": blob})
+    path = _state_file(context, str(state.get("run_id", "")))
+    if path is not None:  # its secrets: readable by its owner only, and never half written
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 @client_app.query()
 def _hello(msg: Message, context: Context) -> Message:
     node = _node(context)
-    state = _state(node, context)
+    config = msg.content["config"] if "config" in msg.content else {}
+    state = _state(node, context, str(config.get("run_id", "")))
     _keep(state, context)
     return Message(to_content(node.hello(state).to_wire()), reply_to=msg)
 

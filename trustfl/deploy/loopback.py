@@ -1,6 +1,7 @@
 """An in-process transport: the nodes are :class:`NodeRuntime` objects in this process, reached through the same
 wire messages as over a network. It runs the deployment protocol without Flower (tests, debugging); the node
-state is kept serialised between rounds, as a Flower node keeps it.
+state is kept serialised between rounds under the run's id, as a Flower node keeps it (in its state file, when it
+has a ``state-dir``): a resumed run finds its nodes' state, a new run starts them afresh.
 """
 from __future__ import annotations
 
@@ -25,10 +26,18 @@ class InProcessTransport(AbstractTransport):
         if len(self.nodes) != len(nodes):
             raise ConfigError(f"two nodes announce the same partition-id: {[n.client_id for n in nodes]}.")
         self.fails = fails
-        self.states = {cid: NodeRuntime.save_state(node.new_state()) for cid, node in self.nodes.items()}
+        self.runs: dict[str, dict[int, bytes]] = {}
+        """Each run's node states (run id → client id → saved state)."""
+        self.states = self._fresh_states()
         self._down = self._up = 0
 
-    def hello(self, num_nodes: int, timeout: float) -> dict[int, Wire]:
+    def _fresh_states(self) -> dict[int, bytes]:
+        return {cid: NodeRuntime.save_state(node.new_state()) for cid, node in self.nodes.items()}
+
+    def hello(self, num_nodes: int, timeout: float, run_id: str = "") -> dict[int, Wire]:
+        if run_id not in self.runs:
+            self.runs[run_id] = self._fresh_states() if self.runs else self.states
+        self.states = self.runs[run_id]
         return {cid: node.hello(NodeRuntime.load_state(self.states[cid])).to_wire()
                 for cid, node in self.nodes.items()}
 

@@ -32,7 +32,7 @@ from trustfl.engine.federation import Federation
 from trustfl.engine.round_parts import cohort_context, context, make_plan, weights
 from trustfl.engine.sync import round_job
 from trustfl.errors import ConfigError, MessageError
-from trustfl.privacy.correlated import simulation_key_seed
+from trustfl.privacy.correlated import CorrelatedNoise, simulation_key_seed
 from trustfl.privacy.keys import ClientKeys
 
 NodeState = dict[str, Any]
@@ -127,10 +127,16 @@ class NodeRuntime:
             The node's randomness comes from (its seed, the round), so a replayed round would draw the same noise
             again: two replies to two models would cancel it in their difference. Its noise multiplier is
             calibrated for at most ``rounds`` participations; so each round is answered at most once, in order,
-            and never past the run, whatever the server asks.
+            and never past the run, whatever the server asks. The one exception releases nothing new: asked its
+            last round again with the same request (a server resumed from its checkpoint), the node sends its
+            kept reply again, marked ``replayed``.
         """
         fed, cid, r = self.fed, self.client_id, request.round
         last = int(state.get("last_round", -1))  # a state saved before nodes kept it: no round trained yet
+        digest = request.digest(with_directory=self._draws_pair_noise)
+        kept = state.get("last_reply")
+        if r == last and kept is not None and kept["digest"] == digest:  # a resumed server asks it again
+            return TrainReply(**kept["reply"], replayed=True), state
         if not last < r < self.cfg.rounds:
             why = f"the run has rounds 1-{self.cfg.rounds}" if r >= self.cfg.rounds else \
                 f"this node has already trained round {last + 1}; each round is answered once, in order"
@@ -160,4 +166,12 @@ class NodeRuntime:
             message, coded = None, fed.links.encode(out.x, r, [cid], "up", seed).payload
         reply = TrainReply(cid, message, extras, int(results.num_steps[0]), float(results.train_loss[0]), metrics,
                            coded)
-        return reply, {**state, "stages": out.state, "clients": store.state_dict(), "last_round": r}
+        kept = {"digest": digest, "reply": {f.name: getattr(reply, f.name) for f in dataclasses.fields(reply)
+                                            if f.name != "replayed"}}
+        return reply, {**state, "stages": out.state, "clients": store.state_dict(), "last_round": r,
+                       "last_reply": kept}
+
+    @property
+    def _draws_pair_noise(self) -> bool:
+        """Whether its messages hold pair noise drawn from the public-key directory (CafCor's correlated noise)."""
+        return any(isinstance(stage, CorrelatedNoise) for _, stage in self.fed.client_stages.stages)

@@ -16,13 +16,19 @@ whoever answered if the rule's minimum is met, and is skipped with a notice othe
 malformed or non-finite replies leave too few). A dropped node is
 charged its planned round (it may have released its message before the failure): ledgers err on the side of
 more ε, never less. Pairwise-cancelling noise does not cancel across an absent peer; the round's
-``<stage>/sum_noise_std`` is computed for the rows that actually arrived.
+``<stage>/sum_noise_std`` is computed for the rows that actually arrived. A deployment resumed from its checkpoint
+charges again what its :class:`SendJournal` says was sent after it, unless a node sends the same reply again.
 """
 from __future__ import annotations
 
 import abc
+import json
+import os
+import re
+import secrets as _os_secrets
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,8 +39,8 @@ from trustfl.deploy.checks import check_deployable
 from trustfl.deploy.wire import Hello, TrainRequest, Wire, pack_directory, read_reply
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation
-from trustfl.engine.local import num_local_steps
-from trustfl.engine.round_parts import Arrivals, admit, conclude, round_events, sample_cohort
+from trustfl.engine.local import ClientPlan, num_local_steps
+from trustfl.engine.round_parts import Arrivals, admit, conclude, make_plan, round_events, sample_cohort
 from trustfl.engine.sync import initial_state
 from trustfl.errors import ConfigError, MessageError
 from trustfl.privacy.correlated import CorrelatedNoise
@@ -49,9 +55,10 @@ class AbstractTransport(abc.ABC):
     """How the server reaches its nodes. ``client id → wire message``; a failure is a string naming it."""
 
     @abc.abstractmethod
-    def hello(self, num_nodes: int, timeout: float) -> dict[int, Wire]:
+    def hello(self, num_nodes: int, timeout: float, run_id: str = "") -> dict[int, Wire]:
         """Wait until ``num_nodes`` nodes are connected (at most ``timeout`` seconds) and return each one's hello,
-        keyed by the client id it announces.
+        keyed by the client id it announces. ``run_id`` names the run (the same when it is resumed): a node
+        keeps its state under it.
 
         Raises:
           ConfigError: if the nodes do not match ``num_nodes`` (too few in time, too many, a duplicate id).
@@ -68,19 +75,76 @@ class AbstractTransport(abc.ABC):
         return 0, 0
 
 
-class RemoteEngine(AbstractEngine):
-    """The synchronous schedule with every client's half run by a remote node through ``transport``."""
+class SendJournal:
+    """``deployment.jsonl`` in the run directory: the run's id, then each round's recipients, written (and
+    synced) *before* the requests go out.
 
-    def __init__(self, transport: AbstractTransport, round_timeout_s: float, startup_timeout_s: float) -> None:
+    A server resumed from its checkpoint runs again the rounds after it. A node may already have released its
+    reply to such a round; what the journal says was sent is charged again, unless the node sends that same reply
+    again (``replayed``).
+    """
+
+    NAME = "deployment.jsonl"
+
+    def __init__(self, run_dir: Path | None, resume: bool) -> None:
+        self.path = None if run_dir is None else Path(run_dir) / self.NAME
+        self.sent_before: dict[int, Counter[int]] = {}
+        if not resume:
+            self.run_id = _os_secrets.token_hex(16)
+            if self.path is not None:
+                self._append({"run_id": self.run_id}, mode="w")
+            return
+        if self.path is None or not self.path.is_file():
+            raise ConfigError(f"resume: {run_dir} holds no {self.NAME}: it is not the run directory of a "
+                              f"deployment, so its nodes' state cannot be found.")
+        self.run_id = ""
+        try:
+            lines = self.path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"resume: {self.path} cannot be read ({type(err).__name__}).") from None
+        for k, line in enumerate(lines, 1):
+            try:
+                entry = json.loads(line)
+                if k == 1:
+                    self.run_id = str(entry["run_id"])
+                else:
+                    self.sent_before.setdefault(int(entry["round"]), Counter()).update(int(c) for c in entry["sent"])
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"resume: {self.path}, line {k}, is not a journal entry; the file was "
+                                  f"altered.") from None
+        if not re.fullmatch(r"[0-9a-f]{32}", self.run_id):
+            raise ConfigError(f"resume: {self.path}, line 1, holds no run id; the file was altered.")
+
+    def record(self, r: int, clients: list[int]) -> None:
+        if self.path is not None:
+            self._append({"round": r, "sent": clients})
+
+    def _append(self, entry: dict[str, Any], mode: str = "a") -> None:
+        with open(self.path, mode) as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class RemoteEngine(AbstractEngine):
+    """The synchronous schedule with every client's half run by a remote node through ``transport``.
+
+    ``run_dir``: where the :class:`SendJournal` is kept (``None``: no journal, the run cannot be resumed);
+    ``resume``: the run continues from its checkpoint.
+    """
+
+    def __init__(self, transport: AbstractTransport, round_timeout_s: float, startup_timeout_s: float,
+                 run_dir: Path | None = None, resume: bool = False) -> None:
         self.transport = transport
         self.round_timeout_s, self.startup_timeout_s = round_timeout_s, startup_timeout_s
         self.directory: PublicKeyDirectory | None = None
+        self.journal = SendJournal(run_dir, resume)
 
     def connect(self, fed: Federation) -> None:
         """Collect every node's hello: the public-key directory and the clients' example counts."""
         n = fed.num_clients
         hellos = {}
-        for cid, wire in self.transport.hello(n, self.startup_timeout_s).items():
+        for cid, wire in self.transport.hello(n, self.startup_timeout_s, self.journal.run_id).items():
             try:
                 hellos[cid] = Hello.from_wire(wire)
             except MessageError as err:
@@ -100,6 +164,7 @@ class RemoteEngine(AbstractEngine):
         start = time.perf_counter()
         r = state.round
         metrics: dict[str, Any] = {"round": r + 1}
+        resent = self._charge_earlier_sends(fed, r)  # before admission: a budget counts what may be released
         plans, _, cohort = admit(fed, r, sample_cohort(fed, r), metrics)
         payload = {"model": state.params, **fed.local_chain.downlink(state.shared)}
         encoded = fed.downlink.encode(payload)
@@ -110,6 +175,7 @@ class RemoteEngine(AbstractEngine):
             coded = links.encode(state.params.unsqueeze(0), r, [SERVER], "down").payload
             encoded = {k: v for k, v in encoded.items() if k != "model"}
         request = TrainRequest(r, encoded, dtypes, pack_directory(self.directory), coded).to_wire()
+        self.journal.record(r, [p.client_id for p in plans])
         sent_before = self.transport.bytes_sent
         replies = self.transport.train({p.client_id: request for p in plans}, self.round_timeout_s)
         sent_after = self.transport.bytes_sent
@@ -117,14 +183,13 @@ class RemoteEngine(AbstractEngine):
         uplink = None if links is None else links.uplink
         coded_up: dict[int, Any] = {}
 
-        answered, dropped, rows, losses = [], [], {}, []
+        answered, dropped, replayed, rows, losses = [], [], [], {}, []
         extras: dict[str, dict[int, Any]] = {k: {} for k in fed.local_chain.extras_widths(fed.layout)}
         node_metrics: dict[str, list[float]] = {}
         events = []
         stage_events = fed.client_stages.round_events()
         for p in plans:
-            planned = num_local_steps(fed.training, int(p.rows.numel()), p.batch_size)
-            budget = planned if p.max_steps is None else min(planned, p.max_steps)
+            budget = step_budget(fed, p)
             wire = replies.get(p.client_id, "no reply")
             reply = None if isinstance(wire, str) else read_reply(wire)
             if reply is None or reply.client_id != p.client_id:
@@ -132,6 +197,8 @@ class RemoteEngine(AbstractEngine):
                 steps = budget
             else:
                 answered.append(p.client_id)
+                if reply.replayed and p.client_id in resent:  # the release charged before the interruption
+                    replayed.append(p.client_id)
                 rows[p.client_id] = reply.message
                 if uplink is not None:
                     coded_up[p.client_id] = reply.coded
@@ -143,9 +210,9 @@ class RemoteEngine(AbstractEngine):
                     node_metrics.setdefault(k, []).append(v)
                 steps = budget if reply.num_steps is None else min(reply.num_steps, budget)
             ev = round_events(fed, p, steps)
-            if ev is not None:
+            if ev is not None and p.client_id not in replayed:
                 events.append((p.client_id, ev))
-        events.extend((p.client_id, e) for p in plans for e in stage_events)
+        events.extend((p.client_id, e) for p in plans if p.client_id not in replayed for e in stage_events)
         stage_metrics = node_stage_metrics(node_metrics, fed, len(answered))
         for name, stage in fed.client_stages.stages:
             if isinstance(stage, CorrelatedNoise):  # what is left in the sum of the rows that arrived
@@ -157,7 +224,8 @@ class RemoteEngine(AbstractEngine):
             rows.update(decoded)
         arrivals = Arrivals(answered, rows, extras, events, stage_metrics, loss, bits_row, failures,
                             uplink is not None)
-        metrics.update({"dropped": len(dropped), "dropped_clients": dropped,
+        metrics.update({"dropped": len(dropped), "dropped_clients": dropped, "resent": len(resent),
+                        "replayed": len(replayed),
                         "wire_bytes_down": sent_after[0] - sent_before[0],
                         "wire_bytes_up": sent_after[1] - sent_before[1]})
         new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
@@ -168,6 +236,27 @@ class RemoteEngine(AbstractEngine):
                   f"{fed.aggregator.too_few(usable)}", file=sys.stderr, flush=True)
         new.wall_time_s = state.wall_time_s + time.perf_counter() - start
         return new, metrics
+
+
+    def _charge_earlier_sends(self, fed: Federation, r: int) -> set[int]:
+        """Charge, before admission, each request of round ``r`` the journal says went out before the run was
+        interrupted (its reply may have been released); return those clients."""
+        earlier = self.journal.sent_before.get(r, Counter())
+        if fed.ledger is not None and earlier:
+            stage_events = fed.client_stages.round_events()
+            charges = []
+            for cid, times in sorted(earlier.items()):
+                plan = make_plan(fed, cid, r)
+                ev = round_events(fed, plan, step_budget(fed, plan))
+                charges += [(cid, e) for e in ([] if ev is None else [ev]) + list(stage_events)] * times
+            fed.ledger.charge([(c, e) for c, e in charges if c in fed.ledger])
+        return set(earlier)
+
+
+def step_budget(fed: Federation, plan: ClientPlan) -> int:
+    """The local steps a client's plan allows: the planned work, capped by its step budget."""
+    planned = num_local_steps(fed.training, int(plan.rows.numel()), plan.batch_size)
+    return planned if plan.max_steps is None else min(planned, plan.max_steps)
 
 
 def decoded_uplink(fed: Federation, r: int, coded: dict[int, Any],
@@ -201,22 +290,41 @@ def node_stage_metrics(reported: dict[str, list[float]], fed: Federation, answer
 
 
 def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | None = None, *,
-                   data_dir: str | None = None, progress: bool = True, plots: bool = True,
-                   on_eval: Callable[[dict[str, Any]], None] | None = None) -> Any:
+                   resume: str | Path | None = None, data_dir: str | None = None, progress: bool = True,
+                   plots: bool = True, on_eval: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Run ``cfg`` with its clients on remote nodes reached through ``transport``; the run directory is that of
-    a simulation (:func:`trustfl.experiment.run_experiment`).
+    a simulation (:func:`trustfl.experiment.run_experiment`), plus the :class:`SendJournal`.
+
+    ``resume``: continue the deployment in that run directory from its checkpoint (``cfg`` must be the run's
+    experiment). The server checkpoints after every round (``engine.checkpoint_every`` = 0: never), since a node
+    keeps only its last reply.
 
     Raises:
-      ConfigError: if the configuration asks for something a deployment cannot honour (the key is named), or
-        the nodes do not match ``data.num_clients``.
+      ConfigError: if the configuration asks for something a deployment cannot honour (the key is named), the
+        nodes do not match ``data.num_clients``, or ``resume`` is not a deployment of this experiment.
     """
-    from trustfl.experiment import run_experiment
+    from trustfl.config.load import load_config
+    from trustfl.experiment import config_hash, default_run_dir, run_experiment
+
+    if resume is not None:
+        run_dir = Path(resume)
+        saved = run_dir / "config.toml"
+        if not saved.is_file():
+            raise ConfigError(f"resume: {run_dir} holds no config.toml; it is not a run directory.")
+        if config_hash(load_config(saved)) != config_hash(cfg):
+            raise ConfigError(f"resume: the experiment deployed is not the one in {saved}; deploy that file to "
+                              f"resume its run.")
+    else:
+        run_dir = Path(out) if out is not None else default_run_dir(cfg)
 
     def engine(fed: Federation) -> RemoteEngine:
         check_deployable(cfg, fed)
-        remote = RemoteEngine(transport, cfg.deploy.round_timeout_s, cfg.deploy.startup_timeout_s)
+        remote = RemoteEngine(transport, cfg.deploy.round_timeout_s, cfg.deploy.startup_timeout_s, run_dir,
+                              resume=resume is not None)
         remote.connect(fed)
         return remote
 
-    return run_experiment(cfg, out, data_dir=data_dir, progress=progress, plots=plots, on_eval=on_eval,
-                          engine=engine)
+    every = min(cfg.engine.checkpoint_every, 1)
+    return run_experiment(None if resume is not None else cfg, None if resume is not None else run_dir,
+                          resume=resume, data_dir=data_dir, progress=progress, plots=plots, on_eval=on_eval,
+                          engine=engine, checkpoint_every=every)

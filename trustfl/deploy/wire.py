@@ -9,13 +9,15 @@ ints, floats, strings, bytes or lists of them, the two record kinds every transp
   transforms' shared values, encoded by the downlink stages; with ``compress.downlink``, the model as the
   compressor encoded it, under ``coded/``) and the public-key directory;
 * train reply (node → server): the message row (with ``compress.uplink``, as the compressor encoded it, under
-  ``coded/``), its extras, the completed local steps, the local loss and the client stages' metrics.
+  ``coded/``), its extras, the completed local steps, the local loss and the client stages' metrics, and whether
+  it is a *replay*: the node's earlier reply to the same request, sent again to a resumed server.
 
 Everything read from the other side is untrusted: :func:`read_reply` never raises, and turns anything malformed
 into ``None`` fields the server screens out like a malformed simulated message.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 from dataclasses import dataclass, field
@@ -167,6 +169,20 @@ class TrainRequest:
     def torch_dtypes(self) -> dict[str, torch.dtype]:
         return {k: _DTYPES[v] for k, v in self.dtypes.items()}
 
+    def digest(self, with_directory: bool) -> bytes:
+        """A SHA-256 of everything a node's reply depends on: the round, every array with its name and dtypes,
+        and the public-key directory when ``with_directory`` (the node draws pair noise from it)."""
+        h = hashlib.sha256(_ENTRY.pack(self.round))
+        arrays, config = self.to_wire()
+        for name in sorted(arrays):
+            a = np.ascontiguousarray(arrays[name])
+            for part in (name, str(a.dtype), str(a.shape), config.get(f"dtype/{name.removeprefix('payload/')}")):
+                h.update(str(part).encode() + b"\0")
+            h.update(a.tobytes())
+        if with_directory:
+            h.update(self.directory)
+        return h.digest()
+
 
 @dataclass
 class TrainReply:
@@ -184,10 +200,12 @@ class TrainReply:
     coded: dict[str, torch.Tensor] | None = None
     """With ``compress.uplink``: the message as the compressor encoded it (one row), in place of ``message``
     (``None`` read from the wire: malformed)."""
+    replayed: bool = False
+    """The node's earlier reply to the same request, sent again (no new release of its data)."""
 
     def to_wire(self) -> Wire:
         arrays, config = {}, {"client_id": self.client_id, "num_steps": self.num_steps,
-                              "train_loss": self.train_loss}
+                              "train_loss": self.train_loss, "replayed": self.replayed}
         if self.message is not None:
             arrays["message"], config["dtype/message"] = to_array(self.message)
         put_coded(self.coded or {}, arrays, config)
@@ -220,7 +238,7 @@ def read_reply(wire: Any) -> TrainReply:
         coded = None
     return TrainReply(int(cid) if _is_int(cid) else None, tensor("message", "dtype/message"), extras,
                       int(steps) if _is_int(steps) and steps >= 0 else None,
-                      float(loss) if _is_number(loss) else None, metrics, coded)
+                      float(loss) if _is_number(loss) else None, metrics, coded, config.get("replayed") is True)
 
 
 def _is_int(v: Any) -> bool:
