@@ -550,6 +550,19 @@ class LoopbackFederation:
             status, details = self.run_status(run_id)
         return CompletedRun(rc, stdout, stderr, seconds, timed_out, run_id, args, status, details)
 
+    def current_run_id(self, timeout: float = 60.0) -> int:
+        """The id of the run the latest :meth:`run` started (read from its CLI output while it runs)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = "".join(p.read_text(errors="replace") for p in
+                           (self.tmp_dir / f"flwr_run_{self._run_counter}.{ext}" for ext in ("stdout", "stderr"))
+                           if p.is_file())
+            m = re.search(r"Successfully started run (\d+)", text)
+            if m:
+                return int(m.group(1))
+            time.sleep(0.1)
+        raise TimeoutError(f"run {self._run_counter} printed no run id in {timeout:g} s")
+
     def run_status(self, run_id: int) -> tuple[str | None, str | None]:
         """(status, status-details) of a run via ``flwr list --run-id``."""
         try:

@@ -3,7 +3,9 @@ SuperNodes (an unregistered fourth is refused), ``flwr run`` of apps written by 
 
 1. FedAvg + DP-SGD + coordinate-wise trimmed mean, QSGD-compressed both ways (the encoded payloads in Flower's
    array records), 2 rounds: the final model equals the simulator's.
-2. CafCor's pairwise-cancelling noise (pair seeds from X25519 keys relayed by the server), 2 rounds: equal too.
+2. CafCor's pairwise-cancelling noise (pair seeds from X25519 keys relayed by the server), 2 rounds, the run
+   stopped (``flwr stop``) as round 2 starts and resumed in a second ``flwr run``: each node finds its state (its
+   momentum, its keys) in its ``state-dir``, and the final model equals the simulation's too.
 3. A node killed as round 2 starts (the server has just sent its messages): the run completes and records the
    dropout.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from trustfl.deploy.app_dir import write_app  # noqa: E402
 from trustfl.experiment import run_experiment  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from flower_harness import LoopbackFederation  # noqa: E402
+from flower_harness import CONNECTION, LoopbackFederation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["rounds=2", 'data.dataset="digits"', "data.num_clients=3", 'deploy.secrets="run_seed"',
@@ -48,14 +51,16 @@ RUN_TIMEOUT = 240
 def federation(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("flower")
     app = write_app(FEDAVG[0], tmp / "app", FEDAVG[1])
-    with LoopbackFederation(app, 3, tls=True, node_auth=True, tmp_dir=tmp / "procs") as fed:
+    nodes = [{"partition-id": k, "num-partitions": 3, "state-dir": str(tmp / f"state{k}")} for k in range(3)]
+    with LoopbackFederation(app, 3, nodes, tls=True, node_auth=True, tmp_dir=tmp / "procs") as fed:
         yield fed, tmp
 
 
-def _run(fed, tmp, spec, name, extra=(), during=None):
-    cfg = load_config(spec[0], list(spec[1]) + list(extra))
+def _run(fed, tmp, spec, name, resume=False):
+    cfg = load_config(spec[0], list(spec[1]))
     run_dir = tmp / name
-    res = fed.run({"trustfl-config": dump_toml(config_to_dict(cfg)), "run-dir": str(run_dir)}, timeout=RUN_TIMEOUT)
+    res = fed.run({"trustfl-config": dump_toml(config_to_dict(cfg)), "run-dir": str(run_dir),
+                   "resume": str(run_dir) if resume else ""}, timeout=RUN_TIMEOUT)
     assert res.ok, (res.status, res.status_details, res.stdout[-3000:], res.stderr[-2000:])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return cfg, run_dir, rows
@@ -72,10 +77,9 @@ def test_an_unregistered_node_is_refused(federation):
     assert rc != 0 and "Failed to activate SuperNode" in fed.log_text(fed.nodes[k].name)
 
 
-@pytest.mark.parametrize("spec", [FEDAVG_QSGD, CAFCOR], ids=["fedavg_dpsgd_cwtm_qsgd", "cafcor_pair_noise"])
-def test_a_deployment_equals_the_simulation(federation, spec, tmp_path):
+def test_a_deployment_equals_the_simulation(federation, tmp_path):
     fed, tmp = federation
-    cfg, run_dir, rows = _run(fed, tmp, spec, spec[0].stem)
+    cfg, run_dir, rows = _run(fed, tmp, FEDAVG_QSGD, "fedavg_qsgd")
     sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
     assert torch.allclose(_final_model(run_dir), sim.params, atol=1e-5, rtol=0)
     assert [r["round"] for r in rows] == [1, 2] and all(r["dropped"] == 0 for r in rows)
@@ -84,7 +88,42 @@ def test_a_deployment_equals_the_simulation(federation, spec, tmp_path):
         assert mine["epsilon_max"] == pytest.approx(theirs["epsilon_max"])
         # The Flower array records carry the same bytes plus one .npy header per array (3 arrays a QSGD reply).
         assert 0 < mine["wire_bytes_up"] - mine["bytes_up"] <= 3 * 3 * 256
-    assert {p.name for p in run_dir.iterdir()} >= {"config.toml", "metrics.jsonl", "summary.json", "model.pt"}
+    assert {p.name for p in run_dir.iterdir()} >= {"config.toml", "metrics.jsonl", "summary.json", "model.pt",
+                                                   "deployment.jsonl"}
+
+
+def test_a_deployment_stopped_mid_run_resumes_to_the_simulations_model(federation, tmp_path):
+    """``flwr stop`` once round 1 is recorded (round 2's requests may be out), then ``resume``: a new Flower
+    run, whose nodes find their state (CafCor's momentum and keys) in their state-dir files. Whether or not round
+    2's requests went out before the stop, the final model is the simulation's; requests that did are charged
+    again (``resent``), so ε is at least the simulation's."""
+    fed, tmp = federation
+    run_dir = tmp / "cafcor"
+    stopped = []
+
+    def stop_after_round_1():
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.is_file() and metrics.read_text().strip()):
+            time.sleep(0.1)
+        stopped.append(fed.cli("stop", str(fed.current_run_id()), CONNECTION, timeout=60).returncode)
+
+    watcher = threading.Thread(target=stop_after_round_1, daemon=True)
+    watcher.start()
+    cfg = load_config(CAFCOR[0], CAFCOR[1])
+    first = fed.run({"trustfl-config": dump_toml(config_to_dict(cfg)), "run-dir": str(run_dir)}, timeout=RUN_TIMEOUT)
+    watcher.join(timeout=60)
+    assert stopped == [0] and first.status == "finished:stopped", (first.status, first.stderr[-2000:])
+    assert not (run_dir / "model.pt").exists()
+    _, _, rows = _run(fed, tmp, CAFCOR, "cafcor", resume=True)
+    sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
+    assert torch.allclose(_final_model(run_dir), sim.params, atol=1e-5, rtol=0)
+    assert [r["round"] for r in rows] == [1, 2] and all(r["dropped"] == 0 for r in rows)
+    assert rows[1]["resent"] in (0, 3) and rows[1]["replayed"] <= rows[1]["resent"]
+    assert rows[1]["epsilon_max"] >= sim.rows[1]["epsilon_max"] * (1 - 1e-9)
+    run_id = json.loads((run_dir / "deployment.jsonl").read_text().splitlines()[0])["run_id"]
+    for k in range(3):
+        kept = tmp / f"state{k}" / f"trustfl-node-{k}-{run_id}.pt"
+        assert kept.is_file() and kept.stat().st_mode & 0o077 == 0
 
 
 def test_a_node_killed_mid_run_is_dropped_and_the_run_completes(federation):
@@ -98,8 +137,6 @@ def test_a_node_killed_mid_run_is_dropped_and_the_run_completes(federation):
             time.sleep(0.2)
         fed.kill_node(2)
         killed.append(time.monotonic())
-
-    import threading
 
     watcher = threading.Thread(target=kill_after_first_round, daemon=True)
     cfg = load_config(FEDAVG[0], list(FEDAVG[1]) + ['aggregator={name="mean"}', "deploy.round_timeout_s=30",
