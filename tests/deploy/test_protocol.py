@@ -352,10 +352,12 @@ def test_a_node_cannot_write_keys_of_the_servers_metrics_rows(tmp_path):
 
 
 @pytest.mark.parametrize("payload, found", [
-    (lambda p: {"model": p[:-1]}, r"\(649,\) torch.float32 as 'model', this run's is \(650,\) torch.float32"),
-    (lambda p: {"model": p.view(2, -1)}, r"\(2, 325\) torch.float32 as 'model'"),
-    (lambda p: {"model": p.double()}, r"\(650,\) torch.float64 as 'model'"),
-    (lambda p: {"model": p, "scaffold/c": p[:3]}, r"\(3,\) torch.float32 as 'scaffold/c', this run's is \(650,\)"),
+    (lambda p: {"model": p[:-1]}, r"a float32 tensor of shape \(649,\) on cpu as 'model', this run's is a float32 "
+                                     r"tensor of shape \(650,\) on cpu"),
+    (lambda p: {"model": p.view(2, -1)}, r"a float32 tensor of shape \(2, 325\) on cpu as 'model'"),
+    (lambda p: {"model": p.double()}, r"a float64 tensor of shape \(650,\) on cpu as 'model'"),
+    (lambda p: {"model": p, "scaffold/c": p[:3]},
+     r"a float32 tensor of shape \(3,\) on cpu as 'scaffold/c', this run's is a float32 tensor of shape \(650,\)"),
     (lambda p: {"model": p}, r"nothing as 'scaffold/c'"),
 ])
 def test_a_node_refuses_a_downlink_of_other_shapes_in_one_line(payload, found):

@@ -37,8 +37,8 @@ def _part(base, result):
 
 
 BROKEN_RULES = {
-    "short": (lambda x, s: StageOut(x.mean(0)[:-1], s), r"returned `x` = \(609,\), torch.float32 on cpu"),
-    "float64": (lambda x, s: StageOut(x.mean(0).double(), s), r"returned `x` = \(610,\), torch.float64"),
+    "short": (lambda x, s: StageOut(x.mean(0)[:-1], s), r"returned `x` = a float32 tensor of shape \(609,\) on cpu"),
+    "float64": (lambda x, s: StageOut(x.mean(0).double(), s), r"returned `x` = a float64 tensor of shape \(610,\)"),
     "bare tensor": (lambda x, s: x.mean(0), "returned a Tensor, not a StageOut"),
     "nan": (lambda x, s: StageOut(x.mean(0) * float("nan"), s), r"returned non-finite values \(NaN or ±inf\)"),
     "inf": (lambda x, s: StageOut(x.mean(0) + float("inf"), s), "returned non-finite values"),
@@ -53,8 +53,8 @@ def test_an_aggregator_of_your_own_that_breaks_its_contract_is_named(monkeypatch
     _register(monkeypatch, "aggregator", "contract_test_rule", _part(AbstractAggregator, result))
     cfg = _cfg(aggregator={"name": "contract_test_rule"}, cohort={"sampler": "all"})
     with pytest.raises(ConfigError, match=f"^aggregator 'contract_test_rule' {fragment}.* in round 1 \\(from 4 "
-                                          f"finite messages\\); it must return a StageOut whose `x` is a finite "
-                                          f"tensor of shape \\(610,\\), torch.float32 on cpu"):
+                                          f"finite messages\\); it must return a StageOut whose `x` is finite and, as "
+                                          f"the model, a float32 tensor of shape \\(610,\\) on cpu"):
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
 
 
@@ -76,8 +76,8 @@ def test_a_server_stage_of_your_own_that_returns_another_shape_is_named(monkeypa
 
     _register(monkeypatch, "server_stage", "contract_test_stage", Doubling)
     cfg = _cfg(server_stages=[{"name": "contract_test_stage"}])
-    with pytest.raises(ConfigError, match=r"^stage .contract_test_stage. returned `x` = \(1220,\), torch.float32 "
-                                          r"on cpu; a stage must return a StageOut"):
+    with pytest.raises(ConfigError, match=r"^stage .contract_test_stage. returned `x` = a float32 tensor of shape "
+                                          r"\(1220,\) on cpu; a stage must return a StageOut"):
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
 
 
@@ -160,8 +160,8 @@ def test_a_pre_aggregator_of_your_own_is_named_beside_the_rule(monkeypatch, tmp_
 
 
 BROKEN_STAGES = {
-    "drops rows": (lambda x, s: StageOut(x[:1], s), r"returned `x` = \(1, 610\), torch.float32 on cpu"),
-    "drops a column": (lambda x, s: StageOut(x[:, 1:], s), r"returned `x` = \(4, 609\)"),
+    "drops rows": (lambda x, s: StageOut(x[:1], s), r"returned `x` = a float32 tensor of shape \(1, 610\) on cpu"),
+    "drops a column": (lambda x, s: StageOut(x[:, 1:], s), r"returned `x` = a float32 tensor of shape \(4, 609\)"),
     "poisons a row": (lambda x, s: StageOut(torch.cat([x[:1] * float("nan"), x[1:]]), s),
                       r"returned non-finite values \(NaN or ±inf\) in row\(s\) \[0\]"),
     "bare tensor": (lambda x, s: x, "returned a Tensor, not a StageOut"),

@@ -66,12 +66,12 @@ def _transform(apply=None, finish=None):
 
 BROKEN_APPLY = {
     "flattened": (lambda g, s: ({k: v.flatten(1) for k, v in g.items()}, s),
-                  r"returned gradient 'net.0.weight' = \(4, 512\), torch.float32 on cpu for a parameter of "
+                  r"returned gradient 'net.0.weight' = a float32 tensor of shape \(4, 512\) on cpu for a parameter of "
                   r"\(4, 8, 64\) on cpu"),
     "one left out": (lambda g, s: (dict(list(g.items())[1:]), s), r"returned no gradient for \['net.0.weight'\]"),
     "one too many": (lambda g, s: ({**g, "extra": g["net.0.bias"]}, s), r"returned gradients for unknown \['extra'\]"),
     "integers": (lambda g, s: ({k: v.long() for k, v in g.items()}, s), r"returned gradient 'net.0.weight' = "
-                 r"\(4, 8, 64\), torch.int64"),
+                 r"an int64 tensor of shape \(4, 8, 64\)"),
     "no state": (lambda g, s: g, "returned a dict"),
 }
 
@@ -95,10 +95,10 @@ BROKEN_FINISH = {
     "undeclared state": (lambda start: ({"other": start[:, :3]}, {"norm": start[:, :1]}),
                          r"returned an undeclared client-state entry 'other'"),
     "state of another shape": (lambda start: ({"seen": start[:, :2]}, {"norm": start[:, :1]}),
-                               r"returned client-state entry \(4, 2\), torch.float32 on cpu 'seen' \(expected "
-                               r"\(4, 3\)\)"),
+                               r"returned client-state entry 'seen' = a float32 tensor of shape \(4, 2\) on cpu "
+                               r"\(expected \(4, 3\)\)"),
     "extra without rows": (lambda start: ({"seen": start[:, :3]}, {"norm": start[0]}),
-                           r"returned extra 'norm' = \(610,\), torch.float32 on cpu for 4 clients"),
+                           r"returned extra 'norm' = a float32 tensor of shape \(610,\) on cpu for 4 clients"),
     "one dict": (lambda start: {"seen": start[:, :3]}, "returned a dict"),
 }
 
@@ -116,9 +116,10 @@ def _personalizing(personalize):
     return dataclass(frozen=True)(type("Transform", (AbstractGradientTransform,), body))
 
 
-@pytest.mark.parametrize("personalize, found", [(lambda start: start[0], r"\(610,\), torch.float32 on cpu"),
-                                                (lambda start: start[:, 1:], r"\(4, 609\), torch.float32 on cpu"),
-                                                (lambda start: None, "NoneType")], ids=["one row", "short", "none"])
+@pytest.mark.parametrize("personalize, found", [(lambda start: start[0], r"a float32 tensor of shape \(610,\) on cpu"),
+                                                (lambda start: start[:, 1:],
+                                                 r"a float32 tensor of shape \(4, 609\) on cpu"),
+                                                (lambda start: None, "None")], ids=["one row", "short", "none"])
 def test_a_personalizing_transform_of_your_own_returning_other_starts_is_named(monkeypatch, tmp_path, personalize,
                                                                                found):
     """A start of another shape ended in an IndexError or a reshape's RuntimeError."""
@@ -157,9 +158,9 @@ BROKEN_SPEED = {
     "nan": (TWOS, lambda ids, k: torch.ones(ids.numel(), k, dtype=torch.float64).index_fill_(1, torch.tensor([1]),
                                                                                              float("nan")),
             r"gave nan at \(0, 1\) from _draw\(\)"),
-    "one row": (TWOS, lambda ids, k: torch.ones(k, dtype=torch.float64), r"gave a torch.float64 tensor of shape "
-                r"\(2,\) from _draw\(\); its step times must be a float64 tensor of shape \(2, 2\) on cpu"),
-    "float32": (TWOS, lambda ids, k: torch.ones(ids.numel(), k), "gave a torch.float32 tensor"),
+    "one row": (TWOS, lambda ids, k: torch.ones(k, dtype=torch.float64), r"gave a float64 tensor of shape "
+                r"\(2,\) on cpu from _draw\(\); its step times must be a float64 tensor of shape \(2, 2\) on cpu"),
+    "float32": (TWOS, lambda ids, k: torch.ones(ids.numel(), k), "gave a float32 tensor"),
     "zero mean": (lambda n: torch.zeros(n, dtype=torch.float64), lambda ids, k: torch.ones(ids.numel(), k),
                   r"gave 0.0 at \(0,\) from _bind_means\(\); its step times must be finite and > 0"),
 }
@@ -226,10 +227,10 @@ def _compressor(decode):
 
 
 BROKEN_DECODE = {
-    "short rows": (lambda out: (out[0][:, :-1], out[1]), r"decoded \(\(\d+, 609\) torch.float32, \(\d+,\) "
-                   r"torch.int64\) \(\d+ message\(s\) of 610 coordinates\)"),
-    "float counts": (lambda out: (out[0], out[1].float()), r"decoded \(\(\d+, 610\) torch.float32, \(\d+,\) "
-                     r"torch.float32\)"),
+    "short rows": (lambda out: (out[0][:, :-1], out[1]), r"decoded \(a float32 tensor of shape \(\d+, 609\) on cpu, "
+                   r"an int64 tensor of shape \(\d+,\) on cpu\) \(\d+ message\(s\) of 610 coordinates\)"),
+    "float counts": (lambda out: (out[0], out[1].float()), r"decoded \(a float32 tensor of shape \(\d+, 610\) on "
+                     r"cpu, a float32 tensor of shape \(\d+,\) on cpu\)"),
     "nan": (lambda out: (out[0] * float("nan"), out[1]), r"decoded non-finite values \(NaN or ±inf\) where the "
             r"sent rows were finite"),
     "one tensor": (lambda out: out[0], "decoded a Tensor"),

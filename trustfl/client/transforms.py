@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from trustfl.client.gradients import AbstractGradientMethod
-from trustfl.core.checks import check_number
+from trustfl.core.checks import check_number, describe_value
 from trustfl.core.rng import normal_rows
 from trustfl.core.registry import component_name, of_trustfl, register
 from trustfl.errors import ConfigError
@@ -250,7 +250,7 @@ class LocalChain:
                 out = t.personalize(start, self._view(name, cohort))
                 if not of_trustfl(t) and not (isinstance(out, torch.Tensor) and out.shape == start.shape and
                                               out.is_floating_point() and out.device == start.device):
-                    _refuse(t, "personalize", f"returned {_tensor(out)}", f"it must return the clients' flat "
+                    _refuse(t, "personalize", f"returned {describe_value(out)}", f"it must return the clients' flat "
                             f"starting models, a floating-point tensor of shape {tuple(start.shape)} on {start.device}")
                 start = out
         return start
@@ -317,10 +317,6 @@ def _refuse(t: AbstractGradientTransform, method: str, problem: str, must: str) 
     raise ConfigError(f"{component_name('gradient_transform', t)} {problem} from {method}(); {must}.")
 
 
-def _tensor(v: Any) -> str:
-    return f"{tuple(v.shape)}, {v.dtype} on {v.device}" if isinstance(v, torch.Tensor) else type(v).__name__
-
-
 def _check_apply(out: Any, t: AbstractGradientTransform, params: Params) -> None:
     """Refuse what a gradient transform of your own returned from ``apply`` unless it is ``(grads, state)`` with one
     floating-point gradient per parameter, of the parameter's stacked shape and device (else a traceback in the
@@ -338,7 +334,7 @@ def _check_apply(out: Any, t: AbstractGradientTransform, params: Params) -> None
     for k, p in params.items():
         g = grads[k]
         if not isinstance(g, torch.Tensor) or g.shape != p.shape or g.device != p.device or not g.is_floating_point():
-            _refuse(t, "apply", f"returned gradient {k!r} = {_tensor(g)} for a parameter of {tuple(p.shape)} on "
+            _refuse(t, "apply", f"returned gradient {k!r} = {describe_value(g)} for a parameter of {tuple(p.shape)} on "
                     f"{p.device}", must)
 
 
@@ -355,8 +351,9 @@ def _check_finish(out: Any, t: AbstractGradientTransform, start: torch.Tensor) -
     for k, v in out[0].items():
         want = (m, *defaults[k].shape) if k in defaults else None
         if want is None or not isinstance(v, torch.Tensor) or v.shape != want or v.device != start.device:
-            what = "an undeclared client-state entry" if want is None else f"client-state entry {_tensor(v)}"
-            _refuse(t, "finish", f"returned {what} {k!r}" + ("" if want is None else f" (expected {want})"), must)
+            what = f"an undeclared client-state entry {k!r}" if want is None else \
+                f"client-state entry {k!r} = {describe_value(v)} (expected {want})"
+            _refuse(t, "finish", f"returned {what}", must)
     for k, v in out[1].items():
         if not isinstance(v, torch.Tensor) or v.ndim != 2 or v.shape[0] != m or v.device != start.device:
-            _refuse(t, "finish", f"returned extra {k!r} = {_tensor(v)} for {m} clients", must)
+            _refuse(t, "finish", f"returned extra {k!r} = {describe_value(v)} for {m} clients", must)

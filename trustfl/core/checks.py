@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import math
+import reprlib
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from trustfl.errors import ConfigError, TrustFLError
 
-__all__ = ["check_number"]
+__all__ = ["check_number", "describe_value"]
 
 _INTEGERS = (int, np.integer)
 _NUMBERS = (int, float, np.integer, np.floating)
@@ -78,3 +79,14 @@ def is_device(path: Any) -> bool:
     """Whether ``path`` names a character or block device (``/dev/zero``: a file read to its end never ends)."""
     p = Path(path)
     return p.is_char_device() or p.is_block_device()
+
+
+def describe_value(v: Any) -> str:
+    """How an error message names what it was given: a tensor by dtype, shape and device, anything else by its
+    type and a short repr (``a float32 tensor of shape (3, 4) on cpu``, ``a list [1, 2]``)."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        dtype = str(v.dtype).removeprefix("torch.")
+        return f"{'an' if dtype.startswith('int') else 'a'} {dtype} tensor of shape {tuple(v.shape)} on {v.device}"
+    return "None" if v is None else f"a {type(v).__name__} {reprlib.repr(v)}"

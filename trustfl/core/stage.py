@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from trustfl.core.checks import describe_value
 from trustfl.core.finite import finite_rows
 from trustfl.core.registry import of_trustfl
 from trustfl.errors import ConfigError
@@ -90,8 +91,7 @@ def stage_out_problem(out: Any, like: torch.Tensor, finite_in: torch.Tensor | No
         return f"returned a {type(out).__name__}, not a StageOut"
     y = out.x
     if not isinstance(y, torch.Tensor) or y.shape != like.shape or y.dtype != like.dtype or y.device != like.device:
-        found = f"{tuple(y.shape)}, {y.dtype} on {y.device}" if isinstance(y, torch.Tensor) else type(y).__name__
-        return f"returned `x` = {found}"
+        return f"returned `x` = {describe_value(y)}"
     poisoned = None if finite_in is None else finite_in & ~_finite(y)
     if poisoned is not None and bool(poisoned.any()):
         rows = torch.nonzero(poisoned).flatten().tolist()

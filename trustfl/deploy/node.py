@@ -27,6 +27,7 @@ import torch
 from trustfl.client.state import ClientStateStore
 from trustfl.config.build import build_federation
 from trustfl.config.schema import ExperimentConfig
+from trustfl.core.checks import describe_value
 from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, unpack_directory
 from trustfl.engine.federation import Federation
 from trustfl.engine.round_parts import cohort_context, context, make_plan, weights
@@ -98,9 +99,9 @@ class NodeRuntime:
         for key, like in expected.items():
             got = received.get(key)
             if not isinstance(got, torch.Tensor) or got.shape != like.shape or got.dtype != like.dtype:
-                found = "nothing" if got is None else f"{tuple(got.shape)} {got.dtype}"
+                found = "nothing" if got is None else describe_value(got)
                 raise MessageError(f"node {self.client_id} refuses the request: the server sent {found} as {key!r}, "
-                                   f"this run's is {tuple(like.shape)} {like.dtype}.")
+                                   f"this run's is {describe_value(like)}.")
 
     def _decoded_model(self, coded: dict[str, torch.Tensor], r: int) -> torch.Tensor:
         """The model the server sent through ``compress.downlink``, decoded (MessageError: a request without it,

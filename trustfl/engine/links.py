@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from trustfl.compress.base import AbstractCompressor, Encoded
+from trustfl.core.checks import describe_value
 from trustfl.core.finite import finite_rows
 from trustfl.core.registry import component_name, of_trustfl
 from trustfl.core.rng import SERVER, derive_seed, make_generator
@@ -153,8 +154,7 @@ def payload_problem(coded: object, like: Encoded) -> str | None:
     for name, want in like.payload.items():
         got = coded[name]
         if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
-            found = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
-            return f"holds {name!r} as {found}, not {tuple(want.shape)} {want.dtype}"
+            return f"holds {name!r} as {describe_value(got)}, not {describe_value(want)}"
     return None
 
 
@@ -171,7 +171,7 @@ def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: tor
         decoded, flagged = out
         if decoded.shape != (rows, d) or not decoded.is_floating_point() or flagged.shape != (rows,) or \
                 flagged.is_floating_point() or flagged.dtype == torch.bool:
-            problem = f"({tuple(decoded.shape)} {decoded.dtype}, {tuple(flagged.shape)} {flagged.dtype})"
+            problem = f"({describe_value(decoded)}, {describe_value(flagged)})"
         elif x is not None and bool((finite_rows(x).expand(rows) & ~finite_rows(decoded)).any()):
             problem = "non-finite values (NaN or ±inf) where the sent rows were finite"
     if problem is not None:

@@ -19,6 +19,7 @@ from trustfl.aggregate.base import aggregator_name
 from trustfl.aggregate.coordinate import coordinate_median
 from trustfl.client.state import ClientStateStore
 from trustfl.client.step_budget import checked_max_steps
+from trustfl.core.checks import describe_value
 from trustfl.core.finite import finite_rows
 from trustfl.core.stage import stage_out_problem
 from trustfl.core.rng import SERVER, make_generator
@@ -287,8 +288,7 @@ def check_update(out: Any, who: str, params: torch.Tensor, r: int, n: int) -> No
     problem = stage_out_problem(out, params, params.new_ones(1, dtype=torch.bool))
     if problem is not None:
         raise ConfigError(f"{who} {problem} in round {r + 1} (from {n} finite messages); it must return a StageOut "
-                          f"whose `x` is a finite tensor of shape ({params.numel()},), {params.dtype} on "
-                          f"{params.device}: the model's.")
+                          f"whose `x` is finite and, as the model, {describe_value(params)}.")
 
 
 def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down: int, metrics: dict[str, Any],

@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from trustfl.core.checks import check_number
+from trustfl.core.checks import check_number, describe_value
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
 
@@ -186,9 +186,8 @@ DEFAULT = Augmentation()
 
 def _check_images(x: torch.Tensor, dims: int, name: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != dims or not x.is_floating_point():
-        found = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
         layout = "(N, C, H, W)" if dims == 4 else "(J, N, C, H, W)"
-        raise ConfigError(f"`{name}` must be a floating-point {layout} tensor of images, found a {found}.")
+        raise ConfigError(f"`{name}` must be a floating-point {layout} tensor of images, found {describe_value(x)}.")
 
 
 def _repeat_views(x: torch.Tensor, num_views: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from trustfl.core.checks import check_number, is_device
+from trustfl.core.checks import check_number, describe_value, is_device
 from trustfl.core.registry import component_name, of_trustfl, register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
@@ -81,7 +81,7 @@ def _check_drawn(model: "AbstractSpeedModel", method: str, x: object, shape: tup
     problem = None
     if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != torch.float64 or \
             (device is not None and x.device != device):
-        problem = f"gave {_describe(x)}" if isinstance(x, torch.Tensor) else f"gave a {type(x).__name__}"
+        problem = f"gave {describe_value(x)}"
         rule = f"a float64 tensor of shape {shape}" + ("" if device is None else f" on {device}") + f", {rule}"
     else:
         bad = ~torch.isfinite(x) | ((x <= 0) if positive else (x < 0))
@@ -170,7 +170,7 @@ class AbstractSpeedModel:
         ids = self._check_ids(client_ids)
         if not isinstance(last_round, torch.Tensor) or last_round.shape != ids.shape or last_round.is_floating_point():
             raise ConfigError(f"`last_round` must be an integer tensor of shape {tuple(ids.shape)}, found "
-                              f"{_describe(last_round)}.")
+                              f"{describe_value(last_round)}.")
         if last_round.numel() and int(last_round.min()) < -1:
             raise ConfigError(f"`last_round` must be >= -1 (−1: never contacted), found {int(last_round.min())}.")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) != bound_seed:
@@ -200,7 +200,7 @@ class AbstractSpeedModel:
         n = self._bound()[0]
         if not isinstance(client_ids, torch.Tensor) or client_ids.dim() != 1 or client_ids.is_floating_point() \
                 or client_ids.dtype == torch.bool:
-            raise ConfigError(f"`client_ids` must be a 1-D integer tensor, found {_describe(client_ids)}.")
+            raise ConfigError(f"`client_ids` must be a 1-D integer tensor, found {describe_value(client_ids)}.")
         ids = client_ids.to(torch.int64)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
             raise ConfigError(f"`client_ids` must lie in [0, {n}), found values in "
@@ -215,12 +215,6 @@ class AbstractSpeedModel:
             gen = make_generator(seed, rnd, client, STEP_STREAM, device=ids.device)
             out[j].exponential_(1.0, generator=gen)
         return out * self.mean_step(ids)[:, None]
-
-
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
-    return repr(x)
 
 
 @register("speed_model", "exponential_groups")
