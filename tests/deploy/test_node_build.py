@@ -15,7 +15,7 @@ from trustfl.config.build import build_federation
 from trustfl.config.load import load_config
 from trustfl.deploy.node import NodeRuntime
 from trustfl.engine.round_parts import make_plan
-from trustfl.errors import BudgetExceededError, ConfigError
+from trustfl.errors import BudgetExceededError, ConfigError, MessageError
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 HETEROGENEOUS = ROOT / "configs/dp/heterogeneous_eps_digits.toml"  # ε from dist5, one per client
@@ -73,3 +73,48 @@ def test_robust_hdps_recipe_builds_for_one_node_with_that_clients_reports():
     for key in ("oracle_noise_variance", "reported_epsilon", "num_samples"):
         assert node.reports[key][1].item() == full.reports[key][1].item()
     assert full.reports["oracle_noise_variance"][1].item() > 0
+
+
+def test_a_node_calibrates_and_checks_once_at_its_hello_then_uses_the_multiplier_it_kept(calibrated):
+    """Its hello keeps its multiplier in its state; a train message's build takes it as it is: no calibration, no
+    schedule check, and, for DP-SGD, no import of dp_accounting (about 1.5 s of each Flower message's start)."""
+    import subprocess
+    import sys
+
+    cfg = load_config(HETEROGENEOUS, SMALL)
+    hello = NodeRuntime(cfg, 3)
+    kept = hello.new_state()["noise_multiplier"]
+    assert kept == hello.fed.noise_multipliers[3] > 0 and len(calibrated) == 1
+    again = NodeRuntime(cfg, 3, checked_noise=kept)
+    assert len(calibrated) == 1 and again.fed.noise_multipliers[3].hex() == kept.hex()
+    assert make_plan(again.fed, 3, 0).noise_multiplier == kept
+    with pytest.raises(ConfigError, match="client 2's noise multiplier was not calibrated"):
+        make_plan(again.fed, 2, 0)
+    code = ("import sys; from trustfl.config.load import load_config; from trustfl.deploy.node import NodeRuntime; "
+            f"cfg = load_config({str(HETEROGENEOUS)!r}, {SMALL!r}); NodeRuntime(cfg, 3, checked_noise={kept!r}); "
+            "print('dp_accounting' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_flower_train_message_builds_its_node_with_the_multiplier_its_hello_kept(calibrated):
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from trustfl.config.load import config_to_dict, dump_toml
+    from trustfl.deploy import flower
+
+    cfg = load_config(HETEROGENEOUS, SMALL)
+    context = Context(run_id=1, node_id=2, node_config={"partition-id": 3}, state=RecordDict(),
+                      run_config={"trustfl-config": dump_toml(config_to_dict(cfg))})
+    flower._NODES.clear()  # each message of a Flower node runs in a fresh process
+    hello = flower._node(context)
+    flower._keep(flower._state(hello, context), context)
+    assert len(calibrated) == 1
+    flower._NODES.clear()
+    node, state = flower._trainer(context)
+    assert len(calibrated) == 1 and node.fed.noise_multipliers[3] == state["noise_multiplier"] > 0
+    flower._NODES.clear()
+    with pytest.raises(MessageError, match="before it introduced itself"):
+        flower._trainer(Context(run_id=1, node_id=2, node_config={"partition-id": 3}, state=RecordDict(),
+                                run_config=context.run_config))

@@ -166,12 +166,13 @@ def resolve_dataset(cfg: ExperimentConfig) -> tuple[str, str | None]:
 
 
 def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: bool = False,
-                     for_client: int | None = None) -> Federation:
+                     for_client: int | None = None, checked_noise: float | None = None) -> Federation:
     """Build every object of the experiment ``cfg`` describes (deterministic for ``cfg.seed``).
 
     ``for_client``: what that client's deployed node needs. Its noise multiplier is calibrated and its privacy
     schedule checked, no other client's (that would take a node time in proportion to the federation at every
-    message); a plan for another client is refused.
+    message); a plan for another client is refused. ``checked_noise``: its multiplier as the node calibrated and
+    checked it at an earlier message (see :func:`~trustfl.config.privacy.setup_privacy`).
     """
     import_plugins(cfg)
     check_inert_settings(cfg, as_written=True)
@@ -265,7 +266,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     server_stages = _stage_chain("server_stage", cfg.server_stages, "server_stages")
     try:
         noise, ledger = setup_privacy(cfg, training, sizes, batch_sizes, byzantine, info,
-                                      client_stages.round_events() + server_stages.round_events(), for_client)
+                                      client_stages.round_events() + server_stages.round_events(), for_client,
+                                      checked_noise)
     except PrivacyError as err:
         if isinstance(err, BudgetExceededError):  # keep the class (callers tell budgets apart), name the key
             raise BudgetExceededError(f"`client.dp` / `rounds`: {err}") from None

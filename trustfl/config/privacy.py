@@ -27,7 +27,8 @@ def _ceil(z: float, decimals: int) -> float:
 
 def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[int], batch_sizes: list[int],
                   byzantine: frozenset[int], info: dict[str, Any],
-                  round_events: list[Any], for_client: int | None = None) -> tuple[list[float], LedgerBook | None]:
+                  round_events: list[Any], for_client: int | None = None, checked_noise: float | None = None
+                  ) -> tuple[list[float], LedgerBook | None]:
     """Noise multipliers per client and the ledger book.
 
     ``round_events`` are the events the client and server stages charge every participating client per round
@@ -36,12 +37,18 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
 
     ``for_client``: a deployed node's build. Only that client's noise multiplier is calibrated and only its
     schedule checked (the server's build does every client's); every other calibrated multiplier is NaN.
+    ``checked_noise``: that client's multiplier as its node calibrated and checked it at an earlier message of the
+    run (it keeps it in its state): used as it is, neither calibrated nor checked again.
     """
     n = len(sizes)
     dp = cfg.client.dp
     eps = client_epsilons(cfg.client.dp, n, cfg.seed)
     honest = [i for i in range(n) if i not in byzantine and (sizes[i] > 0 or dp.mode == "off")]
     mine = honest if for_client is None else [i for i in honest if i == for_client]  # calibrated and checked here
+    if checked_noise is not None and for_client is None:
+        raise ValueError("checked_noise is a deployed node's (for_client)")
+    known = {} if checked_noise is None else {i: float(checked_noise) for i in mine}
+    mine = [i for i in mine if i not in known]
     if dp.mode == "off":
         check_budget_has_a_use(cfg, round_events)
         if not round_events:
@@ -59,6 +66,8 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
     sampling = "poisson" if training.sampler.accounting == "poisson" else "without_replacement"
     if eps is None or dp.noise_multiplier > 0:
         noise = [dp.noise_multiplier] * n
+    elif known:
+        noise = [known.get(i, math.nan if i in honest else 0.0) for i in range(n)]
     else:
         rates = [1.0 if dp.mode == "batch_clip" else min(1.0, batch_sizes[i] / max(sizes[i], 1)) for i in range(n)]
         z_mine = calibrate_clients([eps[i] for i in mine], dp.delta, [rates[i] for i in mine],

@@ -47,21 +47,23 @@ class NodeRuntime:
       client_id: which of the ``data.num_clients`` clients this node is.
       data_dir: where the data sets live (as for ``trustfl run``).
       fed: an already built federation of ``cfg`` (tests share one); ``None``: built here, for this client
-        alone (only its own noise multiplier is calibrated, at every message of a Flower node).
+        alone (only its own noise multiplier is calibrated and its own schedule checked).
+      checked_noise: the noise multiplier this node calibrated at an earlier message of the run (its state's
+        ``noise_multiplier``): a Flower node, rebuilt at every message, calibrates and checks once, at its hello.
 
     Raises:
       ConfigError: if ``client_id`` is not one of the configured clients.
     """
 
     def __init__(self, cfg: ExperimentConfig, client_id: int, data_dir: str | None = None,
-                 fed: Federation | None = None) -> None:
+                 fed: Federation | None = None, checked_noise: float | None = None) -> None:
         n = cfg.data.num_clients
         if not isinstance(client_id, int) or not 0 <= client_id < n:
             raise ConfigError(f"node `partition-id` must be an integer in [0, {n}) for `data.num_clients` = {n}, "
                               f"found {client_id!r}.")
         self.cfg, self.client_id = cfg, client_id
         self.fed = fed if fed is not None else build_federation(cfg, data_dir=data_dir, quiet=True,
-                                                                for_client=client_id)
+                                                                for_client=client_id, checked_noise=checked_noise)
 
     # -- state kept between messages (a Flower node runs each message in a fresh process) ---------------------
     def new_state(self) -> NodeState:
@@ -72,7 +74,8 @@ class NodeRuntime:
         else:
             seed, key = _os_secrets.randbits(63), ClientKeys.generate(cid)
         return {"seed": seed, "private_key": key.private_key.private_bytes_raw(),
-                "stages": fed.client_stages.init(fed.layout), "clients": {}, "last_round": -1}
+                "stages": fed.client_stages.init(fed.layout), "clients": {}, "last_round": -1,
+                "noise_multiplier": float(fed.noise_multipliers[cid])}
 
     @staticmethod
     def save_state(state: NodeState) -> bytes:

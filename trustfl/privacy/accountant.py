@@ -103,9 +103,21 @@ class PrivacyLedger:
         self.budget = budget
         self.accountant = accountant
         self.neighboring = neighboring
-        self._acc = make_accountant(accountant, neighboring)
+        self._accountant: Optional[dpa_accountant.PrivacyAccountant] = None  # made at first use (dp_accounting)
         self._history: list[tuple[DpEvent, int]] = []
         self._epsilon: Optional[float] = 0.0
+
+    @property
+    def _acc(self) -> dpa_accountant.PrivacyAccountant:
+        """The dp_accounting accountant, made at first use: a ledger built and never charged (a deployed node's)
+        does not import dp_accounting."""
+        if self._accountant is None:
+            self._accountant = make_accountant(self.accountant, self.neighboring)
+        return self._accountant
+
+    @_acc.setter
+    def _acc(self, acc: dpa_accountant.PrivacyAccountant) -> None:
+        self._accountant = acc
 
     # -- checks (never mutate) -------------------------------------------------------------------------------
     def supports(self, event: DpEvent) -> bool:
