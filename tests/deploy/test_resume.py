@@ -123,6 +123,9 @@ def test_a_resume_that_cannot_be_the_runs_is_refused_in_one_line(tmp_path):
         run_deployment(cfg, transport, resume=sim.run_dir, progress=False)
     with pytest.raises(ConfigError, match="holds no config.toml"):
         run_deployment(cfg, transport, resume=tmp_path, progress=False)
+    for out, resume in [(tmp_path / "new", run_dir), (None, 3)]:
+        with pytest.raises(ConfigError, match="^run_deployment: `resume` must be the path of an interrupted run"):
+            run_deployment(cfg, transport, out, resume=resume, progress=False)
     journal = run_dir / "deployment.jsonl"
     journal.write_text(journal.read_text() + '{"round": "x"}\n')
     with pytest.raises(ConfigError, match="deployment.jsonl, line 4, is not a journal entry"):

@@ -307,6 +307,9 @@ def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | Non
     from trustfl.experiment import config_hash, default_run_dir, run_experiment
 
     if resume is not None:
+        if out is not None or not isinstance(resume, (str, os.PathLike)):
+            raise ConfigError(f"run_deployment: `resume` must be the path of an interrupted run's directory, without "
+                              f"`out` (a new run's), found resume={resume!r}, out={out!r}.")
         run_dir = Path(resume)
         saved = run_dir / "config.toml"
         if not saved.is_file():
