@@ -6,7 +6,8 @@ No Flower ``Strategy`` is used: the server is :class:`trustfl.deploy.server.Remo
 (``"arrays"``) plus a ``ConfigRecord`` (``"config"``). Settings come from the Flower run config, written by
 ``trustfl deploy app``: ``trustfl-config`` (the experiment TOML, text), ``run-dir`` (where the server writes the
 run directory) and ``data-dir``; each node's ``partition-id`` (its client id) comes from its node config
-(``--node-config "partition-id=k"``), optionally with its own ``data-dir``.
+(``--node-config "partition-id=k"``), optionally with its own ``data-dir``, and with ``key-file`` and
+``public-keys`` (:mod:`trustfl.deploy.pinned`).
 
 A node keeps its state (secrets, stage state, client-store entry, its last reply) in Flower's ``context.state``
 between messages; Flower runs each message in a fresh process, so nothing else survives. A Flower run's context
@@ -28,6 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from trustfl.core.runfiles import unused_run_dir
 from trustfl.deploy.node import NodeRuntime
+from trustfl.deploy.pinned import read_private_key, read_public_keys
 from trustfl.deploy.server import AbstractTransport, run_deployment
 from trustfl.deploy.wire import TrainRequest, Wire
 from trustfl.errors import ConfigError, MessageError, TrustFLError
@@ -176,8 +178,14 @@ def _node(context: Context, checked_noise: float | None = None) -> NodeRuntime:
     key = (str(context.run_config.get("trustfl-config", "")), cid, data_dir)
     if key not in _NODES:
         _NODES.clear()
-        _NODES[key] = NodeRuntime(_config(context.run_config), int(cid) if isinstance(cid, int) else cid,
-                                  data_dir=data_dir, checked_noise=checked_noise)
+        cid = int(cid) if isinstance(cid, int) else cid
+        key_path, public_path = (str(context.node_config.get(k, "")) for k in ("key-file", "public-keys"))
+        if public_path and not key_path:
+            raise ConfigError("node config `public-keys` needs `key-file`: a node pins the keys only with its own "
+                              "key made with them (`trustfl deploy keys`).")
+        _NODES[key] = NodeRuntime(_config(context.run_config), cid, data_dir=data_dir, checked_noise=checked_noise,
+                                  key=read_private_key(key_path, cid) if key_path and isinstance(cid, int) else None,
+                                  pinned=read_public_keys(public_path) if public_path else None)
     return _NODES[key]
 
 

@@ -34,7 +34,7 @@ from trustfl.engine.round_parts import cohort_context, context, make_plan, weigh
 from trustfl.engine.sync import round_job
 from trustfl.errors import ConfigError, MessageError
 from trustfl.privacy.correlated import CorrelatedNoise, simulation_key_seed
-from trustfl.privacy.keys import ClientKeys
+from trustfl.privacy.keys import ClientKeys, PublicKeyDirectory
 
 NodeState = dict[str, Any]
 
@@ -50,18 +50,26 @@ class NodeRuntime:
         alone (only its own noise multiplier is calibrated and its own schedule checked).
       checked_noise: the noise multiplier this node calibrated at an earlier message of the run (its state's
         ``noise_multiplier``): a Flower node, rebuilt at every message, calibrates and checks once, at its hello.
+      key: its X25519 key pair made before the run (:mod:`trustfl.deploy.pinned`), in place of a fresh one.
+      pinned: every client's public key, given to the node before the run: it refuses a request whose relayed
+        directory holds another key (needs ``key``).
 
     Raises:
-      ConfigError: if ``client_id`` is not one of the configured clients.
+      ConfigError: if ``client_id`` is not one of the configured clients, or ``pinned`` does not pin ``key``.
     """
 
     def __init__(self, cfg: ExperimentConfig, client_id: int, data_dir: str | None = None,
-                 fed: Federation | None = None, checked_noise: float | None = None) -> None:
+                 fed: Federation | None = None, checked_noise: float | None = None, key: ClientKeys | None = None,
+                 pinned: PublicKeyDirectory | None = None) -> None:
         n = cfg.data.num_clients
         if not isinstance(client_id, int) or not 0 <= client_id < n:
             raise ConfigError(f"node `partition-id` must be an integer in [0, {n}) for `data.num_clients` = {n}, "
                               f"found {client_id!r}.")
         self.cfg, self.client_id = cfg, client_id
+        if pinned is not None and (key is None or client_id not in pinned or key.public_bytes != pinned[client_id]):
+            raise ConfigError(f"node {client_id}: node config `public-keys` pins other keys than its own `key-file` "
+                              f"(each node needs its own key made with the pinned ones: `trustfl deploy keys`).")
+        self.key, self.pinned = key, pinned
         self.fed = fed if fed is not None else build_federation(cfg, data_dir=data_dir, quiet=True,
                                                                 for_client=client_id, checked_noise=checked_noise)
 
@@ -73,6 +81,7 @@ class NodeRuntime:
             seed, key = fed.seed, ClientKeys.generate(cid, simulation_key_seed(fed.seed))
         else:
             seed, key = _os_secrets.randbits(63), ClientKeys.generate(cid)
+        key = key if self.key is None else self.key
         return {"seed": seed, "private_key": key.private_key.private_bytes_raw(),
                 "stages": fed.client_stages.init(fed.layout), "clients": {}, "last_round": -1,
                 "noise_multiplier": float(fed.noise_multipliers[cid])}
@@ -136,6 +145,7 @@ class NodeRuntime:
             kept reply again, marked ``replayed``.
         """
         fed, cid, r = self.fed, self.client_id, request.round
+        self._check_pinned(request.directory)
         last = int(state.get("last_round", -1))  # a state saved before nodes kept it: no round trained yet
         digest = request.digest(with_directory=self._draws_pair_noise)
         kept = state.get("last_reply")
@@ -174,6 +184,16 @@ class NodeRuntime:
                                             if f.name != "replayed"}}
         return reply, {**state, "stages": out.state, "clients": store.state_dict(), "last_round": r,
                        "last_reply": kept}
+
+    def _check_pinned(self, directory: bytes) -> None:
+        """Refuse (MessageError) a relayed directory with another key than the pinned one for any client."""
+        if self.pinned is None:
+            return
+        relayed = unpack_directory(directory) if directory else PublicKeyDirectory.of({})
+        other = [c for c in relayed.ids if c not in self.pinned or relayed[c] != self.pinned[c]]
+        if other:
+            raise MessageError(f"node {self.client_id} refuses the request: the server relays a public key for "
+                               f"client(s) {other[:8]} other than the one(s) pinned in its `public-keys` file.")
 
     @property
     def _draws_pair_noise(self) -> bool:
