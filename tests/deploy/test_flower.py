@@ -9,6 +9,9 @@ SuperNodes (an unregistered fourth is refused), ``flwr run`` of apps written by 
 3. A node killed as round 2 starts (the server has just sent its messages): the run completes and records the
    dropout.
 
+Every node has pinned keys (node config ``key-file`` and ``public-keys``, holding the keys ``deploy.secrets =
+"run_seed"`` derives, so that the runs still equal the simulation's): each checks every relayed directory.
+
 Two rounds, not more: every message starts a `flwr-clientapp` process that imports torch and trustfl (about 15 s
 a round for three nodes on a 2-core AMD EPYC), and the second round already runs on state the first one left.
 
@@ -30,7 +33,9 @@ pytest.importorskip("flwr")
 
 from trustfl.config.load import config_to_dict, dump_toml, load_config  # noqa: E402
 from trustfl.deploy.app_dir import write_app  # noqa: E402
+from trustfl.deploy.pinned import PUBLIC_FILE, key_file, save_keys  # noqa: E402
 from trustfl.experiment import run_experiment  # noqa: E402
+from trustfl.privacy.correlated import simulation_keys  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from flower_harness import CONNECTION, LoopbackFederation  # noqa: E402
@@ -40,7 +45,7 @@ COMMON = ["rounds=2", 'data.dataset="digits"', "data.num_clients=3", 'deploy.sec
           "deploy.startup_timeout_s=60", "deploy.round_timeout_s=90"]
 FEDAVG = (ROOT / "configs/dp/dpsgd_digits.toml", COMMON + ['aggregator={name="cwtm", f=1}'])
 CAFCOR = (ROOT / "configs/cafcor/expA_cafcor_secldp.toml",
-          COMMON + ['attack.name="none"', "attack.num_byzantine=0", 'recipe.noise_path="exact"',
+          COMMON + ["seed=0", 'attack.name="none"', "attack.num_byzantine=0", 'recipe.noise_path="exact"',
                     "recipe.ind_to_cor=1.0", 'model={name="mlp", hidden=[16]}', "client.batch_size=16"])
 FEDAVG_QSGD = (FEDAVG[0], FEDAVG[1] + ['compress.uplink={name="qsgd_minmax", levels=16}',
                                       'compress.downlink={name="qsgd", levels=127}'])
@@ -51,7 +56,12 @@ RUN_TIMEOUT = 240
 def federation(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("flower")
     app = write_app(FEDAVG[0], tmp / "app", FEDAVG[1])
-    nodes = [{"partition-id": k, "num-partitions": 3, "state-dir": str(tmp / f"state{k}")} for k in range(3)]
+    # Pinned keys: the simulation's (deploy.secrets = "run_seed" derives the same), so that the runs still equal
+    # the simulator's, while every node checks each relayed directory against its public-keys file.
+    save_keys(tmp / "keys", list(simulation_keys(0, 3)[0].values()))  # seed 0: every run's here
+    nodes = [{"partition-id": k, "num-partitions": 3, "state-dir": str(tmp / f"state{k}"),
+              "key-file": str(key_file(tmp / "keys", k)), "public-keys": str(tmp / "keys" / PUBLIC_FILE)}
+             for k in range(3)]
     with LoopbackFederation(app, 3, nodes, tls=True, node_auth=True, tmp_dir=tmp / "procs") as fed:
         yield fed, tmp
 

@@ -33,10 +33,15 @@ def write_keys(out: str | os.PathLike[str], num_clients: int) -> Path:
     Raises:
       UsageError: ``num_clients`` is not a positive integer, or ``out`` already holds keys.
     """
-    import tomli_w
-
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise UsageError(f"--clients must be an integer >= 1, found {num_clients!r}.")
+    return save_keys(out, [ClientKeys.generate(k) for k in range(num_clients)])
+
+
+def save_keys(out: str | os.PathLike[str], keys: list[ClientKeys]) -> Path:
+    """Write ``keys`` into ``out`` as :func:`write_keys` does (UsageError if ``out`` already holds keys)."""
+    import tomli_w
+
     out = Path(out)
     held = sorted(p.name for p in out.glob("node*.key")) + ([PUBLIC_FILE] if (out / PUBLIC_FILE).exists() else [])
     if held:
@@ -44,7 +49,6 @@ def write_keys(out: str | os.PathLike[str], num_clients: int) -> Path:
         raise UsageError(f"--out {str(out)!r} already holds keys ({shown}): a node's key is never written over; "
                          f"choose another directory.")
     out.mkdir(parents=True, exist_ok=True)
-    keys = [ClientKeys.generate(k) for k in range(num_clients)]
     for k in keys:
         fd = os.open(key_file(out, k.client_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
