@@ -76,6 +76,18 @@ def _run(fed, tmp, spec, name, resume=False):
     return cfg, run_dir, rows
 
 
+def _once_round_1_is_recorded(run_dir, action):
+    """A started thread that calls ``action`` once the run's first metrics row is written."""
+    def watch():
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.is_file() and metrics.read_text().strip()):
+            time.sleep(0.1)
+        action()
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def _final_model(run_dir):
     return torch.cat([v.flatten() for v in torch.load(run_dir / "model.pt").values()])
 
@@ -110,15 +122,8 @@ def test_a_deployment_stopped_mid_run_resumes_to_the_simulations_model(federatio
     fed, tmp = federation
     run_dir = tmp / "cafcor"
     stopped = []
-
-    def stop_after_round_1():
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.is_file() and metrics.read_text().strip()):
-            time.sleep(0.1)
-        stopped.append(fed.cli("stop", str(fed.current_run_id()), CONNECTION, timeout=60).returncode)
-
-    watcher = threading.Thread(target=stop_after_round_1, daemon=True)
-    watcher.start()
+    watcher = _once_round_1_is_recorded(run_dir, lambda: stopped.append(
+        fed.cli("stop", str(fed.current_run_id()), CONNECTION, timeout=60).returncode))
     cfg = load_config(CAFCOR[0], CAFCOR[1])
     first = fed.run({"trustfl-config": dump_toml(config_to_dict(cfg)), "run-dir": str(run_dir)}, timeout=RUN_TIMEOUT)
     watcher.join(timeout=60)
@@ -140,18 +145,9 @@ def test_a_node_killed_mid_run_is_dropped_and_the_run_completes(federation):
     fed, tmp = federation
     run_dir = tmp / "killed"
     killed = []
-
-    def kill_after_first_round():
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.is_file() and metrics.read_text().strip()):
-            time.sleep(0.2)
-        fed.kill_node(2)
-        killed.append(time.monotonic())
-
-    watcher = threading.Thread(target=kill_after_first_round, daemon=True)
     cfg = load_config(FEDAVG[0], list(FEDAVG[1]) + ['aggregator={name="mean"}', "deploy.round_timeout_s=30",
                                                     "rounds=2"])
-    watcher.start()
+    watcher = _once_round_1_is_recorded(run_dir, lambda: killed.append(fed.kill_node(2)))
     res = fed.run({"trustfl-config": dump_toml(config_to_dict(cfg)), "run-dir": str(run_dir)}, timeout=RUN_TIMEOUT)
     watcher.join(timeout=5)
     assert killed and res.ok, (res.status, res.stdout[-3000:])
