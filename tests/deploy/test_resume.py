@@ -130,6 +130,10 @@ def test_a_resume_that_cannot_be_the_runs_is_refused_in_one_line(tmp_path):
     journal.write_text(journal.read_text() + '{"round": "x"}\n')
     with pytest.raises(ConfigError, match="deployment.jsonl, line 4, is not a journal entry"):
         run_deployment(cfg, transport, resume=run_dir, progress=False)
+    lines = journal.read_text().splitlines()[:-1]
+    journal.write_text("\n".join(lines[:2] + ['{"round": 1, "sent": [0, 9]}']) + "\n")
+    with pytest.raises(ConfigError, match=r"names client\(s\) \[9\] in round 2, not among the run's 4"):
+        run_deployment(cfg, transport, resume=run_dir, progress=False)
     journal.write_text('{"run_id": "../../etc"}\n')
     with pytest.raises(ConfigError, match="line 1, holds no run id"):
         run_deployment(cfg, transport, resume=run_dir, progress=False)

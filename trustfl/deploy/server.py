@@ -242,6 +242,10 @@ class RemoteEngine(AbstractEngine):
         """Charge, before admission, each request of round ``r`` the journal says went out before the run was
         interrupted (its reply may have been released); return those clients."""
         earlier = self.journal.sent_before.get(r, Counter())
+        strangers = sorted(c for c in earlier if not 0 <= c < fed.num_clients)
+        if strangers:
+            raise ConfigError(f"resume: {self.journal.path} names client(s) {strangers[:8]} in round {r + 1}, not "
+                              f"among the run's {fed.num_clients}; the file was altered.")
         if fed.ledger is not None and earlier:
             stage_events = fed.client_stages.round_events()
             charges = []
