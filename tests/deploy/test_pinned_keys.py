@@ -55,6 +55,15 @@ def test_keys_are_written_owner_only_never_over_and_read_back(tmp_path):
         write_keys(tmp_path / "keys", 4)
     with pytest.raises(UsageError, match="--clients must be an integer >= 1"):
         write_keys(tmp_path / "other", 0)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(UsageError, match="is a file, not a directory"):
+        write_keys(tmp_path / "a_file", 2)
+    (tmp_path / "read_only").mkdir(mode=0o500)
+    if not os.access(tmp_path / "read_only", os.W_OK):  # root writes anyway
+        with pytest.raises(UsageError, match="^--out: cannot write the keys into"):
+            write_keys(tmp_path / "read_only" / "keys", 2)
+    with pytest.raises(UsageError, match="^--out: cannot write the keys into '/proc/"):
+        write_keys("/proc/no_such_dir/keys", 2)
 
 
 @pytest.mark.parametrize("text, match", [("zz" * 32, "must be 32 bytes in hex"), ("ab" * 31, "must be 32 bytes"),

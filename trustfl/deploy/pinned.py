@@ -16,6 +16,7 @@ import re
 import tomllib
 from pathlib import Path
 
+from trustfl.core.runfiles import check_out_dir
 from trustfl.errors import ConfigError, UsageError
 from trustfl.privacy.keys import KEY_BYTES, ClientKeys, PublicKeyDirectory
 
@@ -42,19 +43,22 @@ def save_keys(out: str | os.PathLike[str], keys: list[ClientKeys]) -> Path:
     """Write ``keys`` into ``out`` as :func:`write_keys` does (UsageError if ``out`` already holds keys)."""
     import tomli_w
 
-    out = Path(out)
+    out = check_out_dir(out)
     held = sorted(p.name for p in out.glob("node*.key")) + ([PUBLIC_FILE] if (out / PUBLIC_FILE).exists() else [])
     if held:
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
         raise UsageError(f"--out {str(out)!r} already holds keys ({shown}): a node's key is never written over; "
                          f"choose another directory.")
-    out.mkdir(parents=True, exist_ok=True)
-    for k in keys:
-        fd = os.open(key_file(out, k.client_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(k.private_key.private_bytes_raw().hex() + "\n")
-    public = {str(k.client_id): k.public_bytes.hex() for k in keys}
-    (out / PUBLIC_FILE).write_text(tomli_w.dumps({"public_keys": public}))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for k in keys:
+            fd = os.open(key_file(out, k.client_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(k.private_key.private_bytes_raw().hex() + "\n")
+        public = {str(k.client_id): k.public_bytes.hex() for k in keys}
+        (out / PUBLIC_FILE).write_text(tomli_w.dumps({"public_keys": public}))
+    except OSError as err:
+        raise UsageError(f"--out: cannot write the keys into {str(out)!r}: {err.strerror or err}.") from None
     return out
 
 
