@@ -169,6 +169,9 @@ def test_a_flower_node_keeps_its_state_in_its_state_dir_for_a_resumed_run(tmp_pa
     for bad in ["../../x", "AB" * 16, "0" * 31]:
         with pytest.raises(MessageError, match="is not 32 hex digits"):
             flower._state(node, context(tmp_path), bad)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match="^node config `state-dir`: this node cannot write its state file"):
+        flower._keep(state, context(tmp_path / "a_file"))
     path.write_bytes(b"not a state")
     with pytest.raises(MessageError, match=f"state file {path} cannot be read"):
         flower._state(node, context(tmp_path / "node1"), run_id)

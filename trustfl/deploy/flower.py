@@ -218,14 +218,18 @@ def _keep(state: dict, context: Context) -> None:
     context.state[STATE_KEY] = ConfigRecord({"blob": blob})
     path = _state_file(context, str(state.get("run_id", "")))
     if path is not None:  # its secrets: readable by its owner only, and never half written
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as err:
+            raise ConfigError(f"node config `state-dir`: this node cannot write its state file {path} "
+                              f"({err.strerror or err}).") from None
 
 
 @client_app.query()
