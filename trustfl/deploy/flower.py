@@ -180,12 +180,9 @@ def _node(context: Context, checked_noise: float | None = None) -> NodeRuntime:
         _NODES.clear()
         cid = int(cid) if isinstance(cid, int) else cid
         key_path, public_path = (str(context.node_config.get(k, "")) for k in ("key-file", "public-keys"))
-        if public_path and not key_path:
-            raise ConfigError("node config `public-keys` needs `key-file`: a node pins the keys only with its own "
-                              "key made with them (`trustfl deploy keys`).")
+        own = read_private_key(key_path, cid) if key_path and isinstance(cid, int) else None
         _NODES[key] = NodeRuntime(_config(context.run_config), cid, data_dir=data_dir, checked_noise=checked_noise,
-                                  key=read_private_key(key_path, cid) if key_path and isinstance(cid, int) else None,
-                                  pinned=read_public_keys(public_path) if public_path else None)
+                                  key=own, pinned=read_public_keys(public_path) if public_path else None)
     return _NODES[key]
 
 

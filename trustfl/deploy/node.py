@@ -66,9 +66,12 @@ class NodeRuntime:
             raise ConfigError(f"node `partition-id` must be an integer in [0, {n}) for `data.num_clients` = {n}, "
                               f"found {client_id!r}.")
         self.cfg, self.client_id = cfg, client_id
-        if pinned is not None and (key is None or client_id not in pinned or key.public_bytes != pinned[client_id]):
-            raise ConfigError(f"node {client_id}: node config `public-keys` pins other keys than its own `key-file` "
-                              f"(each node needs its own key made with the pinned ones: `trustfl deploy keys`).")
+        if pinned is not None and key is None:
+            raise ConfigError(f"node {client_id}: node config `public-keys` needs `key-file`: a node pins the keys "
+                              f"only with its own key made with them (`trustfl deploy keys`).")
+        if pinned is not None and (client_id not in pinned or key.public_bytes != pinned[client_id]):
+            raise ConfigError(f"node {client_id}: node config `public-keys` pins another key for it than its "
+                              f"`key-file` holds (each node needs its own key made with the pinned ones).")
         self.key, self.pinned = key, pinned
         self.fed = fed if fed is not None else build_federation(cfg, data_dir=data_dir, quiet=True,
                                                                 for_client=client_id, checked_noise=checked_noise)
