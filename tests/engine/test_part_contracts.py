@@ -287,7 +287,7 @@ def _sampler(draw):
 @pytest.mark.parametrize("draw, fragment", [
     (lambda n, b, t: torch.full((t, b), n, dtype=torch.int64), r"values in \[\d+, \d+\] over \d+ step\(s\)"),
     (lambda n, b, t: torch.full((t, b), -2, dtype=torch.int64), r"values in \[-2, -2\]"),
-    (lambda n, b, t: torch.zeros((t, b), dtype=torch.int32), r"torch.int32"),
+    (lambda n, b, t: torch.zeros((t, b), dtype=torch.int32), r"an int32 tensor of shape \(2, 16\) on cpu with "),
     (lambda n, b, t: torch.zeros((t + 1, b), dtype=torch.int64), r"over (\d+) step\(s\); it must draw (?!\1)\d+ step"),
     (lambda n, b, t: torch.zeros((0, b), dtype=torch.int64), r"over 0 step\(s\); it must draw [1-9]\d* step"),
 ])

@@ -29,6 +29,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from trustfl.core.checks import describe_value
 from trustfl.core.registry import component_name, register
 from trustfl.errors import ConfigError
 
@@ -102,8 +103,8 @@ class AbstractBatchSampler:
         bad = next((p for p in parts if not fits(p)), None)
         if steps != total or bad is not None:
             shown = bad if bad is not None else (parts[0] if parts else None)
-            what = f"{tuple(shown.shape)} {shown.dtype}, values in [{int(shown.min())}, {int(shown.max())}]" \
-                if isinstance(shown, torch.Tensor) and shown.numel() else type(shown).__name__
+            what = describe_value(shown) + (f" with values in [{int(shown.min())}, {int(shown.max())}]"
+                                            if isinstance(shown, torch.Tensor) and shown.numel() else "")
             raise ConfigError(f"`client.batch_sampler`: {component_name('batch_sampler', self)} drew {what} over "
                               f"{steps} step(s); it must draw {total} step(s) of int64 indices in [{low}, {n}) for a "
                               f"client of {n} examples.")
