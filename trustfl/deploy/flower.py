@@ -16,8 +16,6 @@ the trustfl run's id, which a resumed run (run config ``resume``: the run direct
 """
 from __future__ import annotations
 
-import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -30,8 +28,9 @@ from flwr.serverapp import Grid, ServerApp
 from trustfl.core.runfiles import unused_run_dir
 from trustfl.deploy.node import NodeRuntime
 from trustfl.deploy.pinned import read_private_key, read_public_keys
-from trustfl.deploy.server import AbstractTransport, run_deployment
+from trustfl.deploy.server import RUN_ID, AbstractTransport, run_deployment
 from trustfl.deploy.wire import TrainRequest, Wire
+from trustfl.engine.checkpoint import save_atomically
 from trustfl.errors import ConfigError, MessageError, TrustFLError
 
 POLL_S = 0.05
@@ -191,7 +190,7 @@ def _state_file(context: Context, run_id: str) -> Path | None:
     state_dir = str(context.node_config.get("state-dir", ""))
     if not state_dir or not run_id:
         return None
-    if not re.fullmatch(r"[0-9a-f]{32}", run_id):  # from the server: never a path of its choosing
+    if not RUN_ID.fullmatch(run_id):  # from the server: never a path of its choosing
         raise MessageError(f"this node refuses the hello: its run id {run_id[:40]!r} is not 32 hex digits.")
     return Path(state_dir) / f"trustfl-node-{context.node_config.get('partition-id')}-{run_id}.pt"
 
@@ -211,19 +210,12 @@ def _state(node: NodeRuntime, context: Context, run_id: str = "") -> dict:
 
 
 def _keep(state: dict, context: Context) -> None:
-    blob = NodeRuntime.save_state(state)
-    context.state[STATE_KEY] = ConfigRecord({"blob": blob})
+    context.state[STATE_KEY] = ConfigRecord({"blob": NodeRuntime.save_state(state)})
     path = _state_file(context, str(state.get("run_id", "")))
     if path is not None:  # its secrets: readable by its owner only, and never half written
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            save_atomically(state, path, private=True)
         except OSError as err:
             raise ConfigError(f"node config `state-dir`: this node cannot write its state file {path} "
                               f"({err.strerror or err}).") from None

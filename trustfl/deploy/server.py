@@ -75,6 +75,10 @@ class AbstractTransport(abc.ABC):
         return 0, 0
 
 
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+"""A run's id: 32 hex digits (:class:`SendJournal` draws 16 random bytes); a node names its state file by it."""
+
+
 class SendJournal:
     """``deployment.jsonl`` in the run directory: the run's id, then each round's recipients, written (and
     synced) *before* the requests go out.
@@ -112,7 +116,7 @@ class SendJournal:
             except (ValueError, KeyError, TypeError):
                 raise ConfigError(f"resume: {self.path}, line {k}, is not a journal entry; the file was "
                                   f"altered.") from None
-        if not re.fullmatch(r"[0-9a-f]{32}", self.run_id):
+        if not RUN_ID.fullmatch(self.run_id):
             raise ConfigError(f"resume: {self.path}, line 1, holds no run id; the file was altered.")
 
     def record(self, r: int, clients: list[int]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,13 +61,20 @@ def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str, data: str 
                         run_dir / CHECKPOINT)
 
 
-def save_atomically(obj: Any, path: Path) -> None:
+def save_atomically(obj: Any, path: Path, private: bool = False) -> None:
     """``torch.save(obj)`` to ``path`` through a temporary file renamed over it, so a reader never sees half a
     file; written through a Python file object, so a full disk or a read-only folder is an OSError naming
-    the file."""
+    the file. ``private``: readable by its owner only (a deployed node's secrets) and synced to the disk before
+    the rename."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
+    with os.fdopen(fd, "wb") as handle:
+        if private:
+            os.fchmod(fd, 0o600)  # also when an earlier temporary file was left with another mode
         torch.save(obj, handle)
+        if private:
+            handle.flush()
+            os.fsync(fd)
     tmp.replace(path)
 
 
