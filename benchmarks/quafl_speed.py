@@ -24,6 +24,14 @@ Both start from trustfl's initial model. Rounds 0 and 1 are warm-up (round 0 has
 at 0) and are not timed; no evaluation is timed. The lattice row runs trustfl with the lattice quantizer on both
 links (14 bits, step 1e-4, paper mode), which also shortens a round to sit*14/32, against the identity loop.
 
+Two rows are bounds, not methods. ``lean`` (:class:`LeanQuAFL`) is the loop's algorithm, with the loop's random
+draws in the loop's order, as straight-line batched code (the polled clients' steps in one batched computation,
+every client's layers kept stacked in the layout their in-place updates want); its worker first checks that it
+computes the loop's models. ``floor`` is the batched matrix products of one step alone (:func:`product_floor`).
+Until 2026-11-28 the loop's clients all shared one parameter vector (``vector_to_parameters`` makes the parameters
+views of the vector it is given, and every client was given the same one): the same work, on one model's memory;
+each client now gets its own copy.
+
 ``--device cuda`` runs trustfl (``engine.device``), the loop (its modules, optimizers and data) and the floor on
 the GPU, and synchronises before each clock reading; the loop draws each step's permutation on the CPU and moves
 it, as a data loader would.
@@ -140,7 +148,8 @@ class LoopQuAFL:
         model = torch.nn.Sequential(torch.nn.Linear(784, 200), torch.nn.ReLU(), torch.nn.Linear(200, 200),
                                     torch.nn.ReLU(), torch.nn.Linear(200, 10))
         model.to(init.device)
-        torch.nn.utils.vector_to_parameters(init, model.parameters())
+        # a copy: vector_to_parameters makes the parameters views of the vector, which every client would share
+        torch.nn.utils.vector_to_parameters(init.clone(), model.parameters())
         return model
 
     def _step(self, i: int) -> None:
@@ -178,6 +187,113 @@ class LoopQuAFL:
         return steps
 
 
+class LeanQuAFL:
+    """A bound, not a method: the loop's algorithm, with its random draws in its order, as straight-line batched code.
+
+    Every client's layers live in stacked tensors ``(n, in, out)`` (the layout in which a batched weight-gradient
+    product updates them in place); a round gathers the polled clients' rows, runs their steps as one batched
+    computation (a client whose steps are done gets a zero output gradient, so its update adds exact zeros), fuses
+    each weight's SGD update into the product computing its gradient, mixes and scatters back. No checks, no
+    generality, no state besides the tensors: what the batched computation costs without a library around it, for
+    judging how far trustfl's executor is from what this machine allows. :func:`lean_vs_loop` checks that it
+    computes the loop's models (same batches, same updates, float rounding apart)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, rows: list[torch.Tensor], init: torch.Tensor,
+                 batch: int) -> None:
+        self.x, self.y, self.batch = x.reshape(x.shape[0], -1), y, batch
+        self.rows = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(x.device)  # (n, most rows)
+        self.sizes = [int(r.numel()) for r in rows]
+        shapes = [(200, 784), (200,), (200, 200), (200,), (10, 200), (10,)]
+        parts = init.split([int(np.prod(sh)) for sh in shapes])
+        self.server = [t.view(sh).t().contiguous() if len(sh) == 2 else t.clone() for t, sh in zip(parts, shapes)]
+        self.clients = [t.unsqueeze(0).repeat(N, *([1] * t.dim())) for t in self.server]  # (n, in, out) and (n, out)
+        slow = int(np.ceil(SLOW_SHARE * N))
+        self.means = [SLOW_MEAN if i < slow else FAST_MEAN for i in range(N)]
+        self.client_time = [0.0] * N
+        self.server_time = 0.0
+        self.p = 1.0 / (S + 1)
+        self.sampler, self.np_rng = random.Random(SEED), np.random.default_rng(SEED)
+        self.gen = torch.Generator().manual_seed(SEED)
+
+    @torch.no_grad()
+    def round(self) -> int:
+        ids, done, picks = self.sampler.sample(range(N), S), [], []
+        for i in ids:  # the loop's draws, in its order: a client's durations, then one permutation per step
+            durations = self.np_rng.exponential(self.means[i], K).tolist()
+            taken, t = 0, self.client_time[i]
+            while taken < K and t + durations[taken] < self.server_time:
+                t += durations[taken]
+                picks.append(torch.randperm(self.sizes[i], generator=self.gen)[:self.batch])
+                taken += 1
+            done.append(taken)
+        steps = max(done)
+        ids_t = torch.tensor(ids)
+        pos = torch.zeros(max(steps, 1), S, self.batch, dtype=torch.long)  # a finished client re-reads row 0
+        k = 0
+        for j, n in enumerate(done):
+            for step in range(n):
+                pos[step, j] = picks[k]
+                k += 1
+        pos = pos.to(self.x.device)
+        rows = torch.gather(self.rows[ids_t.to(self.x.device)].unsqueeze(0).expand(pos.shape[0], -1, -1), 2, pos)
+        (w1, b1, w2, b2, w3, b3) = layers = [t.index_select(0, ids_t.to(t.device)) for t in self.clients]
+        active = (torch.arange(steps).unsqueeze(1) < torch.tensor(done).unsqueeze(0)).to(self.x.device)
+        for step in range(steps):
+            flat = rows[step].reshape(-1)
+            h0 = self.x.index_select(0, flat).view(S, self.batch, -1)
+            h1 = torch.baddbmm(b1.unsqueeze(1), h0, w1).relu_()
+            h2 = torch.baddbmm(b2.unsqueeze(1), h1, w2).relu_()
+            logits = torch.baddbmm(b3.unsqueeze(1), h2, w3)
+            g3 = logits.softmax(-1)  # the mean cross-entropy's output gradient: (softmax − one-hot) / B
+            g3.view(-1, 10)[torch.arange(flat.numel(), device=flat.device), self.y.index_select(0, flat)] -= 1.0
+            g3.mul_(torch.where(active[step], 1.0 / self.batch, 0.0).view(S, 1, 1))
+            g2 = torch.bmm(g3, w3.transpose(1, 2)).mul_(h2 > 0)
+            g1 = torch.bmm(g2, w2.transpose(1, 2)).mul_(h1 > 0)
+            for w, b, h, g in ((w3, b3, h2, g3), (w2, b2, h1, g2), (w1, b1, h0, g1)):
+                w.baddbmm_(h.transpose(1, 2), g, alpha=-LR)
+                b.sub_(g.sum(1), alpha=LR)
+        for server, client, new in zip(self.server, self.clients, layers):
+            old = server.clone()  # Enc(X_t): the model every polled client mixes in
+            server.mul_(self.p).add_(new.mean(0), alpha=1 - self.p)
+            client.index_copy_(0, ids_t.to(client.device), new.mul_(1 - self.p).add_(old, alpha=self.p))
+        for i in ids:
+            self.client_time[i] = self.server_time
+        self.server_time += SIT
+        return sum(done)
+
+    def server_model(self) -> torch.Tensor:
+        """The server's flat model, in the layout of trustfl's parameters (and the loop's)."""
+        return torch.cat([t.t().reshape(-1) if t.dim() == 2 else t for t in self.server])
+
+
+def lean_vs_loop(fed, batch: int, rounds: int = 3) -> float:
+    """Max |difference| of the server models after ``rounds`` rounds of :class:`LeanQuAFL` and :class:`LoopQuAFL`
+    from the same start: the same draws, so the same steps; only float rounding differs."""
+    args = (fed.train_data.tensors["x"], fed.train_data.tensors["y"], [fed.client_rows[c] for c in range(N)],
+            fed.initial_params, batch)
+    lean, loop = LeanQuAFL(*args), LoopQuAFL(*args)
+    for _ in range(rounds):
+        lean.round()
+        loop.round()
+    with torch.no_grad():
+        loop_model = torch.nn.utils.parameters_to_vector(loop.server.parameters())
+    return float((lean.server_model() - loop_model).abs().max())
+
+
+def time_lean(fed, batch: int, rounds: int) -> tuple[float, int]:
+    lean = LeanQuAFL(fed.train_data.tensors["x"], fed.train_data.tensors["y"],
+                     [fed.client_rows[c] for c in range(N)], fed.initial_params, batch)
+    for _ in range(WARMUP):
+        lean.round()
+    steps = 0
+    _sync(lean.x.device)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        steps += lean.round()
+    _sync(lean.x.device)
+    return time.perf_counter() - start, steps
+
+
 def time_loop(fed, batch: int, rounds: int) -> tuple[float, int]:
     loop = LoopQuAFL(fed.train_data.tensors["x"], fed.train_data.tensors["y"],
                      [fed.client_rows[c] for c in range(N)], fed.initial_params, batch)
@@ -192,11 +308,11 @@ def time_loop(fed, batch: int, rounds: int) -> tuple[float, int]:
     return time.perf_counter() - start, steps
 
 
-VARIANTS = ("loop", "loop_mallopt", "trustfl", "trustfl_glibc", "lattice", "floor")
+VARIANTS = ("loop", "loop_mallopt", "trustfl", "trustfl_glibc", "lattice", "lean", "floor")
 """Each timed in its own processes: the plain loop with glibc's default allocator settings and with the setting
 every trustfl run applies at start-up (``trustfl.engine.allocator.tune_allocator``); trustfl as it runs (the
-setting on) and with ``TRUSTFL_NO_MALLOPT=1``; trustfl with the lattice quantizer (setting on); the matrix-product
-floor (:func:`product_floor`)."""
+setting on) and with ``TRUSTFL_NO_MALLOPT=1``; trustfl with the lattice quantizer (setting on); the lean batched
+round (:class:`LeanQuAFL`, setting on); the matrix-product floor (:func:`product_floor`)."""
 
 
 def product_floor(batch: int, repeats: int = 100, device: str = "cpu") -> float:
@@ -226,7 +342,7 @@ def worker(variant: str, rounds: int, batch: int, threads: int, device: str = "c
     """One variant's timed rounds in this process (``--worker``)."""
     if threads:
         torch.set_num_threads(threads)
-    mallopt = variant in ("loop_mallopt", "trustfl", "lattice", "floor")
+    mallopt = variant in ("loop_mallopt", "trustfl", "lattice", "lean", "floor")
     if mallopt:
         from trustfl.engine.allocator import tune_allocator
         mallopt = tune_allocator()
@@ -236,11 +352,12 @@ def worker(variant: str, rounds: int, batch: int, threads: int, device: str = "c
         return {"variant": variant, "seconds_per_step": product_floor(batch, device=device), "mallopt": mallopt,
                 "mnist": mnist, "threads": torch.get_num_threads()}
     fed, engine = build(trustfl_config(batch, variant == "lattice", mnist, device), batch, mnist)
+    extra = {"lean_vs_loop": lean_vs_loop(fed, batch)} if variant == "lean" else {}
     seconds, steps = (time_loop(fed, batch, rounds) if variant.startswith("loop") else
-                      time_trustfl(fed, engine, rounds))
+                      time_lean(fed, batch, rounds) if variant == "lean" else time_trustfl(fed, engine, rounds))
     gpu = torch.cuda.get_device_name(fed.initial_params.device) if fed.initial_params.is_cuda else None
     return {"variant": variant, "seconds": seconds, "steps": steps, "mallopt": mallopt, "mnist": mnist,
-            "threads": torch.get_num_threads(), "gpu": gpu}
+            "threads": torch.get_num_threads(), "gpu": gpu, **extra}
 
 
 def _spawn(variant: str, rounds: int, batch: int, threads: int, device: str = "cpu") -> dict:
@@ -294,6 +411,7 @@ def main() -> None:
               "trustfl": "trustfl (as every run: allocator setting on)",
               "trustfl_glibc": "trustfl, `TRUSTFL_NO_MALLOPT=1`",
               "lattice": "trustfl, lattice b=14 both ways (sit 4.375)",
+              "lean": "bound: the lean batched round (straight-line code in the benchmark, allocator setting on)",
               "floor": f"matrix-product floor: the batched products of one {S}-client step alone"}
     lines = [f"Command: `{' '.join(['.venv/bin/python', *sys.argv])}`", "",
              f"QuAFL, n={N}, s={S}, K={K}, MLP 784-200-200-10, batch {args.batch_size}, lr {LR}, sit {SIT}, "
@@ -309,6 +427,9 @@ def main() -> None:
     lines.append(f"| {labels['floor']} | | | {1e3 * per_step['floor']:.2f} | | "
                  f"{per_step['floor'] / per_step[loop]:.2f} |")
     ratio = median["trustfl"] / median[loop]
+    diff = max(r["lean_vs_loop"] for r in runs["lean"])
+    lines += ["", "The lean round computes the loop's models: after 3 rounds from the same start, with the same "
+              f"draws, the server models differ by at most {diff:.2e} [{'OK' if diff <= 1e-4 else 'FAIL'} <= 1e-4]."]
     lines += ["", f"Acceptance (trustfl as it runs, identity, time ratio <= 0.5): {'PASS' if ratio <= 0.5 else 'FAIL'} "
               f"({ratio:.2f})"]
     text = "\n".join(lines)
