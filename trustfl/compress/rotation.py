@@ -6,10 +6,12 @@ zero-padded vector. The rotation spreads a vector's energy evenly over the coord
 largest coordinate of ``x − key`` after rotation is about ``‖x − key‖·sqrt(2·log(block)/block)`` — what the
 lattice quantizer's per-coordinate decode radius needs (Davies et al. 2021; Suresh et al. 2017).
 
-On a CPU the transform of a block is one small matmul with a precomputed ±1 matrix of size ``min(block, 16)``
-(the inner Kronecker factor of ``H = H_{block/16} ⊗ H_16``) followed by ``log2(block/16)`` butterfly passes, each
-a pair of whole-tensor add/sub on strided views: about ``2·16 + 2·log2(block/16)`` flops per coordinate. On other
-devices (and under a reduced ``torch.set_float32_matmul_precision``) all ``log2(block)`` stages are butterflies.
+On a CPU the transform of a block is a few small matmuls with precomputed ±1 matrices of size at most 16, one
+per Kronecker factor of ``H = … ⊗ H_16 ⊗ H_16`` (``block = 256``: two), each along its own axis of the block: about
+``2·16`` flops per coordinate and factor, in one pass over memory each. The ``log2(block/16)`` butterfly passes
+they replaced (a pair of whole-tensor add/sub each) cost 3x more on a 2-core Intel Xeon, where they were memory
+bound (``benchmarks/compress_speed.py``). On other devices (and under a reduced
+``torch.set_float32_matmul_precision``) all ``log2(block)`` stages are butterflies.
 
 Example:
   >>> rot = HadamardRotation(block=4)
@@ -30,7 +32,7 @@ import torch
 
 from trustfl.errors import ConfigError, MessageError
 
-_BASE = 16  # size of the dense inner factor: a 16×16 matmul beat 8, 32 and 64 on one CPU thread
+_BASE = 16  # size of the dense Kronecker factors: a 16×16 matmul beat 8, 32 and 64 on one CPU thread
 
 
 def check_block(block: object) -> int:
@@ -83,7 +85,11 @@ def _transform(x: torch.Tensor, block: int, scale: float, spare: torch.Tensor | 
     else:
         h = _hadamard_matrix(base, float(scale) / math.sqrt(block), x.device, x.dtype)
         y = torch.mm(x.reshape(-1, base), h).view(m, n)
-    if base == block:
+        inner = base
+        while inner < block:  # H_{k·inner} = H_k ⊗ H_inner: the k×k ±1 matrix along the middle axis of (k, inner)
+            k = min(_BASE, block // inner)
+            y = torch.matmul(_hadamard_matrix(k, 1.0, x.device, x.dtype), y.view(-1, k, inner)).view(m, n)
+            inner *= k
         return y
     spare = torch.empty_like(y) if spare is None else spare
     half = base
