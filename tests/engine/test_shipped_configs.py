@@ -31,7 +31,8 @@ code on that CPU (``fixtures/generate.py --cpu-variant``). On a CPU that has no 
 ``fixtures/cpu/<its tag>/``), a config that has variants elsewhere (its results are known to depend on the CPU) and
 matches none of them is skipped, naming the CPU and how to add its variants, so that ``make test`` passes on a
 newcomer's machine; every other config must still match the reference there. The reference CPU's tag was not
-recorded, so on it too a regression of such a config is a skip; CI's CPU (AMD EPYC, AVX2) has variants and fails.
+recorded, so on it too a regression of such a config is a skip; CI's CPU (AMD EPYC, AVX2) has variants and fails,
+and so does a 2-core Intel Xeon with AVX-512 (GenuineIntel-AVX512, variants written 2026-11-28).
 """
 
 import pytest
