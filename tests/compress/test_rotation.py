@@ -13,7 +13,7 @@ def _x(m: int, d: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(m, d, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("block", [1, 2, 16, 32, 64, 256, 512, 1024, 8192])
+@pytest.mark.parametrize("block", [1, 2, 16, 32, 64, 256, 512, 1024, 4096])
 def test_hadamard_transform_matches_the_dense_matrix(block):
     x = _x(3, 2 * block, seed=block)
     dense = torch.tensor(scipy.linalg.hadamard(block), dtype=torch.float64) / block ** 0.5
