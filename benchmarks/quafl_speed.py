@@ -125,16 +125,11 @@ def time_trustfl(fed, engine, rounds: int) -> tuple[float, int]:
     return time.perf_counter() - start, steps
 
 
-class LoopQuAFL:
-    """The reference: QuAFL as the authors' code is structured (one module and optimizer per client)."""
+class Schedule:
+    """What the loop and the lean round share: the clients' speeds and clocks, and the random streams (the polled
+    clients, each one's step durations, each step's batch permutation from ``gen``)."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, rows: list[torch.Tensor], init: torch.Tensor,
-                 batch: int) -> None:
-        self.x, self.y, self.rows, self.batch = x.reshape(x.shape[0], -1), y, rows, batch
-        self.device = x.device  # the data's; each step's permutation is drawn on the CPU and moved, as a loader would
-        self.server = self._mlp(init)
-        self.clients = [self._mlp(init) for _ in range(N)]
-        self.opts = [torch.optim.SGD(c.parameters(), lr=LR) for c in self.clients]
+    def __init__(self) -> None:
         slow = int(np.ceil(SLOW_SHARE * N))
         self.means = [SLOW_MEAN if i < slow else FAST_MEAN for i in range(N)]
         self.client_time = [0.0] * N
@@ -142,6 +137,34 @@ class LoopQuAFL:
         self.p = 1.0 / (S + 1)
         self.sampler, self.np_rng = random.Random(SEED), np.random.default_rng(SEED)
         self.gen = torch.Generator().manual_seed(SEED)
+
+    def steps_done(self, i: int) -> int:
+        """Client ``i``'s steps of fresh durations while ``taken < K and client.time + next_step_time <
+        server.time``."""
+        durations = self.np_rng.exponential(self.means[i], K).tolist()
+        taken, t = 0, self.client_time[i]
+        while taken < K and t + durations[taken] < self.server_time:
+            t += durations[taken]
+            taken += 1
+        return taken
+
+    def finish_round(self, ids: list[int]) -> None:
+        for i in ids:
+            self.client_time[i] = self.server_time
+        self.server_time += SIT
+
+
+class LoopQuAFL(Schedule):
+    """The reference: QuAFL as the authors' code is structured (one module and optimizer per client)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, rows: list[torch.Tensor], init: torch.Tensor,
+                 batch: int) -> None:
+        super().__init__()
+        self.x, self.y, self.rows, self.batch = x.reshape(x.shape[0], -1), y, rows, batch
+        self.device = x.device  # the data's; each step's permutation is drawn on the CPU and moved, as a loader would
+        self.server = self._mlp(init)
+        self.clients = [self._mlp(init) for _ in range(N)]
+        self.opts = [torch.optim.SGD(c.parameters(), lr=LR) for c in self.clients]
 
     @staticmethod
     def _mlp(init: torch.Tensor) -> torch.nn.Module:
@@ -159,35 +182,28 @@ class LoopQuAFL:
         F.cross_entropy(self.clients[i](self.x[idx]), self.y[idx]).backward()
         self.opts[i].step()
 
-    def run_until(self, i: int) -> int:
-        """Steps of fresh durations while ``taken < K and client.time + next_step_time < server.time``."""
-        durations = self.np_rng.exponential(self.means[i], K).tolist()
-        taken, t = 0, self.client_time[i]
-        while taken < K and t + durations[taken] < self.server_time:
-            t += durations[taken]
-            self._step(i)
-            taken += 1
-        return taken
-
     @torch.no_grad()
     def round(self) -> int:
         p, steps, messages = self.p, 0, []
         server_msg = {k: v.clone() for k, v in self.server.state_dict().items()}  # Enc(X_t), once per round
-        for i in self.sampler.sample(range(N), S):
+        ids = self.sampler.sample(range(N), S)
+        for i in ids:
+            taken = self.steps_done(i)
             with torch.enable_grad():
-                steps += self.run_until(i)
+                for _ in range(taken):
+                    self._step(i)
+            steps += taken
             current = self.clients[i].state_dict()
             messages.append({k: v.clone() for k, v in current.items()})  # Enc(Y^i), identity quantizer
             for k, v in current.items():  # current = p*Dec(key=current, Enc(X_t)) + (1-p)*current
                 v.mul_(1 - p).add_(server_msg[k], alpha=p)
-            self.client_time[i] = self.server_time
         for k, v in self.server.state_dict().items():  # server = p*server + (1-p)*mean Dec(key=server, msg)
             v.mul_(p).add_(torch.stack([m[k] for m in messages]).mean(0), alpha=1 - p)
-        self.server_time += SIT
+        self.finish_round(ids)
         return steps
 
 
-class LeanQuAFL:
+class LeanQuAFL(Schedule):
     """A bound, not a method: the loop's algorithm, with its random draws in its order, as straight-line batched code.
 
     Every client's layers live in stacked tensors ``(n, in, out)`` (the layout in which a batched weight-gradient
@@ -200,6 +216,7 @@ class LeanQuAFL:
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, rows: list[torch.Tensor], init: torch.Tensor,
                  batch: int) -> None:
+        super().__init__()
         self.x, self.y, self.batch = x.reshape(x.shape[0], -1), y, batch
         self.rows = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(x.device)  # (n, most rows)
         self.sizes = [int(r.numel()) for r in rows]
@@ -207,25 +224,13 @@ class LeanQuAFL:
         parts = init.split([int(np.prod(sh)) for sh in shapes])
         self.server = [t.view(sh).t().contiguous() if len(sh) == 2 else t.clone() for t, sh in zip(parts, shapes)]
         self.clients = [t.unsqueeze(0).repeat(N, *([1] * t.dim())) for t in self.server]  # (n, in, out) and (n, out)
-        slow = int(np.ceil(SLOW_SHARE * N))
-        self.means = [SLOW_MEAN if i < slow else FAST_MEAN for i in range(N)]
-        self.client_time = [0.0] * N
-        self.server_time = 0.0
-        self.p = 1.0 / (S + 1)
-        self.sampler, self.np_rng = random.Random(SEED), np.random.default_rng(SEED)
-        self.gen = torch.Generator().manual_seed(SEED)
 
     @torch.no_grad()
     def round(self) -> int:
-        ids, done, picks = self.sampler.sample(range(N), S), [], []
-        for i in ids:  # the loop's draws, in its order: a client's durations, then one permutation per step
-            durations = self.np_rng.exponential(self.means[i], K).tolist()
-            taken, t = 0, self.client_time[i]
-            while taken < K and t + durations[taken] < self.server_time:
-                t += durations[taken]
-                picks.append(torch.randperm(self.sizes[i], generator=self.gen)[:self.batch])
-                taken += 1
-            done.append(taken)
+        ids = self.sampler.sample(range(N), S)
+        done = [self.steps_done(i) for i in ids]  # the loop's draws, in its order
+        picks = [torch.randperm(self.sizes[i], generator=self.gen)[:self.batch] for i, n in zip(ids, done)
+                 for _ in range(n)]
         steps = max(done)
         ids_t = torch.tensor(ids)
         pos = torch.zeros(max(steps, 1), S, self.batch, dtype=torch.long)  # a finished client re-reads row 0
@@ -256,9 +261,7 @@ class LeanQuAFL:
             old = server.clone()  # Enc(X_t): the model every polled client mixes in
             server.mul_(self.p).add_(new.mean(0), alpha=1 - self.p)
             client.index_copy_(0, ids_t.to(client.device), new.mul_(1 - self.p).add_(old, alpha=self.p))
-        for i in ids:
-            self.client_time[i] = self.server_time
-        self.server_time += SIT
+        self.finish_round(ids)
         return sum(done)
 
     def server_model(self) -> torch.Tensor:
@@ -280,31 +283,19 @@ def lean_vs_loop(fed, batch: int, rounds: int = 3) -> float:
     return float((lean.server_model() - loop_model).abs().max())
 
 
-def time_lean(fed, batch: int, rounds: int) -> tuple[float, int]:
-    lean = LeanQuAFL(fed.train_data.tensors["x"], fed.train_data.tensors["y"],
-                     [fed.client_rows[c] for c in range(N)], fed.initial_params, batch)
+def time_reference(kind: type[Schedule], fed, batch: int, rounds: int) -> tuple[float, int]:
+    """Seconds and local steps of ``rounds`` timed rounds of the loop or the lean round (``kind``) on ``fed``'s data,
+    after the warm-up rounds."""
+    ref = kind(fed.train_data.tensors["x"], fed.train_data.tensors["y"], [fed.client_rows[c] for c in range(N)],
+               fed.initial_params, batch)
     for _ in range(WARMUP):
-        lean.round()
+        ref.round()
     steps = 0
-    _sync(lean.x.device)
+    _sync(ref.x.device)
     start = time.perf_counter()
     for _ in range(rounds):
-        steps += lean.round()
-    _sync(lean.x.device)
-    return time.perf_counter() - start, steps
-
-
-def time_loop(fed, batch: int, rounds: int) -> tuple[float, int]:
-    loop = LoopQuAFL(fed.train_data.tensors["x"], fed.train_data.tensors["y"],
-                     [fed.client_rows[c] for c in range(N)], fed.initial_params, batch)
-    for _ in range(WARMUP):
-        loop.round()
-    steps = 0
-    _sync(loop.device)
-    start = time.perf_counter()
-    for _ in range(rounds):
-        steps += loop.round()
-    _sync(loop.device)
+        steps += ref.round()
+    _sync(ref.x.device)
     return time.perf_counter() - start, steps
 
 
@@ -353,8 +344,9 @@ def worker(variant: str, rounds: int, batch: int, threads: int, device: str = "c
                 "mnist": mnist, "threads": torch.get_num_threads()}
     fed, engine = build(trustfl_config(batch, variant == "lattice", mnist, device), batch, mnist)
     extra = {"lean_vs_loop": lean_vs_loop(fed, batch)} if variant == "lean" else {}
-    seconds, steps = (time_loop(fed, batch, rounds) if variant.startswith("loop") else
-                      time_lean(fed, batch, rounds) if variant == "lean" else time_trustfl(fed, engine, rounds))
+    seconds, steps = (time_reference(LoopQuAFL, fed, batch, rounds) if variant.startswith("loop") else
+                      time_reference(LeanQuAFL, fed, batch, rounds) if variant == "lean" else
+                      time_trustfl(fed, engine, rounds))
     gpu = torch.cuda.get_device_name(fed.initial_params.device) if fed.initial_params.is_cuda else None
     return {"variant": variant, "seconds": seconds, "steps": steps, "mallopt": mallopt, "mnist": mnist,
             "threads": torch.get_num_threads(), "gpu": gpu, **extra}
