@@ -7,10 +7,10 @@ largest coordinate of ``x − key`` after rotation is about ``‖x − key‖·s
 lattice quantizer's per-coordinate decode radius needs (Davies et al. 2021; Suresh et al. 2017).
 
 On a CPU the transform of a block is a few small matmuls with precomputed ±1 matrices of size at most 16, one
-per Kronecker factor of ``H = … ⊗ H_16 ⊗ H_16`` (``block = 256``: two), each along its own axis of the block: about
-``2·16`` flops per coordinate and factor, in one pass over memory each. The ``log2(block/16)`` butterfly passes
-they replaced (a pair of whole-tensor add/sub each) cost 3x more on a 2-core Intel Xeon, where they were memory
-bound (``benchmarks/compress_speed.py``). On other devices (and under a reduced
+per Kronecker factor of ``H = … ⊗ H_16 ⊗ H_16`` (``block = 256``: two), each along its own axis of the block:
+about ``2·16`` flops per coordinate and factor, in one pass over memory each. The ``log2(block/16)`` butterfly
+passes they replaced (a pair of whole-tensor add/sub each) cost 3x more on a 2-core Intel Xeon, where they were
+memory bound (``benchmarks/compress_speed.py``). On other devices (and under a reduced
 ``torch.set_float32_matmul_precision``) all ``log2(block)`` stages are butterflies.
 
 Example:
@@ -85,14 +85,15 @@ def _transform(x: torch.Tensor, block: int, scale: float, spare: torch.Tensor | 
     else:
         h = _hadamard_matrix(base, float(scale) / math.sqrt(block), x.device, x.dtype)
         y = torch.mm(x.reshape(-1, base), h).view(m, n)
-        inner = base
-        while inner < block:  # H_{k·inner} = H_k ⊗ H_inner: the k×k ±1 matrix along the middle axis of (k, inner)
-            k = min(_BASE, block // inner)
-            y = torch.matmul(_hadamard_matrix(k, 1.0, x.device, x.dtype), y.view(-1, k, inner)).view(m, n)
-            inner *= k
+    if base == block:
         return y
     spare = torch.empty_like(y) if spare is None else spare
     half = base
+    while base > 1 and half < block:  # H_{k·half} = H_k ⊗ H_half: k×k ±1 matrix on the middle axis of (k, half)
+        k = min(_BASE, block // half)
+        torch.matmul(_hadamard_matrix(k, 1.0, x.device, x.dtype), y.view(-1, k, half), out=spare.view(-1, k, half))
+        y, spare = spare, y
+        half *= k
     while half < block:  # butterflies on the outer Kronecker factor: (a, b) -> (a + b, a − b)
         src, dst = y.view(-1, 2, half), spare.view(-1, 2, half)
         torch.add(src[:, 0], src[:, 1], out=dst[:, 0])
