@@ -209,8 +209,8 @@ class LeanQuAFL(Schedule):
     Every client's layers live in stacked tensors ``(n, in, out)`` (the layout in which a batched weight-gradient
     product updates them in place); a round gathers the polled clients' rows, runs their steps as one batched
     computation (a client whose steps are done gets a zero output gradient, so its update adds exact zeros), fuses
-    each weight's SGD update into the product computing its gradient, mixes and scatters back. No checks, no
-    generality, no state besides the tensors: what the batched computation costs without a library around it, for
+    each weight's SGD update into the product computing its gradient, mixes and scatters back. No checks and no
+    generality: what the batched computation costs without a library around it, for
     judging how far trustfl's executor is from what this machine allows. :func:`lean_vs_loop` checks that it
     computes the loop's models (same batches, same updates, float rounding apart)."""
 
@@ -228,17 +228,13 @@ class LeanQuAFL(Schedule):
     @torch.no_grad()
     def round(self) -> int:
         ids = self.sampler.sample(range(N), S)
-        done = [self.steps_done(i) for i in ids]  # the loop's draws, in its order
-        picks = [torch.randperm(self.sizes[i], generator=self.gen)[:self.batch] for i, n in zip(ids, done)
-                 for _ in range(n)]
+        done = [self.steps_done(i) for i in ids]
         steps = max(done)
         ids_t = torch.tensor(ids)
         pos = torch.zeros(max(steps, 1), S, self.batch, dtype=torch.long)  # a finished client re-reads row 0
-        k = 0
-        for j, n in enumerate(done):
+        for j, (i, n) in enumerate(zip(ids, done)):  # the loop's permutations, in its order
             for step in range(n):
-                pos[step, j] = picks[k]
-                k += 1
+                pos[step, j] = torch.randperm(self.sizes[i], generator=self.gen)[:self.batch]
         pos = pos.to(self.x.device)
         rows = torch.gather(self.rows[ids_t.to(self.x.device)].unsqueeze(0).expand(pos.shape[0], -1, -1), 2, pos)
         (w1, b1, w2, b2, w3, b3) = layers = [t.index_select(0, ids_t.to(t.device)) for t in self.clients]
