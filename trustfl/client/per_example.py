@@ -323,9 +323,10 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
     noise = {k: torch.empty(v.shape, dtype=v.dtype, device=v.device) for k, v in grad_sum_stacked.items()}
     normal_rows(list(noise.values()), generators)  # client i's stream, parameters in dict order
     out: Params = {}
+    noise_scale, mean_scale = noise_multiplier * max_norm / ebs, 1.0 / ebs  # (m,), once for every parameter
     for k, v in grad_sum_stacked.items():  # (s + σC·z) / E|S|, computed as z·(σC/E|S|) + s·(1/E|S|) in place
         shape = (m, *([1] * (v.dim() - 1)))
-        out[k] = noise[k].mul_((noise_multiplier * max_norm / ebs).view(shape)).addcmul_(v, (1.0 / ebs).view(shape))
+        out[k] = noise[k].mul_(noise_scale.view(shape)).addcmul_(v, mean_scale.view(shape))
     return out
 
 
