@@ -30,7 +30,7 @@ from trustfl.deploy.node import NodeRuntime
 from trustfl.deploy.pinned import read_private_key, read_public_keys
 from trustfl.deploy.server import RUN_ID, AbstractTransport, run_deployment
 from trustfl.deploy.wire import TrainRequest, Wire
-from trustfl.engine.checkpoint import save_atomically
+from trustfl.engine.checkpoint import write_atomically
 from trustfl.errors import ConfigError, MessageError, TrustFLError
 
 POLL_S = 0.05
@@ -210,12 +210,13 @@ def _state(node: NodeRuntime, context: Context, run_id: str = "") -> dict:
 
 
 def _keep(state: dict, context: Context) -> None:
-    context.state[STATE_KEY] = ConfigRecord({"blob": NodeRuntime.save_state(state)})
+    blob = NodeRuntime.save_state(state)  # serialised once, for the context and the file
+    context.state[STATE_KEY] = ConfigRecord({"blob": blob})
     path = _state_file(context, str(state.get("run_id", "")))
     if path is not None:  # its secrets: readable by its owner only, and never half written
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_atomically(state, path, private=True)
+            write_atomically(blob, path, private=True)
         except OSError as err:
             raise ConfigError(f"node config `state-dir`: this node cannot write its state file {path} "
                               f"({err.strerror or err}).") from None

@@ -13,7 +13,7 @@ import os
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 
@@ -66,12 +66,22 @@ def save_atomically(obj: Any, path: Path, private: bool = False) -> None:
     file; written through a Python file object, so a full disk or a read-only folder is an OSError naming
     the file. ``private``: readable by its owner only (a deployed node's secrets) and synced to the disk before
     the rename."""
+    _replace_atomically(path, private, lambda handle: torch.save(obj, handle))
+
+
+def write_atomically(data: bytes, path: Path, private: bool = False) -> None:
+    """``data``, already serialised (e.g. by ``torch.save`` into a buffer), to ``path`` as :func:`save_atomically`
+    writes it."""
+    _replace_atomically(path, private, lambda handle: handle.write(data))
+
+
+def _replace_atomically(path: Path, private: bool, write: Callable[[BinaryIO], object]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
     with os.fdopen(fd, "wb") as handle:
         if private:
             os.fchmod(fd, 0o600)  # also when an earlier temporary file was left with another mode
-        torch.save(obj, handle)
+        write(handle)
         if private:
             handle.flush()
             os.fsync(fd)
