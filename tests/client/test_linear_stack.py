@@ -218,6 +218,34 @@ def test_a_client_that_does_not_step_keeps_its_parameters_bitwise_even_non_finit
         torch.testing.assert_close(stepped[k][0], params[k][0] - 0.1 * grads[k][0], rtol=1e-12, atol=1e-15)
 
 
+def test_idle_indices_step_as_the_active_mask_and_leave_idle_rows_as_they_were():
+    """The executor passes the rows that sit a step out as indices (``idle``): the same bits as the ``active``
+    mask, the active rows as when every row steps (rows of a batched product do not mix), and the idle rows'
+    parameters untouched, though their own products would overflow."""
+    gen = torch.Generator().manual_seed(17)
+    model = MLP((6,), 3, hidden=(5, 4)).double()
+    params = _stacked(model, M, "cpu", gen)
+    params["net.4.weight"][2, 0, 0] = float("inf")  # client 2 sits out: its products with its zero G are NaN
+    batch = {"x": torch.randn(M, B, 6, generator=gen, dtype=torch.float64),
+             "y": torch.randint(0, 3, (M, B), generator=gen)}
+    mask = _mask("cpu")
+    stack = linear_stack(model)
+    active = torch.tensor([True, True, False, True])
+    stepped = {}
+    for how in ("active", "idle", "all"):
+        out = {k: v.clone() for k, v in params.items()}
+        rows = {k: v.clone() for k, v in batch.items()}
+        kwargs = {"active": active} if how == "active" else {"idle": torch.tensor([2])} if how == "idle" else {}
+        sgd_step(stack, CrossEntropy(), out, rows, mask.double(), 0.1, **kwargs)
+        stepped[how] = out
+    for k in params:
+        assert torch.equal(stepped["idle"][k], stepped["active"][k]), k
+        assert torch.equal(stepped["idle"][k][2], params[k][2]), k
+        for i in (0, 1, 3):
+            assert torch.equal(stepped["idle"][k][i], stepped["all"][k][i]), (k, i)
+            assert not torch.equal(stepped["idle"][k][i], params[k][i]), (k, i)
+
+
 @pytest.mark.parametrize("m", [1, M], ids=["one client", "cohort"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", CASES)

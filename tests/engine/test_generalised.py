@@ -229,8 +229,10 @@ def _cohort(fed, plans, global_flat):
                          torch.zeros(len(plans), dtype=torch.float64), {"model": global_flat}, {}, fed.layout)
 
 
-def test_executors_start_each_client_from_its_own_parameters(small_config):
-    fed = build_federation(small_config(), quiet=True)
+@pytest.mark.parametrize("chain", ["momentum", "plain SGD (fused)"])
+def test_executors_start_each_client_from_its_own_parameters(small_config, chain):
+    local = {} if chain == "momentum" else {"client__momentum": 0.0, "client__weight_decay": 0.0}
+    fed = build_federation(small_config(**local), quiet=True)
     plans = [ClientPlan(c, fed.client_rows[c], fed.batch_sizes[c]) for c in (0, 2, 5)]
     g = fed.initial_params
     cohort = _cohort(fed, plans, g)

@@ -197,7 +197,8 @@ def ghost_inputs(stack: LinearStack, objective: AbstractObjective, params: Mappi
 
 
 def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
-             row_weights: torch.Tensor, lr: float, active: torch.Tensor | None = None) -> torch.Tensor:
+             row_weights: torch.Tensor, lr: float, active: torch.Tensor | None = None,
+             idle: torch.Tensor | None = None) -> torch.Tensor:
     """One local SGD step ``θ_i ← θ_i − η ∇L_i(θ_i)`` of every client in place, and the losses ``L_i`` ``(m,)``.
 
     The gradients of :func:`mean_grad`, with each weight's update fused into the product that computes its gradient
@@ -206,9 +207,14 @@ def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[s
     ``W − η·(GᵀH)`` differently from a separate subtraction: the result agrees with :func:`mean_grad` followed by
     ``W − η g`` to float rounding, not bitwise (``tests/client/test_linear_stack.py``).
 
-    ``active`` ``(m,)`` (``None``: every row steps): a row that does not step keeps its parameters bitwise, even
-    non-finite ones. Its ``G_k`` and its layer inputs are set to exact zeros (``where``, not a product, so that an
-    inf or NaN of its own cannot reach its update): its products are exact zeros and ``W − η·0 = W``.
+    ``active`` ``(m,)`` bools, or ``idle``, the indices of the rows that do not step (``None`` for both: every row
+    steps; ``idle`` is what the executor passes: it knows them on the host, where ``active`` costs a device sync to
+    turn into indices): a row that does not step keeps its parameters bitwise, even non-finite ones. Its rows of
+    ``G_k`` and of every layer input are overwritten with exact zeros in place (not multiplied, so that an inf or
+    NaN of its own cannot reach its update; ``batch``'s input rows included: the executor gathers a fresh batch for
+    every step): its products are exact zeros, ``W − η·0 = W``, and the ReLU backward on its zeroed inputs passes
+    none of the layer above's products to the layer below. Only the idle rows are written, where a masked copy of
+    every input and gradient would stream the whole cohort's activations again at each layer.
     """
     m, b = row_weights.shape
     inputs, logits = _forward(stack, params, batch[objective.input_key], m, b)
@@ -217,13 +223,15 @@ def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[s
     per_example, out_grad = objective.weighted_loss_grad(logits.flatten(0, 1), flat_batch(batch, 2), scale.flatten())
     losses = masked_mean(per_example.view(m, b), row_weights)
     out_grad = out_grad.view(m, b, -1)
-    steps = None if active is None else active.view(m, 1, 1)
+    if idle is None and active is not None:
+        idle = torch.nonzero(~active).flatten()
     with torch.no_grad():
         for k in range(len(stack.layers) - 1, -1, -1):
             w_name, b_name = stack.layers[k]
             weight, h = params[w_name], inputs[k]
-            if steps is not None:
-                out_grad, h = torch.where(steps, out_grad, 0.0), torch.where(steps, h, 0.0)
+            if idle is not None and idle.numel():
+                out_grad.index_fill_(0, idle, 0.0)
+                h.index_fill_(0, idle, 0.0)  # before the ReLU backward below reads it as its mask
             below = None
             if k:  # G_{k−1} from the weight before its update
                 below = torch.ops.aten.threshold_backward(torch.bmm(out_grad, weight), inputs[k], 0)
@@ -260,7 +268,7 @@ class FusedSGD:
         return out
 
     def step(self, params: Mapping[str, torch.Tensor], batch: Batch, mask: torch.Tensor,
-             active: torch.Tensor | None) -> torch.Tensor:
-        """One step of the ``active`` rows (``None``: all) in place; the losses ``(m,)``."""
+             idle: torch.Tensor | None) -> torch.Tensor:
+        """One step in place of every row but those ``idle`` indexes (``None``: all step); the losses ``(m,)``."""
         w = mask.to(batch[self.objective.input_key].dtype)
-        return sgd_step(self.stack, self.objective, params, batch, w, self.lr, active)
+        return sgd_step(self.stack, self.objective, params, batch, w, self.lr, idle=idle)

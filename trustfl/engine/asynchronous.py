@@ -284,7 +284,8 @@ def _polling(fed: Federation, state: EngineState, clock: ClockState, sched: Poll
         decoded = down.decoded
         if decoded.shape[0] > 1 and decoded.stride(0) == 0:  # one model broadcast (float32 link): divide it once
             decoded = decoded[:1]
-        mixed = decoded / (s + 1) + y * (s / (s + 1)) if sched.client_averaging else down.decoded
+        # X^i = Q(X_t)/(s+1) + s·Y^i/(s+1), one pass over the (s, d) models (add's alpha: one rounding)
+        mixed = torch.add(decoded / (s + 1), y, alpha=s / (s + 1)) if sched.client_averaging else down.decoded
         new.clients = store.scatter(ids, {BASE: mixed}).state_dict()
         _charge_down(new, metrics, down.bits_per_message * s)
         metrics["decode_failures"] = metrics.get("decode_failures", 0) + down.decode_failures

@@ -120,6 +120,8 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     # Steps at which no client's batch is padded (host-known): the gradient method may skip the mask arithmetic.
     full = (everyone & (sizes == widest).all(1)).tolist()
     everyone = everyone.tolist()
+    # The rows that sit each partial step out, as indices on the run's device (host-known, like `has_step`).
+    idle = [None if everyone[s] else torch.nonzero(~has_step[s]).flatten().to(device) for s in range(total_steps)]
     has_step = has_step.to(device)
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans], device=device) \
         if any(p.flip_labels for p in plans) else False
@@ -134,8 +136,9 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
         raise ConfigError(f"`client.transforms`: {[n for n, t in job.chain.transforms if t.personalizes]} choose "
                           f"where a client starts each round, but this engine's clients continue from their own "
                           f"models; use `engine.kind = \"sync\"`.")
-    else:
-        params = {k: v.detach().clone() for k, v in layout.unflatten(start).items()}
+    else:  # views of the clients' own starts, which the first step only reads; _like_gradients copies them once
+        params = {k: v.detach() for k, v in layout.unflatten(start).items()}
+        owned = False
     # Where each client started, flat: the received model broadcast or the clients' own starts (no copy).
     start_flat = received.unsqueeze(0).expand(m, -1) if start is None else start
     chain, method = job.chain, job.chain.method
@@ -158,7 +161,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             if fused is not None:
                 params = fused.own(params)
         if fused is not None:
-            losses = fused.step(params, batch, masks[s], active)
+            losses = fused.step(params, batch, masks[s], idle[s])
             loss_sum += losses.double() if everyone[s] else torch.where(has_step[s], losses.double(), 0.0)
             continue
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], step_cohort, full[s])
