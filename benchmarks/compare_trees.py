@@ -15,7 +15,9 @@ ratio are reported. Measurements:
   clipping with ghost norms, z = 1, batch 32, one epoch), and the same with ``batch_clip``; median of 12 rounds
   after a warm-up round (the rounds are short);
 - ``fedsc``: a FedSC round of ``configs/fedsc/digits_canvas_1class.toml`` (10 clients, augmented views, DP-CalR);
-  median of 7 rounds after a warm-up round.
+  median of 7 rounds after a warm-up round;
+- ``quafl``: QuAFL's polling round of ``benchmarks/quafl_speed.py`` (n = 100, s = 10, K = 5, MLP 784-200-200-10,
+  MNIST where ``make data`` fetched it), the mean of 40 rounds after two.
 
 Run: ``.venv/bin/python benchmarks/compare_trees.py --base /tmp/base [--repeats 5]``.
 """
@@ -96,6 +98,28 @@ fed = build_federation(load_config("configs/fedsc/digits_canvas_1class.toml"), q
 ROUNDS = 8
 """ + TIMED_ROUNDS
 
+QUAFL_WORKER = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from trustfl.engine.allocator import tune_allocator
+tune_allocator()
+sys.path.insert(0, "benchmarks")
+import quafl_speed as q
+from trustfl.data.datasets import dataset_available
+mnist = dataset_available("mnist")
+fed, engine = q.build(q.trustfl_config(128, False, mnist), 128, mnist)
+state = engine.initial_state(fed)
+for _ in range(2):  # round 0 has no local steps; round 1 warms up
+    state, _ = engine.run_round(fed, state)
+t = time.process_time()
+for _ in range(40):
+    state, _ = engine.run_round(fed, state)
+print(json.dumps({"seconds_per_round": (time.process_time() - t) / 40}))
+"""
+"""QuAFL's polling rounds as ``benchmarks/quafl_speed.py`` times them (its ``build``, identity links), one thread:
+the mean CPU time of rounds 2-41 (both trees make the same draws, so the same steps)."""
+
 
 def _env(tree: Path) -> dict[str, str]:
     """A minimal environment whose trustfl is ``tree``'s: the tree first on PYTHONPATH (the caller's entries after
@@ -135,6 +159,10 @@ def _fedsc(tree: Path) -> float:
     return _script(tree, FEDSC_WORKER)
 
 
+def _quafl(tree: Path) -> float:
+    return _script(tree, QUAFL_WORKER)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, type=Path, help="checkout of the older commit")
@@ -148,6 +176,7 @@ def main() -> None:
              ("DP-SGD per-example (ghost), 10 clients", lambda t: _dpsgd(t, "per_example")),
              ("DP-SGD batch_clip, 10 clients", lambda t: _dpsgd(t, "batch_clip")),
              ("FedSC, 10 clients (configs/fedsc/digits_canvas_1class.toml)", _fedsc),
+             ("QuAFL, n = 100, s = 10, K = 5 (benchmarks/quafl_speed.py's rounds)", _quafl),
              ("host work, 1,000 clients x 600 examples", lambda t: _host(t, 1000, 600)),
              ("host work, 10,000 clients x 32 examples", lambda t: _host(t, 10000, 32))]
     lines = ["| round | before s (median) | after s (median) | after / before |", "|---|---|---|---|"]
