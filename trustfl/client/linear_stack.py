@@ -197,8 +197,7 @@ def ghost_inputs(stack: LinearStack, objective: AbstractObjective, params: Mappi
 
 
 def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,
-             row_weights: torch.Tensor, lr: float, active: torch.Tensor | None = None,
-             idle: torch.Tensor | None = None) -> torch.Tensor:
+             row_weights: torch.Tensor, lr: float, idle: torch.Tensor | None = None) -> torch.Tensor:
     """One local SGD step ``θ_i ← θ_i − η ∇L_i(θ_i)`` of every client in place, and the losses ``L_i`` ``(m,)``.
 
     The gradients of :func:`mean_grad`, with each weight's update fused into the product that computes its gradient
@@ -207,9 +206,9 @@ def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[s
     ``W − η·(GᵀH)`` differently from a separate subtraction: the result agrees with :func:`mean_grad` followed by
     ``W − η g`` to float rounding, not bitwise (``tests/client/test_linear_stack.py``).
 
-    ``active`` ``(m,)`` bools, or ``idle``, the indices of the rows that do not step (``None`` for both: every row
-    steps; ``idle`` is what the executor passes: it knows them on the host, where ``active`` costs a device sync to
-    turn into indices): a row that does not step keeps its parameters bitwise, even non-finite ones. Its rows of
+    ``idle``: the indices of the rows that do not step (``None``: every row steps; the executor knows them on the
+    host, so no device sync turns a mask into them): a row that does not step keeps its parameters bitwise, even
+    non-finite ones. Its rows of
     ``G_k`` and of every layer input are overwritten with exact zeros in place (not multiplied, so that an inf or
     NaN of its own cannot reach its update; ``batch``'s input rows included: the executor gathers a fresh batch for
     every step): its products are exact zeros, ``W − η·0 = W``, and the ReLU backward on its zeroed inputs passes
@@ -223,8 +222,6 @@ def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[s
     per_example, out_grad = objective.weighted_loss_grad(logits.flatten(0, 1), flat_batch(batch, 2), scale.flatten())
     losses = masked_mean(per_example.view(m, b), row_weights)
     out_grad = out_grad.view(m, b, -1)
-    if idle is None and active is not None:
-        idle = torch.nonzero(~active).flatten()
     with torch.no_grad():
         for k in range(len(stack.layers) - 1, -1, -1):
             w_name, b_name = stack.layers[k]
@@ -271,4 +268,4 @@ class FusedSGD:
              idle: torch.Tensor | None) -> torch.Tensor:
         """One step in place of every row but those ``idle`` indexes (``None``: all step); the losses ``(m,)``."""
         w = mask.to(batch[self.objective.input_key].dtype)
-        return sgd_step(self.stack, self.objective, params, batch, w, self.lr, idle=idle)
+        return sgd_step(self.stack, self.objective, params, batch, w, self.lr, idle)

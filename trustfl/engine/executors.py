@@ -120,9 +120,7 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     # Steps at which no client's batch is padded (host-known): the gradient method may skip the mask arithmetic.
     full = (everyone & (sizes == widest).all(1)).tolist()
     everyone = everyone.tolist()
-    # The rows that sit each partial step out, as indices on the run's device (host-known, like `has_step`).
-    idle = [None if everyone[s] else torch.nonzero(~has_step[s]).flatten().to(device) for s in range(total_steps)]
-    has_step = has_step.to(device)
+    host_steps, has_step = has_step, has_step.to(device)
     flip: torch.Tensor | bool = torch.tensor([p.flip_labels for p in plans], device=device) \
         if any(p.flip_labels for p in plans) else False
 
@@ -161,7 +159,9 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             if fused is not None:
                 params = fused.own(params)
         if fused is not None:
-            losses = fused.step(params, batch, masks[s], idle[s])
+            # the rows that sit a partial step out, as indices: known on the host, moved to the data's device
+            idle = None if everyone[s] else torch.nonzero(~host_steps[s]).flatten().to(device)
+            losses = fused.step(params, batch, masks[s], idle)
             loss_sum += losses.double() if everyone[s] else torch.where(has_step[s], losses.double(), 0.0)
             continue
         grads, losses = method.compute(job.model, job.objective, params, batch, masks[s], step_cohort, full[s])
