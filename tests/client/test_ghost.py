@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trustfl.client import ghost
+from trustfl.client import ghost, per_example
 from trustfl.client.per_example import clip_factors, clipped_grad_sum, per_example_grads, supports_ghost
 from trustfl.errors import ConfigError
 from trustfl.models import build_model
@@ -98,6 +98,65 @@ def test_ghost_general_layers(factory, shape, classes):
     x, y = _data(2, 4, shape, seed=2, classes=classes)
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 1, 1]])
     _assert_all_agree(nets[0], params, x, y, mask, (0.1,))
+
+
+class _InPlaceFirst(nn.Module):
+    """An in-place ReLU on the first layer's output (the pass makes that output a leaf: torch refuses the change)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3)
+        self.act = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(3 * 4 * 4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.act(self.conv(x.view(-1, 1, 6, 6))).flatten(1))
+
+
+class _InPlaceLater(nn.Module):
+    """An in-place ReLU on a later layer's output (inside the graph: only its version counter tells)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 6), nn.Linear(6, 5), nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.b(torch.tanh(self.a(x))).relu_())
+
+
+ONE_CLIENT = [(lambda: build_model("cnn_cafcor", (1, 28, 28), 10, seed=0), (1, 28, 28), 10, False),
+              (lambda: build_model("cnn_rhdp", (1, 28, 28), 10, seed=0), (1, 28, 28), 10, False),
+              (_OddConv, (2, 11, 10), 5, False), (_SeqLinear, (144,), 4, False),
+              (_InPlaceFirst, (36,), 4, True), (_InPlaceLater, (8,), 3, True)]
+
+
+@pytest.mark.parametrize("factory,shape,classes,in_place", ONE_CLIENT,
+                         ids=["cnn_cafcor", "cnn_rhdp", "conv_geometry", "linear_seq", "inplace_first",
+                              "inplace_later"])
+def test_one_client_pass_differentiates_the_outputs_and_keeps_the_probed_bits(factory, shape, classes, in_place,
+                                                                              monkeypatch):
+    """One client differentiates each layer's output itself instead of zero probes added to it: the probed pass's
+    bits (float32), the reference's values (float64), and the probed pass where the model changes an output in
+    place (the differentiated tensor would then be the changed one)."""
+    torch.manual_seed(3)
+    net = factory()
+    x, y = _data(1, 6, shape, seed=5, classes=classes)
+    x[:, :, ..., :2] = 0.0  # equal pixels: ties in the max-pools
+    mask = torch.tensor([[1.0, 1, 0, 1, 1, 1]])
+    tapped = []
+    taps = per_example._one_client_taps
+    monkeypatch.setattr(per_example, "_one_client_taps", lambda *a: tapped.append(taps(*a)) or tapped[-1])
+    batch = {"x": x.float(), "y": y}
+    params = _stack([net])
+    new = clipped_grad_sum(net, params, batch, mask, 0.3, return_loss=True)
+    assert (tapped[-1] is None) == in_place  # the probed pass ran exactly where an output changed in place
+    monkeypatch.setattr(per_example, "_one_client_taps", lambda *a: None)
+    old = clipped_grad_sum(net, params, batch, mask, 0.3, return_loss=True)
+    assert all(torch.equal(new[0][k], old[0][k]) for k in params) and torch.equal(new[1], old[1])
+    assert torch.equal(new[2], old[2])
+    monkeypatch.setattr(per_example, "_one_client_taps", taps)
+    net = net.double()
+    _assert_all_agree(net, _stack([net]), x, y, mask, (0.3,))
 
 
 def test_ghost_chunked_paths(monkeypatch):
