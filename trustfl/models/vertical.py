@@ -20,6 +20,7 @@ from torch import nn
 
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
+from trustfl.models.pooling import max_pool2d
 from trustfl.models.zoo import check_input_shape, check_outputs
 
 PARTY_MODELS = ("mlp", "cnn")
@@ -55,7 +56,7 @@ class StripCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = torch.relu(self.conv(x.reshape(x.shape[0], 1, self.rows, self.width)))
-        z = nn.functional.max_pool2d(z, 2) if self.pool else z
+        z = max_pool2d(z, 2) if self.pool else z
         return torch.relu(self.fc(z.flatten(1)))
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from trustfl.core.memory import refuse_beyond_free
 from trustfl.core.registry import lookup, register, register_adapter
 from trustfl.errors import ConfigError
+from trustfl.models.pooling import max_pool2d
 
 
 def check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
@@ -92,8 +93,8 @@ class CafCorCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _as_image(x, self.channels, self.side)
-        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = max_pool2d(torch.relu(self.conv2(x)), 2)
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
@@ -114,8 +115,8 @@ class RobustHDPCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _as_image(x, self.channels, self.side)
-        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = max_pool2d(torch.relu(self.conv2(x)), 2)
         return self.fc(x.flatten(1))
 
 
