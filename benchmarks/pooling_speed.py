@@ -2,8 +2,9 @@
 (the channels-last kernel, the same bits), per pool of the zoo's CNNs and per whole step of those models.
 
 Rows: each pool of ``cnn_cafcor`` (batch 64) and ``cnn_rhdp`` (batch 32), forward and backward; a training step of each
-model (forward, cross-entropy, backward); an evaluation forward (no gradients); and trustfl's ghost DP-SGD step of one
-client (``clipped_grad_sum`` and ``noisy_clipped_mean``, σ = 1, C = 1). The NCHW rows put ``F.max_pool2d`` back in the
+model (forward, cross-entropy, backward); a cohort's training step (``batched_mean_grad``: 10 clients' forward under
+``vmap``, as the engine runs a cohort); an evaluation forward (no gradients); and trustfl's ghost DP-SGD step of one
+client (``clipped_grad_sum`` and ``noisy_clipped_mean``, σ = 1, C = 1). The *torch* rows put PyTorch's pooling back in the
 models for the time of the call. Milliseconds per call, best of ``--repeats`` interleaved runs; every pair is also
 checked for equal bits.
 
@@ -32,23 +33,26 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from trustfl.client.per_example import clipped_grad_sum, noisy_clipped_mean
+    from trustfl.client.per_example import batched_mean_grad, clipped_grad_sum, noisy_clipped_mean
     from trustfl.core.rng import make_generator
     from trustfl.engine.allocator import tune_allocator
     from trustfl.models import build_model, pooling
+    from trustfl.objectives.builtin import CrossEntropy
 
     tune_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
-    fast = pooling._fast
+    fast, wrapped = pooling._fast, pooling._wrapped
+    objective = CrossEntropy()
 
     def variant(use_trustfl: bool, fn):
         def call():
-            pooling._fast = fast if use_trustfl else (lambda _x: False)
+            if not use_trustfl:  # every tensor, plain or under vmap, takes PyTorch's pooling
+                pooling._fast = pooling._wrapped = lambda _x: False
             try:
                 return fn()
             finally:
-                pooling._fast = fast
+                pooling._fast, pooling._wrapped = fast, wrapped
         return call
 
     def best_ms(pair: dict, seconds: float = 0.3) -> dict[str, float]:
@@ -67,9 +71,13 @@ def main() -> None:
                 best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e3)
         return best
 
+    def tensors(r) -> list:
+        if isinstance(r, torch.Tensor):
+            return [r]
+        return [t for v in (r.values() if isinstance(r, dict) else r) for t in tensors(v)]
+
     def same_bits(a, b) -> bool:
-        flat = lambda r: [r] if isinstance(r, torch.Tensor) else list(r.values()) if isinstance(r, dict) else list(r)
-        return all(torch.equal(x, y) for x, y in zip(flat(a), flat(b)))
+        return all(torch.equal(x, y) for x, y in zip(tensors(a), tensors(b)))
 
     rows = []
     gen = torch.Generator().manual_seed(0)
@@ -102,12 +110,19 @@ def main() -> None:
         def dp_step():
             sums, _ = clipped_grad_sum(net, params, {"x": x.unsqueeze(0), "y": y.unsqueeze(0)}, mask, 1.0)
             return noisy_clipped_mean(sums, 1.0, 1.0, float(batch), [make_generator(0, "bench", 0)])
+        nets = [build_model(name, (1, 28, 28), 10, seed=s) for s in range(10)]
+        stacked = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]) for k in params}
+        cohort_batch = {"x": x.unsqueeze(0).expand(10, *x.shape).contiguous(), "y": y.expand(10, batch)}
+
+        def cohort_step():
+            return batched_mean_grad(net, objective, stacked, cohort_batch, torch.ones(10, batch), full=True)
         for label, fn in ((f"{name} training step, batch {batch}", train_step),
+                          (f"{name} cohort training step (vmap), 10 clients × {batch}", cohort_step),
                           (f"{name} evaluation forward, batch {batch}", evaluate),
                           (f"{name} ghost DP-SGD step, one client × {batch}", dp_step)):
             pair = {"torch": variant(False, fn), "trustfl": variant(True, fn)}
             rows.append((label, best_ms(pair), same_bits(pair["torch"](), pair["trustfl"]())))
-        for label, times, equal in rows[-5:]:
+        for label, times, equal in rows[-6:]:
             print(f"  {label}: {times['torch']:.3f} → {times['trustfl']:.3f} ms, same bits {equal}", file=sys.stderr)
 
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/pooling_speed.py'] + sys.argv[1:])}`", "",

@@ -53,14 +53,57 @@ def test_nan_windows_propagate_as_in_max_pool2d():
     assert torch.equal(dx, ref_dx) and int(y.isnan().sum()) == 2
 
 
-def test_other_inputs_and_transforms_take_max_pool2d_itself():
+def test_other_inputs_take_pytorchs_pooling():
     x = _input((4, 3, 8, 8), torch.float32)
     assert not pooling._fast(x.transpose(2, 3))  # not NCHW-contiguous
     assert not pooling._fast(x[:, :1])  # one channel: the layouts coincide
     assert not pooling._fast(x.to(torch.bfloat16))
-    per_example = vmap(grad(lambda xi: max_pool2d(xi.unsqueeze(0), 2).square().sum()))(x)  # torch.func: plain op
-    ref = vmap(grad(lambda xi: F.max_pool2d(xi.unsqueeze(0), 2).square().sum()))(x)
-    assert torch.equal(per_example, ref)
+    for y in (x.transpose(2, 3), x[:, :1], x.to(torch.bfloat16)):
+        assert torch.equal(max_pool2d(y, 2), F.max_pool2d(y, 2))
+
+
+def _spy(monkeypatch) -> list[tuple[int, ...]]:
+    """The shapes the channels-last kernel pools (under vmap: the physical, folded tensor)."""
+    seen: list[tuple[int, ...]] = []
+    forward = pooling._ChannelsLastMaxPool.forward
+    monkeypatch.setattr(pooling._ChannelsLastMaxPool, "forward",
+                        staticmethod(lambda x, k: seen.append(tuple(x.shape)) or forward(x, k)))
+    return seen
+
+
+def test_under_vmap_the_clients_fold_into_the_channels(monkeypatch):
+    """A cohort's forward under vmap (autograd outside, as batched_mean_grad runs it) and per-example gradients
+    (vmap of torch.func.grad): PyTorch's bits, the clients' planes pooled as channels of one tensor."""
+    x = _input((3, 4, 5, 8, 8), torch.float32)  # (clients, N, C, H, W)
+    seen = _spy(monkeypatch)
+    g = torch.randn(3, 4, 5, 4, 4, generator=torch.Generator().manual_seed(3))
+    out = {}
+    for name, pool in (("ours", max_pool2d), ("torch", F.max_pool2d)):
+        leaf = x.clone().requires_grad_(True)
+        y = vmap(lambda xi: pool(xi, 2))(leaf)
+        out[name] = (y, *torch.autograd.grad(y, leaf, g),
+                     vmap(grad(lambda xi: pool(xi.unsqueeze(0), 2).square().sum()))(x[0]))
+    assert all(torch.equal(a, b) for a, b in zip(out["ours"], out["torch"]))
+    assert seen[0] == (4, 15, 8, 8) and (1, 20, 8, 8) in seen  # clients × channels; examples × channels
+
+
+@pytest.mark.parametrize("name", ["cnn_cafcor", "cnn_rhdp"])
+def test_cohort_gradients_keep_their_bits(name, monkeypatch):
+    from trustfl.client.per_example import batched_mean_grad
+    from trustfl.objectives.builtin import CrossEntropy
+    nets = [build_model(name, (1, 28, 28), 10, seed=s) for s in range(3)]
+    stacked = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets]) for k, _ in
+               nets[0].named_parameters()}
+    batch = {"x": _input((3, 8, 1, 28, 28), torch.float32), "y": torch.randint(0, 10, (3, 8))}
+    mask = torch.ones(3, 8)
+    mask[1, 5:] = 0
+    seen = _spy(monkeypatch)
+    ours = batched_mean_grad(nets[0], CrossEntropy(), stacked, batch, mask)
+    assert seen  # the vmap rule ran
+    monkeypatch.setattr(pooling, "_fast", lambda _x: False)
+    monkeypatch.setattr(pooling, "_wrapped", lambda _x: False)
+    ref = batched_mean_grad(nets[0], CrossEntropy(), stacked, batch, mask)
+    assert all(torch.equal(ours[0][k], ref[0][k]) for k in ref[0]) and torch.equal(ours[1], ref[1])
 
 
 @pytest.mark.parametrize("name", ["cnn_cafcor", "cnn_rhdp"])
