@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from trustfl.client import ghost, per_example
 from trustfl.client.per_example import clip_factors, clipped_grad_sum, per_example_grads, supports_ghost
@@ -124,15 +125,26 @@ class _InPlaceLater(nn.Module):
         return self.c(self.b(torch.tanh(self.a(x))).relu_())
 
 
+class _ReLUModule(nn.Module):
+    """The first layer's output goes into a module (torch's module trackers hook its input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.act, self.b = nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.act(self.a(x)))
+
+
 ONE_CLIENT = [(lambda: build_model("cnn_cafcor", (1, 28, 28), 10, seed=0), (1, 28, 28), 10, False),
               (lambda: build_model("cnn_rhdp", (1, 28, 28), 10, seed=0), (1, 28, 28), 10, False),
               (_OddConv, (2, 11, 10), 5, False), (_SeqLinear, (144,), 4, False),
-              (_InPlaceFirst, (36,), 4, True), (_InPlaceLater, (8,), 3, True)]
+              (_ReLUModule, (8,), 3, False), (_InPlaceFirst, (36,), 4, True), (_InPlaceLater, (8,), 3, True)]
 
 
 @pytest.mark.parametrize("factory,shape,classes,in_place", ONE_CLIENT,
-                         ids=["cnn_cafcor", "cnn_rhdp", "conv_geometry", "linear_seq", "inplace_first",
-                              "inplace_later"])
+                         ids=["cnn_cafcor", "cnn_rhdp", "conv_geometry", "linear_seq", "relu_module",
+                              "inplace_first", "inplace_later"])
 def test_one_client_pass_differentiates_the_outputs_and_keeps_the_probed_bits(factory, shape, classes, in_place,
                                                                               monkeypatch):
     """One client differentiates each layer's output itself instead of zero probes added to it: the probed pass's
@@ -150,6 +162,9 @@ def test_one_client_pass_differentiates_the_outputs_and_keeps_the_probed_bits(fa
     params = _stack([net])
     new = clipped_grad_sum(net, params, batch, mask, 0.3, return_loss=True)
     assert (tapped[-1] is None) == in_place  # the probed pass ran exactly where an output changed in place
+    with FlopCounterMode(display=False):  # module trackers' backward hooks (no second pass under them)
+        assert clipped_grad_sum(net, params, batch, mask, 0.3)[1].shape == (1, 6)
+    assert (tapped[-1] is None) == in_place
     monkeypatch.setattr(per_example, "_one_client_taps", lambda *a: None)
     old = clipped_grad_sum(net, params, batch, mask, 0.3, return_loss=True)
     assert all(torch.equal(new[0][k], old[0][k]) for k in params) and torch.equal(new[1], old[1])

@@ -264,10 +264,10 @@ def _one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: 
                      batch: Batch, keep: torch.Tensor, objective: AbstractObjective
                      ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None:
     """What :func:`_activations_and_backprops` returns for one client, without zero probes: autograd differentiates
-    each layer's output itself (the first one, outside any graph, made a leaf), so no probe is filled and added to
-    every output. The same bits as the probed pass (``tests/client/test_ghost.py``). ``None`` when the model changes a
-    tapped output in place (an ``inplace=True`` ReLU, say): that gradient would be the changed tensor's, and the
-    probed pass runs instead."""
+    each layer's output itself (the first one, outside any graph, made a view of a leaf), so no probe is filled and
+    added to every output. The same bits as the probed pass (``tests/client/test_ghost.py``). ``None`` when the model
+    changes a tapped output in place (an ``inplace=True`` ReLU, say): that gradient would be the changed tensor's, and
+    the probed pass runs instead."""
     x = batch[objective.input_key][0]
     acts: list[torch.Tensor] = [x] * len(layers)
     taps: list[tuple[torch.Tensor, int] | None] = [None] * len(layers)
@@ -275,8 +275,8 @@ def _one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: 
     def hook(i: int) -> Callable[..., torch.Tensor]:
         def tap(_mod: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
             acts[i] = inputs[0]
-            if not out.requires_grad:
-                out = out.detach().requires_grad_(True)
+            if not out.requires_grad:  # a view of a new leaf: autograd.grad w.r.t. a leaf itself trips torch's module
+                out = out.detach().requires_grad_(True).view_as(out)  # trackers (FlopCounterMode, say)
             taps[i] = (out, out._version)
             return out
         return tap
@@ -289,7 +289,7 @@ def _one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: 
             if any(t is None or t[0]._version != t[1] for t in taps):
                 return None
             backprops = torch.autograd.grad((losses * keep.reshape(-1)).sum(), [t[0] for t in taps])  # type: ignore
-    except RuntimeError:  # an in-place change of a tapped leaf; a genuine error recurs in the probed pass
+    except RuntimeError:  # an in-place change of the tapped leaf's view; a genuine error recurs in the probed pass
         return None
     finally:
         for h in handles:
