@@ -4,8 +4,8 @@
 Rows: each pool of ``cnn_cafcor`` (batch 64) and ``cnn_rhdp`` (batch 32), forward and backward; a training step of each
 model (forward, cross-entropy, backward); a cohort's training step (``batched_mean_grad``: 10 clients' forward under
 ``vmap``, as the engine runs a cohort); an evaluation forward (no gradients); and trustfl's ghost DP-SGD step of one
-client (``clipped_grad_sum`` and ``noisy_clipped_mean``, σ = 1, C = 1). The *torch* rows put PyTorch's pooling back in the
-models for the time of the call. Milliseconds per call, best of ``--repeats`` interleaved runs; every pair is also
+client (``clipped_grad_sum`` and ``noisy_clipped_mean``, σ = 1, C = 1). The *torch* rows put PyTorch's pooling back
+in the models for the time of the call. Milliseconds per call, best of ``--repeats`` interleaved runs; every pair is also
 checked for equal bits.
 
 Run: ``.venv/bin/python benchmarks/pooling_speed.py [--threads 0] [--out benchmarks/<cpu>/pooling_speed.md]``
@@ -89,7 +89,8 @@ def main() -> None:
         with torch.no_grad():
             first = torch.relu(net.conv1(x))
             second = torch.relu(net.conv2(F.max_pool2d(first, 2)))
-        for label, a in ((f"{name} pool 1 {tuple(first.shape)}", first), (f"{name} pool 2 {tuple(second.shape)}", second)):
+        for label, a in ((f"{name} pool 1 {tuple(first.shape)}", first),
+                         (f"{name} pool 2 {tuple(second.shape)}", second)):
             leaf = a.clone().requires_grad_(True)
             g = torch.randn(a.shape[0], a.shape[1], a.shape[2] // 2, a.shape[3] // 2, generator=gen)
             pair = {"torch": lambda: torch.autograd.grad(F.max_pool2d(leaf, 2), leaf, g)[0],

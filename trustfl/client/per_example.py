@@ -284,7 +284,8 @@ def _one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: 
     handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
     try:
         with torch.enable_grad():
-            outputs = objective.forward(model, {k: v[0] for k, v in params.items()}, {k: v[0] for k, v in batch.items()})
+            one = {k: v[0] for k, v in batch.items()}
+            outputs = objective.forward(model, {k: v[0] for k, v in params.items()}, one)
             losses = objective.losses(outputs, flat_batch(batch, 2))
             if any(t is None or t[0]._version != t[1] for t in taps):
                 return None
