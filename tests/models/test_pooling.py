@@ -51,6 +51,8 @@ def test_nan_windows_propagate_as_in_max_pool2d():
     (ref_dx,) = torch.autograd.grad(ref, ref_leaf, torch.ones_like(ref))
     torch.testing.assert_close(y, ref, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(dx, ref_dx) and int(y.isnan().sum()) == 2
+    with torch.no_grad():  # the values-only kernel as well
+        torch.testing.assert_close(max_pool2d(x, 2), F.max_pool2d(x, 2), rtol=0, atol=0, equal_nan=True)
 
 
 def test_other_inputs_take_pytorchs_pooling():
