@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import trustfl.client.ghost_pass as ghost_pass
 import trustfl.client.per_example as pe
 from trustfl.client.per_example import clipped_grad_sum
 from trustfl.models import build_model
@@ -106,7 +107,7 @@ def test_default_is_off_and_one_client_unchanged(monkeypatch):
 
     def boom(*args, **kwargs):
         raise AssertionError("cohort forward used by default")
-    monkeypatch.setattr(pe, "_cohort_forward", boom)
+    monkeypatch.setattr(ghost_pass, "_cohort_forward", boom)
     clipped_grad_sum(nets[0], stacked, batch, mask, 1.0)
     one = ({k: v[:1] for k, v in stacked.items()}, {k: v[:1] for k, v in batch.items()}, mask[:1])
     a = clipped_grad_sum(nets[0], *one, 1.0)

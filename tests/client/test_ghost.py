@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from trustfl.client import ghost, per_example
+from trustfl.client import ghost, ghost_pass
 from trustfl.client.per_example import clip_factors, clipped_grad_sum, per_example_grads, supports_ghost
 from trustfl.errors import ConfigError
 from trustfl.models import build_model
@@ -156,8 +156,8 @@ def test_one_client_pass_differentiates_the_outputs_and_keeps_the_probed_bits(fa
     x[:, :, ..., :2] = 0.0  # equal pixels: ties in the max-pools
     mask = torch.tensor([[1.0, 1, 0, 1, 1, 1]])
     tapped = []
-    taps = per_example._one_client_taps
-    monkeypatch.setattr(per_example, "_one_client_taps", lambda *a: tapped.append(taps(*a)) or tapped[-1])
+    taps = ghost_pass.one_client_taps
+    monkeypatch.setattr(ghost_pass, "one_client_taps", lambda *a: tapped.append(taps(*a)) or tapped[-1])
     batch = {"x": x.float(), "y": y}
     params = _stack([net])
     new = clipped_grad_sum(net, params, batch, mask, 0.3, return_loss=True)
@@ -165,11 +165,11 @@ def test_one_client_pass_differentiates_the_outputs_and_keeps_the_probed_bits(fa
     with FlopCounterMode(display=False):  # module trackers' backward hooks (no second pass under them)
         assert clipped_grad_sum(net, params, batch, mask, 0.3)[1].shape == (1, 6)
     assert (tapped[-1] is None) == in_place
-    monkeypatch.setattr(per_example, "_one_client_taps", lambda *a: None)
+    monkeypatch.setattr(ghost_pass, "one_client_taps", lambda *a: None)
     old = clipped_grad_sum(net, params, batch, mask, 0.3, return_loss=True)
     assert all(torch.equal(new[0][k], old[0][k]) for k in params) and torch.equal(new[1], old[1])
     assert torch.equal(new[2], old[2])
-    monkeypatch.setattr(per_example, "_one_client_taps", taps)
+    monkeypatch.setattr(ghost_pass, "one_client_taps", taps)
     net = net.double()
     _assert_all_agree(net, _stack([net]), x, y, mask, (0.3,))
 

@@ -14,7 +14,7 @@ dimension ``m``) go through ``functional_call`` under ``vmap`` over clients, so 
 ``method="ghost"`` never materialises per-example gradients of fully connected layers: one forward pass records each
 ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` input (any stride, dilation, groups; zero or symmetric "same" padding) and
 each ``nn.LayerNorm``/``nn.GroupNorm``/``nn.Embedding`` input (:mod:`trustfl.client.ghost_direct`), one backward
-pass gives the output gradients (w.r.t. zero "probes" added to the layer outputs, no weight gradients), and
+pass gives the output gradients (no weight gradients; :mod:`trustfl.client.ghost_pass`), and
 :mod:`trustfl.client.ghost` turns them into per-example norms and the clipped sum. ``method="vmap"`` materialises
 per-example gradients, in chunks of examples.
 
@@ -32,7 +32,7 @@ from torch import nn
 from torch.func import grad, vmap
 
 from trustfl.client import ghost
-from trustfl.client.cohort_forward import _cohort_forward
+from trustfl.client.ghost_pass import activations_and_backprops
 from trustfl.client.ghost_plan import Plan, ghost_plan
 from trustfl.client.linear_stack import FusedSGD, applies, linear_stack
 from trustfl.client.linear_stack import ghost_inputs as stack_ghost_inputs
@@ -122,8 +122,8 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         per-example gradient elements are held at once).
       cohort_layers: ``"ghost"`` only, opt-in (``None``: :data:`COHORT_LAYERS`, off): for ``m > 1`` clients, run the
         forward without ``vmap`` as one ``m·B`` batch whose ``nn.Linear``/``nn.Conv2d`` layers compute with their
-        client's weights (:func:`_cohort_forward`; about 10% faster for a 10-client ``cnn_cafcor`` cohort on one
-        CPU thread, neutral for MLPs). Same results as the default path to float rounding (1e-12 relative at
+        client's weights (:mod:`trustfl.client.cohort_forward`; about 10% faster for a 10-client ``cnn_cafcor``
+        cohort on one CPU thread, neutral for MLPs). Same results as the default path to float rounding (1e-12 relative at
         float64); bitwise equal in float32 on the shipped configs on CPU, but not guaranteed (other convolution
         kernels), hence off by default. Needs an objective whose ``forward`` is the plain ``functional_call``.
       return_loss: also return each client's mean loss over its real examples ``(m,)``, what
@@ -186,7 +186,7 @@ def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batc
     if applies(stack, objective, params, batch):  # an MLP: the hooked pass's bits in closed form
         acts, backprops, per_example = stack_ghost_inputs(stack, objective, params, batch, keep)  # type: ignore
     else:
-        acts, backprops, per_example = _activations_and_backprops(model, plan, params, batch, keep, objective,
+        acts, backprops, per_example = activations_and_backprops(model, plan, params, batch, keep, objective,
                                                                   cohort_layers)
     sq = torch.zeros(m * b, dtype=acts[0].dtype, device=acts[0].device)
     terms = []
@@ -201,101 +201,6 @@ def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batc
     for (layer, _), layer_terms in zip(plan, terms):
         sums.update(ghost.weighted_grads(layer, layer_terms, coef))
     return {k: sums[k] for k in params}, norms, masked_mean(per_example.view(m, b), keep)
-
-
-def _activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
-                               objective: AbstractObjective, cohort_layers: bool = False
-                               ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``, and the
-    per-example losses ``ℓ`` ``(m·B,)``.
-
-    Forward hooks record each layer's input and add a zero probe to its output; the gradient w.r.t. the probes is
-    the output gradient. Parameters are detached, so the backward pass computes no weight gradients.
-    """
-    m, b = keep.shape
-    x = batch[objective.input_key]
-    layers = [layer for layer, _ in plan]
-    state: dict[str, list[torch.Tensor] | None] = {"probes": None, "acts": None}
-
-    def hook(i: int) -> Callable[..., torch.Tensor]:
-        def tap(_mod: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
-            state["acts"][i] = inputs[0]  # type: ignore[index]
-            probe = state["probes"][i]  # type: ignore[index]
-            return out if probe is None else out + probe  # None: the cohort forward taps the output itself
-        return tap
-
-    def client_forward(p: Params, probes: list[torch.Tensor], bi: Batch):
-        state["probes"], state["acts"] = probes, [bi[objective.input_key]] * len(layers)
-        outputs = objective.forward(model, p, bi)
-        acts, state["probes"], state["acts"] = tuple(state["acts"]), None, None
-        return outputs, acts
-
-    modules = dict(model.named_modules())
-    if m == 1:
-        tapped = _one_client_taps(model, layers, modules, params, batch, keep, objective)
-        if tapped is not None:
-            return tapped
-    cohort = m > 1 and cohort_layers and all(layer.kind in ("linear", "conv2d") for layer in layers)
-    dtype = x.dtype if x.is_floating_point() else next(iter(params.values())).dtype  # token ids: the model's dtype
-    probes = [] if cohort else [torch.zeros((m, b, *s), dtype=dtype, device=x.device, requires_grad=True)
-                                for _, s in plan]
-    handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
-    try:
-        with torch.enable_grad():
-            if cohort:  # probes: the tensors whose gradients are the output gradients
-                outputs, acts, probes = _cohort_forward(model, layers, params, batch, client_forward, m, b)
-            elif m == 1:  # no vmap needed for one client: plain autograd is cheaper
-                outputs, acts = client_forward({k: v[0] for k, v in params.items()}, [p[0] for p in probes],
-                                               {k: v[0] for k, v in batch.items()})
-                outputs, acts = outputs.unsqueeze(0), tuple(a.unsqueeze(0) for a in acts)
-            else:
-                outputs, acts = vmap(client_forward)(params, probes, batch)
-            losses = objective.losses(outputs.flatten(0, 1), flat_batch(batch, 2))
-            backprops = torch.autograd.grad((losses * keep.reshape(-1)).sum(), probes)
-            backprops = [g.reshape(m, b, *s) for g, (_, s) in zip(backprops, plan)]
-    finally:
-        for h in handles:
-            h.remove()
-    flat = lambda t: t.reshape(m * b, *t.shape[2:])  # noqa: E731
-    return [flat(a.detach()) for a in acts], [flat(g) for g in backprops], losses.detach()
-
-
-def _one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: dict[str, nn.Module], params: Params,
-                     batch: Batch, keep: torch.Tensor, objective: AbstractObjective
-                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None:
-    """What :func:`_activations_and_backprops` returns for one client, without zero probes: autograd differentiates
-    each layer's output itself (the first one, outside any graph, made a view of a leaf), so no probe is filled and
-    added to every output. The same bits as the probed pass (``tests/client/test_ghost.py``). ``None`` when the model
-    changes a tapped output in place (an ``inplace=True`` ReLU, say): that gradient would be the changed tensor's, and
-    the probed pass runs instead."""
-    x = batch[objective.input_key][0]
-    acts: list[torch.Tensor] = [x] * len(layers)
-    taps: list[tuple[torch.Tensor, int] | None] = [None] * len(layers)
-
-    def hook(i: int) -> Callable[..., torch.Tensor]:
-        def tap(_mod: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
-            acts[i] = inputs[0]
-            if not out.requires_grad:  # a view of a new leaf: autograd.grad w.r.t. a leaf itself trips torch's module
-                out = out.detach().requires_grad_(True).view_as(out)  # trackers (FlopCounterMode, say)
-            taps[i] = (out, out._version)
-            return out
-        return tap
-
-    handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
-    try:
-        with torch.enable_grad():
-            one = {k: v[0] for k, v in batch.items()}
-            outputs = objective.forward(model, {k: v[0] for k, v in params.items()}, one)
-            losses = objective.losses(outputs, flat_batch(batch, 2))
-            if any(t is None or t[0]._version != t[1] for t in taps):
-                return None
-            backprops = torch.autograd.grad((losses * keep.reshape(-1)).sum(), [t[0] for t in taps])  # type: ignore
-    except RuntimeError:  # an in-place change of the tapped leaf's view; a genuine error recurs in the probed pass
-        return None
-    finally:
-        for h in handles:
-            h.remove()
-    return [a.detach() for a in acts], list(backprops), losses.detach()
 
 
 def _vmap_clipped_sum(model: nn.Module, params: Params, batch: Batch, keep: torch.Tensor, max_norm: float,
