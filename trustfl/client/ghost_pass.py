@@ -29,8 +29,9 @@ def activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batc
     """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``, and the
     per-example losses ``ℓ`` ``(m·B,)``.
 
-    Forward hooks record each layer's input and add a zero probe to its output; the gradient w.r.t. the probes is
-    the output gradient. Parameters are detached, so the backward pass computes no weight gradients.
+    One client: :func:`one_client_taps` where it applies. Otherwise forward hooks record each layer's input and add a
+    zero probe to its output; the gradient w.r.t. the probes is the output gradient. Parameters are detached, so the
+    backward pass computes no weight gradients.
     """
     m, b = keep.shape
     x = batch[objective.input_key]
