@@ -89,8 +89,7 @@ def one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: d
     added to every output. The same bits as the probed pass (``tests/client/test_ghost.py``). ``None`` when the model
     changes a tapped output in place (an ``inplace=True`` ReLU, say): that gradient would be the changed tensor's, and
     the probed pass runs instead."""
-    x = batch[objective.input_key][0]
-    acts: list[torch.Tensor] = [x] * len(layers)
+    acts: list[torch.Tensor | None] = [None] * len(layers)  # every entry set by its hook, or the pass returns None
     taps: list[tuple[torch.Tensor, int] | None] = [None] * len(layers)
 
     def hook(i: int) -> Callable[..., torch.Tensor]:
@@ -105,9 +104,9 @@ def one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: d
     handles = [modules[layer.name].register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
     try:
         with torch.enable_grad():
-            one = {k: v[0] for k, v in batch.items()}
+            one = {k: v[0] for k, v in batch.items()}  # the client's (B, ...) batch
             outputs = objective.forward(model, {k: v[0] for k, v in params.items()}, one)
-            losses = objective.losses(outputs, flat_batch(batch, 2))
+            losses = objective.losses(outputs, one)
             if any(t is None or t[0]._version != t[1] for t in taps):
                 return None
             backprops = torch.autograd.grad((losses * keep.reshape(-1)).sum(), [t[0] for t in taps])  # type: ignore
@@ -116,4 +115,4 @@ def one_client_taps(model: nn.Module, layers: list[ghost.GhostLayer], modules: d
     finally:
         for h in handles:
             h.remove()
-    return [a.detach() for a in acts], list(backprops), losses.detach()
+    return [a.detach() for a in acts], list(backprops), losses.detach()  # type: ignore[union-attr]

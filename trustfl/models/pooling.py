@@ -19,9 +19,13 @@ import torch.nn.functional as F
 _FAST_DTYPES = (torch.float32, torch.float64)
 
 
+def _on_cpu_4d(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dim() == 4 and x.dtype in _FAST_DTYPES
+
+
 def _fast(x: torch.Tensor) -> bool:
     """Whether ``x`` (a plain tensor, or the physical tensor under ``vmap``) pools on the channels-last kernel."""
-    return x.device.type == "cpu" and x.dim() == 4 and x.dtype in _FAST_DTYPES and x.shape[1] > 1 and x.is_contiguous()
+    return _on_cpu_4d(x) and x.shape[1] > 1 and x.is_contiguous()
 
 
 def _wrapped(x: torch.Tensor) -> bool:
@@ -35,8 +39,6 @@ class _ChannelsLastMaxPool(torch.autograd.Function):
     """``F.max_pool2d(x, k)`` (stride ``k``, no padding) for an NCHW-contiguous CPU ``x``, forward on the channels-last
     kernel; returns the values and (not differentiable) the indices, both NCHW. Under ``vmap`` the clients fold into
     the channels (:meth:`vmap`)."""
-
-    generate_vmap_rule = False
 
     @staticmethod
     def forward(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
@@ -83,7 +85,7 @@ def max_pool2d(x: torch.Tensor, kernel_size: int) -> torch.Tensor:
       >>> torch.equal(max_pool2d(x, 2), F.max_pool2d(x, 2))
       True
     """
-    if not (x.device.type == "cpu" and x.dim() == 4 and x.dtype in _FAST_DTYPES):
+    if not _on_cpu_4d(x):
         return F.max_pool2d(x, kernel_size)
     if not (torch.is_grad_enabled() and x.requires_grad) and not _wrapped(x) and _fast(x):  # no graph: the values
         return torch.max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel_size).contiguous()
