@@ -316,19 +316,25 @@ class LayerTerms:
       g: ``G (N, T, P)``.
       bias: per-example bias gradients ``(N, P)`` (``None`` if the bias is not trained).
       per_example: materialised per-example weight gradients ``(N, P, D)``, or ``None``.
+      channels_last: the weight terms' ``D`` columns are in ``(k_h, k_w, C)`` order (patches made by
+        :mod:`trustfl.client.patch_conv`), not the weight's ``(C, k_h, k_w)``.
     """
 
     a: torch.Tensor | None
     g: torch.Tensor
     bias: torch.Tensor | None
     per_example: torch.Tensor | None
+    channels_last: bool = False
 
 
-def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, LayerTerms]:
+def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor,
+                  columns: torch.Tensor | None = None) -> tuple[torch.Tensor, LayerTerms]:
     """Per-example squared gradient norm of one layer, summed over its trained parameters.
 
     Args:
       layer, a, g: as in :func:`layer_matrices`, with ``N`` examples.
+      columns: a ``Conv2d``'s (``groups = 1``) patches ``A (N, T, k_h·k_w·C)`` already made by its forward
+        (:func:`trustfl.client.patch_conv.patches`), used instead of unfolding ``a`` again.
 
     Returns:
       ``(sq, terms)``: ``sq[b] = ‖∇W_b‖² + ‖∇bias_b‖²`` of shape ``(N,)``, and the terms reused by
@@ -337,6 +343,10 @@ def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[
     """
     if layer.kind in ghost_direct.DIRECT_KINDS:
         return _direct_norms(layer, a, g)
+    if columns is not None:
+        return _patch_norms(layer, columns, g)
+    if layer.kind != "linear":  # one layout whatever the gradient's (a sum over a strided view rounds otherwise)
+        g = g.contiguous()
     grouped = _by_grouped_convolution(layer, g)  # then the unfolded A is not needed
     mat_a, mat_g = (None, g.flatten(2).transpose(1, 2)) if grouped else layer_matrices(layer, a, g)
     bias = mat_g.sum(1) if layer.bias is not None else None
@@ -354,6 +364,18 @@ def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[
     return sq + weight_sq.view(n, groups).sum(1), LayerTerms(terms.a, terms.g, bias, terms.per_example)
 
 
+def _patch_norms(layer: GhostLayer, columns: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, LayerTerms]:
+    """:func:`squared_norms` of a ``Conv2d`` from its patches ``A (N, T, k_h·k_w·C)``; ``G (N, T, P)`` is ``g`` laid out
+    channels-last (a view of the channels-last gradient a patched forward gets; one layout whatever ``g``'s, so the
+    same bits)."""
+    n, p = g.shape[:2]
+    mat_g = g.permute(0, 2, 3, 1).contiguous().view(n, -1, p)
+    bias = mat_g.sum(1) if layer.bias is not None else None
+    sq = _sq(bias) if bias is not None else g.new_zeros(n)
+    sq, terms = _weight_norms(columns, mat_g, sq, bias)
+    return sq, LayerTerms(terms.a, terms.g, terms.bias, terms.per_example, channels_last=True)
+
+
 GROUPED_MIN_KERNEL = 64
 """Fewest weights per output channel (``C_in/g · k_h · k_w``) for which the CPU computes a convolution's per-example
 weight gradients by one grouped convolution backward (:func:`_by_grouped_convolution`)."""
@@ -366,13 +388,17 @@ def _by_grouped_convolution(layer: GhostLayer, g: torch.Tensor) -> bool:
     :data:`GROUPED_MIN_KERNEL` weights. ``benchmarks/conv_grads.md`` (one thread): 1.4–2.5× faster from 72 weights
     per channel (cnn_cafcor's and cnn_rhdp's second convolutions, 3×3 convolutions of 8–64 channels), 0.5–1.0× below
     (one-channel first convolutions, 3×3 over 3–4 channels). Not measured on CUDA, which keeps the products."""
-    if layer.kind == "linear" or layer.weight is None or g.device.type != "cpu":
+    return grouped_form(layer, g.shape[0], math.prod(g.shape[2:]), g.device)
+
+
+def grouped_form(layer: GhostLayer, n: int, t: int, device: torch.device) -> bool:
+    """:func:`_by_grouped_convolution` for ``n`` examples of ``t`` output positions on ``device``."""
+    if layer.kind == "linear" or layer.weight is None or device.type != "cpu":
         return False
     per_channel = math.prod(layer.weight_shape[1:])  # C_in/g · k_h · k_w
-    t = math.prod(g.shape[2:])  # output positions
     return (per_channel >= GROUPED_MIN_KERNEL and t > 1
             and not _use_gram(t, per_channel, layer.weight_shape[0] // layer.groups)
-            and g.shape[0] * per_channel * layer.weight_shape[0] <= MATERIALISE_BUDGET)
+            and n * per_channel * layer.weight_shape[0] <= MATERIALISE_BUDGET)
 
 
 def _conv_per_example_grads(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -461,6 +487,9 @@ def weighted_grads(layer: GhostLayer, terms: LayerTerms, coef: torch.Tensor) -> 
                 per_group = lambda x: x.reshape(m, b, groups, t, x.shape[-1]).transpose(1, 2).reshape(  # noqa: E731
                     m * groups, b * t, x.shape[-1])
                 w = per_group(scaled).transpose(1, 2) @ per_group(mat_a)  # (m·g, P/g, D/g)
+        if terms.channels_last:  # (m, P, k_h, k_w, C) → the weight's (m, P, C, k_h, k_w)
+            p_out, c_in, kh, kw = layer.weight_shape
+            w = w.reshape(m, p_out, kh, kw, c_in).permute(0, 1, 4, 2, 3)
         out[layer.weight] = w.reshape(m, *layer.weight_shape)
     if terms.bias is not None:
         p_all = terms.bias.shape[-1]

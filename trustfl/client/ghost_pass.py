@@ -17,6 +17,7 @@ from torch.func import vmap
 
 from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward
+from trustfl.client.patch_conv import by_patches
 from trustfl.client.ghost_plan import Plan
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
 
@@ -25,14 +26,33 @@ Params = dict[str, torch.Tensor]
 
 def activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
                                objective: AbstractObjective, cohort_layers: bool = False
-                               ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``, and the
-    per-example losses ``ℓ`` ``(m·B,)``.
+                               ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor,
+                                          list[torch.Tensor | None]]:
+    """Inputs ``a`` and output gradients ``∂(Σ_b keep_b ℓ_b)/∂z`` of each layer, each ``(m·B, ...)``, the
+    per-example losses ``ℓ`` ``(m·B,)``, and each layer's patches where its forward made them (else ``None``).
 
     One client: :func:`one_client_taps` where it applies. Otherwise forward hooks record each layer's input and add a
     zero probe to its output; the gradient w.r.t. the probes is the output gradient. Parameters are detached, so the
-    backward pass computes no weight gradients.
+    backward pass computes no weight gradients. One client on the CPU: its ``Conv2d`` layers compute by patches
+    (:mod:`trustfl.client.patch_conv`) in either pass, and hand their patches on.
     """
+    m = keep.shape[0]
+    if m != 1:
+        return (*_hooked_pass(model, plan, params, batch, keep, objective, cohort_layers), [None] * len(plan))
+    x = batch[objective.input_key]
+    modules = dict(model.named_modules())
+    with by_patches([layer for layer, _ in plan], modules, x.device) as columns:
+        tapped = one_client_taps(model, [layer for layer, _ in plan], modules, params, batch, keep, objective)
+        if tapped is None:
+            tapped = _hooked_pass(model, plan, params, batch, keep, objective, cohort_layers)
+    return (*tapped, columns)
+
+
+def _hooked_pass(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
+                 objective: AbstractObjective, cohort_layers: bool
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Forward hooks record each layer's input and add a zero probe to its output (one client: plain autograd; a
+    cohort: under ``vmap``, or the vmap-free cohort forward)."""
     m, b = keep.shape
     x = batch[objective.input_key]
     layers = [layer for layer, _ in plan]
@@ -42,7 +62,12 @@ def activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batc
         def tap(_mod: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
             state["acts"][i] = inputs[0]  # type: ignore[index]
             probe = state["probes"][i]  # type: ignore[index]
-            return out if probe is None else out + probe  # None: the cohort forward taps the output itself
+            if probe is None:  # the cohort forward taps the output itself
+                return out
+            if m == 1 and out.dim() == 4 and out.is_contiguous(memory_format=torch.channels_last) \
+                    and not out.is_contiguous():  # a patched convolution's output (no vmap for one client)
+                probe = probe.contiguous(memory_format=torch.channels_last)  # the sum keeps the output's layout
+            return out + probe
         return tap
 
     def client_forward(p: Params, probes: list[torch.Tensor], bi: Batch):
@@ -52,10 +77,6 @@ def activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batc
         return outputs, acts
 
     modules = dict(model.named_modules())
-    if m == 1:
-        tapped = one_client_taps(model, layers, modules, params, batch, keep, objective)
-        if tapped is not None:
-            return tapped
     cohort = m > 1 and cohort_layers and all(layer.kind in ("linear", "conv2d") for layer in layers)
     dtype = x.dtype if x.is_floating_point() else next(iter(params.values())).dtype  # token ids: the model's dtype
     probes = [] if cohort else [torch.zeros((m, b, *s), dtype=dtype, device=x.device, requires_grad=True)

@@ -185,16 +185,17 @@ def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batc
     stack = None if cohort_layers and m > 1 else linear_stack(model)
     if applies(stack, objective, params, batch):  # an MLP: the hooked pass's bits in closed form
         acts, backprops, per_example = stack_ghost_inputs(stack, objective, params, batch, keep)  # type: ignore
-    else:
-        acts, backprops, per_example = activations_and_backprops(model, plan, params, batch, keep, objective,
-                                                                  cohort_layers)
+        columns: list[torch.Tensor | None] = [None] * len(plan)
+    else:  # columns: the patches of the convolutions that computed by patches (one client on the CPU)
+        acts, backprops, per_example, columns = activations_and_backprops(model, plan, params, batch, keep,
+                                                                           objective, cohort_layers)
     sq = torch.zeros(m * b, dtype=acts[0].dtype, device=acts[0].device)
     terms = []
-    for (layer, _), a, g in zip(plan, acts, backprops):
-        layer_sq, layer_terms = ghost.squared_norms(layer, a, g)
+    for (layer, _), a, g, cols in zip(plan, acts, backprops, columns):
+        layer_sq, layer_terms = ghost.squared_norms(layer, a, g, cols)
         sq = sq + layer_sq
         terms.append(layer_terms)
-    del acts, backprops
+    del acts, backprops, columns
     norms = sq.clamp(min=0).sqrt().view(m, b) * keep
     coef = clip_factors(norms, max_norm) * keep
     sums: Params = {}
