@@ -15,16 +15,16 @@ products and convolutions (trustfl: one forward, one backward without weight gra
 the clipped sum; Opacus ghost: one forward and two full backward passes). Their ratio is the speed-up the two would
 show if both ran their products at the same FLOP/s; the record puts it beside the measured one.
 
-Bounds (MLP rows): ``lean`` (:func:`mlp_lean`), the whole step as straight-line code without checks or generality,
-and ``floor`` (:func:`mlp_floor`), the step's two large products and its noise alone, timed in the same interleaved
-runs. The floor bounds what any implementation could reach against Opacus on this machine; the lean step shows
-what the computation costs without a library around it.
+Bounds: ``lean`` (:func:`mlp_lean`, :func:`cnn_lean`), the whole step as straight-line code without checks or
+generality, and (MLP rows) ``floor`` (:func:`mlp_floor`), the step's two large products and its noise alone, timed in
+the same interleaved runs. The floor bounds what any implementation could reach against Opacus on this machine; the
+lean step shows what the computation costs without a library around it.
 
 Also checks, on the same parameters and batch:
   * trustfl-ghost's clipped noisy gradient equals the materialised reference (one-client vmap per-example
     gradients, clipped and summed in plain torch) with the same seeds, max |diff| <= 1e-5;
   * trustfl's noise-free clipped mean equals Opacus-ghost's (σ = 0);
-  * (MLP) the lean step's noise-free result equals trustfl's.
+  * the lean step's noise-free result equals trustfl's (unpadded clients).
 
 Opacus is a benchmark-only peer, never a runtime dependency; install it beside the project's torch with
   .venv/bin/pip install -c constraints.txt opacus==1.6.0
@@ -192,6 +192,8 @@ def main() -> None:
             if name == "mlp":
                 steps["lean"] = mlp_lean(stacked, x, y, gens, sigma, clip)
                 steps["floor"] = mlp_floor(stacked, x, gens)
+            else:
+                steps["lean"] = cnn_lean(stacked, x, y, gens, sigma, clip)
             for mode in ("hooks", "ghost"):
                 clients = [opacus_client(build_model(name, shape, 10, seed=100 + i, **kw).to(device), batch, mode,
                                          sigma) for i in range(m)]
@@ -244,12 +246,12 @@ def main() -> None:
         step(x[0], y[0])
         diff_opacus = max((clean[k][0] - p.grad).abs().max().item() for k, p in gsm._module.named_parameters())
         diff_lean = None
-        if name == "mlp":  # the lean step on the clients without padding, noise-free, against trustfl's
-            full = torch.ones(3, batch, device=device)
-            want = noisy_clipped_mean(clipped_grad_sum(nets[0], stacked, {"x": x, "y": y}, full, clip)[0], 0.0,
-                                      clip, float(batch), [None] * 3)  # type: ignore[list-item]
-            lean = mlp_lean(stacked, x, y, [None] * 3, 0.0, clip)()
-            diff_lean = max((lean[k] - want[k]).abs().max().item() for k in want)
+        # the lean step on the clients without padding, noise-free, against trustfl's
+        full = torch.ones(3, batch, device=device)
+        want = noisy_clipped_mean(clipped_grad_sum(nets[0], stacked, {"x": x, "y": y}, full, clip)[0], 0.0,
+                                  clip, float(batch), [None] * 3)  # type: ignore[list-item]
+        lean = (mlp_lean if name == "mlp" else cnn_lean)(stacked, x, y, [None] * 3, 0.0, clip)()
+        diff_lean = max((lean[k] - want[k]).abs().max().item() for k in want)
         checks.append((label, diff_ref, diff_opacus, diff_lean))
 
     unit = "samples/s" if args.clock == "wall" else "samples per CPU-second"
@@ -289,21 +291,24 @@ def main() -> None:
                      f"{r['trustfl ghost'] / r['opacus ghost']:.2f}× | {r['paired'][0]:.2f}× ({r['paired'][1]:.2f}–"
                      f"{r['paired'][2]:.2f}) | {r['trustfl ghost'] / r['opacus hooks']:.2f}× | {peak} |")
     lines += flop_lines
-    floors = [(label, batch, m, r) for label, batch, m, r, _, _ in rows if "floor" in r]
-    if floors:
+    bounds = [(label, batch, m, r) for label, batch, m, r, _, _ in rows if "lean" in r]
+    if bounds:
         lines += ["", "## Bounds: the lean step and the floor", "",
-                  "Timed in the same interleaved runs. **lean** (`mlp_lean`): the whole step as straight-line code "
-                  "written in the benchmark, without checks or generality (its noise-free result is checked against "
-                  "trustfl's below). **floor** (`mlp_floor`): what any exact ghost step has to do at the least, alone: "
-                  "each client's first-layer forward product and clipped weight-gradient sum (the two 784×256×256 "
-                  "products; every other product is 40× smaller) and the Gaussian noise of every parameter from the "
-                  "client's own generator (a cohort's clients drawn on torch's threads, as trustfl draws them). The "
-                  "ratios divide their throughput by Opacus ghost's.", "",
-                  "| model | batch | cohort | trustfl ghost / op-ghost | lean / op-ghost | floor / op-ghost |",
+                  "Timed in the same interleaved runs. **lean**: the whole step as straight-line code written in the "
+                  "benchmark, without checks or generality (its noise-free result is checked against trustfl's "
+                  "below): `mlp_lean` for the MLP (a cohort's clients in batched products), `cnn_lean` for "
+                  "`cnn_cafcor`, a client at a time (its convolutions' forward as one product over channels-last "
+                  "patches, reused for the per-example weight gradients). **floor** (`mlp_floor`, MLP only): what "
+                  "any exact ghost step has to do at the least, alone: each client's first-layer forward product and "
+                  "clipped weight-gradient sum (the two 784×256×256 products; every other product is 40× smaller) and "
+                  "the Gaussian noise of every parameter from the client's own generator (a cohort's clients drawn "
+                  "on torch's threads, as trustfl draws them). The ratios divide their throughput by Opacus ghost's.",
+                  "", "| model | batch | cohort | trustfl ghost / op-ghost | lean / op-ghost | floor / op-ghost |",
                   "|---|---|---|---|---|---|"]
-        for label, batch, m, r in floors:
+        for label, batch, m, r in bounds:
             lines.append(f"| {label} | {batch} | {m} | " + " | ".join(
-                f"{r[k] / r['opacus ghost']:.2f}×" for k in ("trustfl ghost", "lean", "floor")) + " |")
+                f"{r[k] / r['opacus ghost']:.2f}×" if k in r else "—" for k in ("trustfl ghost", "lean", "floor"))
+                + " |")
     lines += ["", "Equality (float32, 3 clients, one padded example):", ""]
     for label, diff_ref, diff_opacus, diff_lean in checks:
         verdict = "OK" if diff_ref <= 1e-5 else "FAIL"
@@ -364,6 +369,80 @@ def mlp_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Call
         noise = [torch.empty_like(v) for v in sums.values()]
         normal_rows(noise, gens)
         return {k: z.mul_(sigma * clip / batch).add_(v, alpha=1.0 / batch) for (k, v), z in zip(sums.items(), noise)}
+    return step
+
+
+def cnn_lean(stacked: dict, x, y, gens: list, sigma: float, clip: float) -> Callable[[], dict]:
+    """The whole DP-SGD step of ``cnn_cafcor`` as straight-line code, written here, a client at a time: the
+    convolutions' forward as one product over channels-last patches (the patches' strided copy, then ``addmm``;
+    no convolution kernel), the second convolution's input gradient by PyTorch's convolution backward, the max-pool
+    forward and backward by PyTorch's kernels, the cross-entropy's output gradient in closed form (``softmax −
+    one-hot``), the convolutions' per-example weight gradients as batched products over the patches the forward made,
+    the fully connected layers' per-example norms ``‖a_b‖²‖g_b‖² + ‖g_b‖²``, the clipped sums by one product a
+    parameter, the noise as trustfl draws it. What the computation costs without a library around it (its noise-free
+    result is checked against trustfl's)."""
+    import torch
+    import torch.nn.functional as F
+
+    from trustfl.core.rng import normal_rows
+    m, batch = y.shape
+    names = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
+             "fc2.bias")
+    rows = torch.arange(batch, device=x.device)
+
+    def patches(a: torch.Tensor, k: int) -> torch.Tensor:  # (N, C, H, W) channels-last -> (N, T, k·k·C), (kh, kw, C)
+        n, c, h, w = a.shape
+        s = a.stride()
+        return a.as_strided((n, h - k + 1, w - k + 1, k, k, c), (s[0], s[2], s[3], s[2], s[3], s[1])).reshape(
+            n, (h - k + 1) * (w - k + 1), k * k * c)
+
+    def client(i: int) -> dict:
+        w1, b1, w2, b2, wf1, bf1, wf2, bf2 = (stacked[k][i] for k in names)
+        p1, p2 = w1.shape[0], w2.shape[0]
+        w1c, w2c = w1.permute(0, 2, 3, 1).reshape(p1, -1), w2.permute(0, 2, 3, 1).reshape(p2, -1)
+        cols1 = patches(x[i].contiguous(memory_format=torch.channels_last), 5)  # (B, 576, 25)
+        side1 = x.shape[-1] - 4
+        a1 = torch.addmm(b1, cols1.view(-1, cols1.shape[-1]), w1c.t()).relu_().view(
+            batch, side1, side1, p1).permute(0, 3, 1, 2)  # NCHW shape, channels-last memory
+        h1, i1 = F.max_pool2d_with_indices(a1, 2)
+        cols2 = patches(h1.contiguous(memory_format=torch.channels_last), 5)  # (B, 64, 500)
+        side2 = h1.shape[-1] - 4
+        a2 = torch.addmm(b2, cols2.view(-1, cols2.shape[-1]), w2c.t()).relu_().view(
+            batch, side2, side2, p2).permute(0, 3, 1, 2)
+        h2, i2 = F.max_pool2d_with_indices(a2, 2)
+        flat = h2.reshape(batch, -1)  # NCHW order, as the model's flatten
+        h3 = torch.addmm(bf1, flat, wf1.t()).relu_()
+        g4 = torch.addmm(bf2, h3, wf2.t()).softmax(-1)
+        g4[rows, y[i]] -= 1.0  # each example's output gradient
+        g3 = (g4 @ wf2).mul_(h3 > 0)
+        gh2 = (g3 @ wf1).view(h2.shape).contiguous(memory_format=torch.channels_last)
+        g2 = torch.ops.aten.max_pool2d_with_indices_backward(gh2, a2, [2, 2], [2, 2], [0, 0], [1, 1], False, i2)
+        g2 = g2.mul_(a2 > 0)  # (B, P2, 8, 8), channels-last
+        gh1 = torch.ops.aten.convolution_backward(g2, h1, w2, None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1,
+                                                  (True, False, False))[0]
+        g1 = torch.ops.aten.max_pool2d_with_indices_backward(gh1, a1, [2, 2], [2, 2], [0, 0], [1, 1], False, i1)
+        g1 = g1.mul_(a1 > 0)
+        mg1, mg2 = g1.permute(0, 2, 3, 1).reshape(batch, -1, p1), g2.permute(0, 2, 3, 1).reshape(batch, -1, p2)
+        pe1, pe2 = torch.bmm(mg1.transpose(1, 2), cols1), torch.bmm(mg2.transpose(1, 2), cols2)
+        bias1, bias2 = mg1.sum(1), mg2.sum(1)
+        n3, n4 = g3.square().sum(1), g4.square().sum(1)
+        sq = sum(torch.linalg.vector_norm(t.flatten(1), dim=1).square() for t in (pe1, bias1, pe2, bias2))
+        sq = sq + flat.square().sum(1).mul_(n3).add_(n3).add_(h3.square().sum(1).mul_(n4)).add_(n4)
+        coef = (clip / (sq.sqrt_() + 1e-6)).clamp_(max=1.0)  # min(1, C / (‖g_b‖ + 1e-6))
+        return {"conv1.weight": (coef @ pe1.view(batch, -1)).view(w1.shape[0], 5, 5, -1).permute(0, 3, 1, 2),
+                "conv1.bias": coef @ bias1,
+                "conv2.weight": (coef @ pe2.view(batch, -1)).view(w2.shape[0], 5, 5, -1).permute(0, 3, 1, 2),
+                "conv2.bias": coef @ bias2, "fc1.weight": (g3 * coef[:, None]).t() @ flat, "fc1.bias": coef @ g3,
+                "fc2.weight": (g4 * coef[:, None]).t() @ h3, "fc2.bias": coef @ g4}
+
+    def step() -> dict:
+        with torch.no_grad():
+            per_client = [client(i) for i in range(m)]
+            sums = {k: torch.stack([c[k] for c in per_client]) for k in names}
+            noise = [torch.empty_like(v) for v in sums.values()]
+            normal_rows(noise, gens)
+            return {k: z.mul_(sigma * clip / batch).add_(v, alpha=1.0 / batch) for (k, v), z in zip(sums.items(),
+                                                                                                      noise)}
     return step
 
 

@@ -19,7 +19,9 @@ output channels). Example ``b``'s weight gradient is ``G_bᵀ A_b`` and its bias
 whichever is cheaper (the "mixed" strategy of Bu et al.); and the clipped sum of client ``i`` is
 ``Σ_b c_{ib} G_{ib}ᵀ A_{ib}``, one batched matmul. On the CPU a convolution's materialised form comes from one
 convolution backward with the examples as groups (:func:`_conv_per_example_grads`), which is faster than the
-products of the unfolded matrices when each output channel has many weights.
+products of the unfolded matrices when each output channel has many weights, except where a one-client pass's
+forward has already made the patches ``A`` (:mod:`trustfl.client.patch_conv`; columns in ``(k_h, k_w, C)`` order,
+``columns`` of :func:`squared_norms`): their products form it then.
 
 A ``Conv1d`` is a ``Conv2d`` of height 1. A convolution with ``groups = g`` splits ``A_b`` and ``G_b`` column-wise into
 ``g`` blocks ``A_{b,j} ∈ R^{T×D/g}``, ``G_{b,j} ∈ R^{T×P/g}``; group ``j``'s weight gradient is ``G_{b,j}ᵀ A_{b,j}``
