@@ -5,7 +5,8 @@
 Forward hooks record each planned layer's input. The output gradients come from one backward pass that computes no
 weight gradients (the parameters are detached): for one client, w.r.t. the layer outputs themselves
 (:func:`one_client_taps`); for a cohort under ``vmap``, w.r.t. zero probes added to the outputs (autograd cannot reach
-a tensor made inside ``vmap``), or through the opt-in vmap-free cohort forward.
+a tensor made inside ``vmap``), or through the opt-in vmap-free cohort forward. One client's convolutions on the CPU
+may compute by patches (:mod:`trustfl.client.patch_conv`), which the norms then reuse.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from torch.func import vmap
 
 from trustfl.client import ghost
 from trustfl.client.cohort_forward import _cohort_forward
-from trustfl.client.patch_conv import by_patches
 from trustfl.client.ghost_plan import Plan
+from trustfl.client.patch_conv import by_patches
 from trustfl.objectives.base import AbstractObjective, Batch, flat_batch
 
 Params = dict[str, torch.Tensor]
