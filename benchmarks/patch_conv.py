@@ -3,7 +3,8 @@ trustfl's ghost DP-SGD step (``clipped_grad_sum`` + ``noisy_clipped_mean``, σ =
 
 Rows: ``cnn_cafcor`` (batch 64: both convolutions by patches) for one client and a cohort of 10 (whose clients run a
 ghost pass each, ``ghost.PASS_BUDGET``), and ``cnn_rhdp`` (batch 32: its padded convolutions keep PyTorch's, so the
-two columns run the same code). *off* puts PyTorch's convolutions back for the time of the call (``patch_conv.pays``
+two columns run the same code; a last row forces both of its convolutions by patches, which :func:`pays` refuses).
+*off* puts PyTorch's convolutions back for the time of the call (``patch_conv.pays``
 answers no). Milliseconds per step, medians over ``--repeats`` pairs run back to back in one process, and the median
 (interquartile range) of the paired ratios, which a change of the machine's speed between pairs moves less. The last
 column is the largest difference of the noise-free clipped sums relative to the largest entry (float rounding: the
@@ -45,7 +46,7 @@ def main() -> None:
     malloc = tune_allocator()
     pays = patch_conv.pays
 
-    def setting(model: str, batch: int, m: int):
+    def setting(model: str, batch: int, m: int, forced: bool = False):
         nets = [build_model(model, (1, 28, 28), 10, seed=100 + i) for i in range(m)]
         params = {k: torch.stack([dict(n.named_parameters())[k].detach() for n in nets])
                   for k, _ in nets[0].named_parameters()}
@@ -55,7 +56,7 @@ def main() -> None:
         mask, gens = torch.ones(m, batch), [make_generator(0, "bench", i) for i in range(m)]
 
         def step(patches: bool, noise: bool = True):
-            patch_conv.pays = pays if patches else (lambda layer, x: False)
+            patch_conv.pays = (pays if not forced else (lambda layer, x: True)) if patches else (lambda layer, x: False)
             try:
                 sums, _ = clipped_grad_sum(nets[0], params, data, mask, 1.0)
                 return noisy_clipped_mean(sums, 1.0, 1.0, float(batch), gens) if noise else sums
@@ -64,8 +65,9 @@ def main() -> None:
         return step
 
     rows = []
-    for model, batch, m in (("cnn_cafcor", 64, 1), ("cnn_cafcor", 64, 10), ("cnn_rhdp", 32, 1)):
-        step = setting(model, batch, m)
+    for model, batch, m, forced in (("cnn_cafcor", 64, 1, False), ("cnn_cafcor", 64, 10, False),
+                                    ("cnn_rhdp", 32, 1, False), ("cnn_rhdp", 32, 1, True)):
+        step = setting(model, batch, m, forced)
         on, off = step(True, noise=False), step(False, noise=False)
         diff = max(float((on[k] - off[k]).abs().max() / off[k].abs().max()) for k in off)
         for _ in range(3):
@@ -78,7 +80,8 @@ def main() -> None:
                 times[patches].append(time.perf_counter() - start)
         ratios = sorted(a / b for a, b in zip(times[True], times[False]))
         q = statistics.quantiles(ratios, n=4)
-        rows.append((model, batch, m, statistics.median(times[False]), statistics.median(times[True]),
+        rows.append((model + (", every convolution by patches (forced)" if forced else ""), batch, m,
+                     statistics.median(times[False]), statistics.median(times[True]),
                      statistics.median(ratios), q[0], q[2], diff))
         print(f"  {model} batch {batch} cohort {m}: {statistics.median(ratios):.3f}", file=sys.stderr, flush=True)
 

@@ -93,9 +93,9 @@ def pays(layer: GhostLayer, x: torch.Tensor) -> bool:
     weight gradients would otherwise come from batched products of the unfolded input (which the patches replace), or
     from a grouped convolution backward over at most :data:`MAX_POSITIONS` output positions. A padded input would
     first be copied into a larger one, which PyTorch's convolution spares. On a 2-core Intel Xeon (AVX-512), paired
-    in one process: a ``cnn_cafcor`` ghost DP-SGD step with both convolutions by patches takes 0.88× its time for one
-    client and 0.82× for a cohort of 10 (``benchmarks/intel_xeon_avx512/patch_conv.md``); ``cnn_rhdp``'s padded
-    convolutions by patches would take 0.99–1.03× (the first, 28×28 outputs) and 1.1–1.2× (the second, 14×14)."""
+    in one process (``benchmarks/intel_xeon_avx512/patch_conv.md``): a ``cnn_cafcor`` ghost DP-SGD step with both
+    convolutions by patches takes 0.885× its time for one client and 0.825× for a cohort of 10; ``cnn_rhdp``'s step
+    with its padded convolutions forced by patches would take 1.027×."""
     if x.dim() != 4 or not x.is_floating_point() or any(layer.padding):
         return False
     t = math.prod(output_side(layer, x.shape[2], x.shape[3]))
