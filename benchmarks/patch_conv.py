@@ -54,9 +54,10 @@ def main() -> None:
         data = {"x": torch.randn(m, batch, 1, 28, 28, generator=gen), "y": torch.randint(0, 10, (m, batch),
                                                                                           generator=gen)}
         mask, gens = torch.ones(m, batch), [make_generator(0, "bench", i) for i in range(m)]
+        on = (lambda layer, x: True) if forced else pays
 
         def step(patches: bool, noise: bool = True):
-            patch_conv.pays = (pays if not forced else (lambda layer, x: True)) if patches else (lambda layer, x: False)
+            patch_conv.pays = on if patches else (lambda layer, x: False)
             try:
                 sums, _ = clipped_grad_sum(nets[0], params, data, mask, 1.0)
                 return noisy_clipped_mean(sums, 1.0, 1.0, float(batch), gens) if noise else sums

@@ -40,10 +40,9 @@ def activations_and_backprops(model: nn.Module, plan: Plan, params: Params, batc
     m = keep.shape[0]
     if m != 1:
         return (*_hooked_pass(model, plan, params, batch, keep, objective, cohort_layers), [None] * len(plan))
-    x = batch[objective.input_key]
-    modules = dict(model.named_modules())
-    with by_patches([layer for layer, _ in plan], modules, x.device) as columns:
-        tapped = one_client_taps(model, [layer for layer, _ in plan], modules, params, batch, keep, objective)
+    layers, modules = [layer for layer, _ in plan], dict(model.named_modules())
+    with by_patches(layers, modules, batch[objective.input_key].device) as columns:
+        tapped = one_client_taps(model, layers, modules, params, batch, keep, objective)
         if tapped is None:
             tapped = _hooked_pass(model, plan, params, batch, keep, objective, cohort_layers)
     return (*tapped, columns)
