@@ -169,8 +169,10 @@ def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], batch: 
 
 
 def _blank_padding(batch: Batch, keep: torch.Tensor) -> dict[str, torch.Tensor]:
-    # Zero padding rows so that NaN/garbage/out-of-range labels there cannot leak into 0·NaN products.
-    if bool(keep.all()):
+    """The batch with its padding rows zeroed, so that NaN, garbage or out-of-range labels there cannot leak into
+    0·NaN products. On the CPU a batch without padding comes back as it is (a host read of ``keep``, free there);
+    on other devices the rows are always blanked, so that a step never waits for the device."""
+    if keep.device.type == "cpu" and bool(keep.all()):
         return dict(batch)
     return {k: torch.where(keep.reshape(*keep.shape, *([1] * (v.dim() - 2))), v, torch.zeros((), dtype=v.dtype))
             for k, v in batch.items()}
