@@ -51,6 +51,15 @@ REFUSED = [
     ({"server": {"tau": 0.1}}, "server.tau", '"sgd"'),
     ({"server": {"optimizer": "fedadam", "momentum": 0.9}}, "server.momentum", "'fedadam'"),
     ({"client": {"steps": 3, "epochs": 2}}, "client.epochs", "`client.steps` > 0"),
+    ({"engine__schedule": "nonsense"}, "engine.schedule", "no simulated clock"),  # a misspelt name, never looked up
+    ({"engine__speed": "deterministic"}, "engine.speed", "no simulated clock"),
+    # the polling (QuAFL) and buffered (FedBuff) schedules send the model through `compress.downlink` alone
+    ({"engine": {"kind": "async", "schedule": "polling"}, "downlink": [{"name": "cast", "dtype": "float16"}]},
+     "downlink", "'polling' schedule"),
+    ({"engine": {"kind": "async", "schedule": "buffered"}, "downlink": [{"name": "cast", "dtype": "float16"}]},
+     "downlink", "'buffered' schedule"),
+    ({"compress": {"downlink": {"name": "qsgd_minmax", "levels": 16}}, "downlink": [{"name": "cast"}]}, "downlink",
+     "`compress.downlink` encodes the model"),
 ]
 
 ACCEPTED = [
@@ -75,6 +84,9 @@ ACCEPTED = [
     {"client__dp": {"mode": "per_example", "noise_multiplier": 1.0, "round_noise_to": 2}},
     {"engine": {"executor": "sequential", "max_clients_per_batch": 2}},
     {"attack": {"view": "noiseless", "byzantine_hold_data": False}},
+    {"engine": {"kind": "async", "schedule": "buffered", "speed": "deterministic"}},
+    {"downlink": [{"name": "cast", "dtype": "float16"}]},
+    {"engine": {"kind": "async"}, "downlink": [{"name": "cast", "dtype": "float16"}]},  # the synchronous schedule
 ]
 
 
@@ -136,6 +148,18 @@ def test_a_vertical_run_refuses_any_client_dp_setting():
     """The vertical engine's privacy is the recipe's; a `client.dp` budget there was ignored."""
     cfg = load_config(ROOT / "configs/dpzv/breast_cancer_dpzv.toml", ["client.dp.epsilon=1.0"])
     with pytest.raises(ConfigError, match=r"^`client.dp` is set, but the vertical engine does not use it"):
+        build_federation(cfg, quiet=True)
+
+
+def test_an_unused_component_is_named_and_its_default_shown_by_name():
+    with pytest.raises(ConfigError, match=r'^`engine.schedule` is set but does nothing: .* its default "synchronous"\.$'):
+        check_inert_settings(_cfg(engine__schedule="buffered"))
+
+
+def test_a_vertical_run_refuses_a_speed_model_it_does_not_use():
+    """Parties activated in a shuffled order use no speed model; a misspelt one was accepted there."""
+    cfg = load_config(ROOT / "configs/dpzv/breast_cancer_dpzv.toml", ["engine.speed='nonsense'"])
+    with pytest.raises(ConfigError, match=r"^`engine.speed` is set but does nothing: `engine.activation` is "):
         build_federation(cfg, quiet=True)
 
 

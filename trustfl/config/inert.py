@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trustfl.config.schema import ExperimentConfig, keys_set
+from trustfl.config.schema import Component, ExperimentConfig, keys_set
 from trustfl.errors import ConfigError
 
 Rule = tuple[str, Any, tuple[str, ...], str]
@@ -29,8 +29,20 @@ def _rules(cfg: ExperimentConfig) -> list[Rule]:
                       '`client.dp.mode` is "off", so no DP-SGD runs (DP-SGD is `client.dp.mode` = "per_example" or '
                       '"batch_clip")'))
     if engine.kind != "async":
-        rules.append(("engine", engine, ("interaction_time", "wait_time", "time_limit"),
+        rules.append(("engine", engine, ("interaction_time", "wait_time", "time_limit", "schedule"),
                       f'the {engine.kind!r} engine has no simulated clock (`engine.kind` = "async" has)'))
+    if engine.kind == "vertical" and engine.activation != "clock":
+        rules.append(("engine", engine, ("speed",), f'`engine.activation` is {engine.activation!r}; the speed model '
+                                                     f'is used with `engine.activation` = "clock"'))
+    elif engine.kind not in ("async", "vertical"):
+        rules.append(("engine", engine, ("speed",), f'the {engine.kind!r} engine has no simulated clock '
+                                                     f'(`engine.kind` = "async" has)'))
+    if engine.kind == "async" and engine.schedule.name in ("polling", "buffered"):
+        rules.append(("", cfg, ("downlink",), f"the async engine's {engine.schedule.name!r} schedule sends the model "
+                                              "through `compress.downlink` alone (compress it there)"))
+    elif cfg.compress.downlink.name != "none":
+        rules.append(("", cfg, ("downlink",), "`compress.downlink` encodes the model, which the stages would not "
+                                              "reach (only a gradient transform's shared statistics)"))
     if cohort.sampler != "uniform":
         rules.append(("cohort", cohort, ("size",), f'`cohort.sampler` is {cohort.sampler!r} (`size` is the '
                                                     f'"uniform" sampler\'s)'))
@@ -69,7 +81,7 @@ def inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> list[tupl
     found = []
     for path, table, keys, why in (_overridden if as_written else _rules)(cfg):
         default = type(table)()
-        found += [(f"{path}.{key}", why, getattr(default, key)) for key in keys_set(table, keys)]
+        found += [(f"{path}.{key}" if path else key, why, getattr(default, key)) for key in keys_set(table, keys)]
     return found
 
 
@@ -83,8 +95,9 @@ def check_inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> Non
     if found:
         (key, why, default), others = found[0], [k for k, _, _ in found[1:]]
         more = f"; also {', '.join(f'`{k}`' for k in others)}" if others else ""
+        shown = json.dumps(default.name if isinstance(default, Component) else default)  # a component: its name
         raise ConfigError(f"`{key}` is set but does nothing: {why}; remove it or set it to its default "
-                          f"{json.dumps(default)}{more}.")
+                          f"{shown}{more}.")
 
 
 def check_budget_has_a_use(cfg: ExperimentConfig, stage_events: list[Any]) -> None:
