@@ -397,3 +397,26 @@ def test_fedsc_sizes_its_features_and_matrices_before_it_makes_them(capsys, monk
     assert main([*args, "--out", str(tmp_path / "b")]) == 2
     line = _one_line(capsys)
     assert "round 1 needs more memory than this machine has (370.8 MB asked for)" in line and "the model" in line
+
+
+LONG = "a" * 300  # one path component longer than any file system's 255: stat() raises ENAMETOOLONG
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["validate", f"{LONG}.toml"], "Config file 'aaa"),
+    (["run", "{small}", "--out", f"{{tmp}}/{LONG}"], "--out '"),
+    (["run", "--resume", f"{{tmp}}/{LONG}"], "--resume: run directory '"),
+    (["report", f"{{tmp}}/{LONG}"], "run directory '"),
+    (["compare", f"{{tmp}}/{LONG}"], "run directory '"),
+    (["validate", "{small}", "--set", 'data.dataset="csv"', "--set", f'data.path="{LONG}.csv"'],
+     "`data.path` (data set 'csv') '"),
+    (["validate", "{small}", "--set", f'model.init_from="{LONG}.pt"'], "`model.init_from` '"),
+    (["validate", "a\0b.toml"], "Config file 'a\\x00b.toml' cannot be looked up: embedded null byte."),
+], ids=["config", "out", "resume", "report", "compare", "data.path", "init_from", "nul"])
+def test_a_path_the_file_system_cannot_look_up_is_one_line_naming_it(small, tmp_path, capsys, args, fragment):
+    """A name longer than the file system takes made every command's first exists()/is_dir() raise OSError
+    (ENAMETOOLONG) with a traceback; each path a user names is now looked up first (``trustfl.core.paths``)."""
+    argv = [a.format(small=small, tmp=tmp_path) for a in args]
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert fragment in line and line.endswith(("cannot be looked up: File name too long.", "null byte.")), line

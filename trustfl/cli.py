@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+from trustfl.core.paths import looked_up
 from trustfl.errors import TrustFLError, UsageError
 
 EXIT_USER_ERROR = 2
@@ -52,7 +53,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.config or args.set or args.out or args.overwrite:
             raise UsageError("--resume takes its config from RUN_DIR/config.toml and writes to RUN_DIR; drop "
                              "CONFIG, --set, --out and --overwrite.")
-        if not Path(args.resume).is_dir():
+        if not looked_up(args.resume, "--resume: run directory", UsageError).is_dir():
             raise UsageError(f"--resume: run directory {args.resume!r} does not exist.")
         result = run_experiment(None, resume=args.resume, data_dir=args.data_dir, progress=not args.quiet,
                                 device=args.device)

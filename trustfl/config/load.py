@@ -13,6 +13,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import tomli_w
 
 from trustfl.config.schema import Component, ExperimentConfig, FieldError
+from trustfl.core.paths import looked_up
 from trustfl.errors import ConfigError
 
 _MISSING = object()
@@ -203,7 +204,7 @@ def read_toml(path: str | Path, what: str = "Config file") -> dict[str, Any]:
       ConfigError: the file is missing, a directory, unreadable, binary, not UTF-8, or not valid TOML (including
         a key or table defined twice).
     """
-    path = Path(path)
+    path = looked_up(path, what)
     name = repr(str(path))
     if path.is_dir():
         raise ConfigError(f"{what} {name} is a directory; give the path of a TOML file.")

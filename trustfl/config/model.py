@@ -8,6 +8,7 @@ import torch
 
 from trustfl.config.schema import ExperimentConfig
 from trustfl.core.memory import out_of_memory_as_error
+from trustfl.core.paths import looked_up
 from trustfl.core.registry import lookup
 from trustfl.core.rng import derive_seed
 from trustfl.data.datasets import Dataset
@@ -59,7 +60,7 @@ def load_initial_weights(model: torch.nn.Module, source: str, name: str = "") ->
       ConfigError: the file does not exist.
       DataError: the file is not a tensor file, or its keys, shapes, length or values do not fit the model.
     """
-    path = Path(source).expanduser().resolve()
+    path = looked_up(Path(source).expanduser(), "`model.init_from`").resolve()
     what = f"model {name!r}" if name else "the model"
     if not path.is_file():
         raise ConfigError(f"`model.init_from`: no file {str(path)!r} (a path is read from the working directory).")

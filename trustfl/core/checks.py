@@ -76,9 +76,13 @@ def check_number(name: str, value: Any, *, integer: bool = False, low: Optional[
 
 
 def is_device(path: Any) -> bool:
-    """Whether ``path`` names a character or block device (``/dev/zero``: a file read to its end never ends)."""
+    """Whether ``path`` names a character or block device (``/dev/zero``: a file read to its end never ends); a
+    path the file system cannot look up is none (opening it then fails with its own error)."""
     p = Path(path)
-    return p.is_char_device() or p.is_block_device()
+    try:
+        return p.is_char_device() or p.is_block_device()
+    except (OSError, ValueError):
+        return False
 
 
 def describe_value(v: Any) -> str:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from trustfl.core.paths import looked_up
 from trustfl.errors import UsageError
 
 
@@ -85,7 +86,7 @@ def writing(run_dir: Path) -> Iterator[None]:
 
 def check_out_dir(out: str | Path) -> Path:
     """``out`` as a path for a command's ``--out`` directory, refused (UsageError) when it names a file."""
-    path = Path(out)
+    path = looked_up(out, "--out", UsageError)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {str(out)!r} is a file, not a directory.")
     return path
@@ -158,7 +159,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     Raises:
       UsageError: any other line is not a JSON object with a whole ``round`` >= 0.
     """
-    path = Path(run_dir) / "metrics.jsonl"
+    path = looked_up(run_dir, "run directory", UsageError) / "metrics.jsonl"
     if not path.is_file():
         return []
     rows, number = [], 0

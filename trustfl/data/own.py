@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from trustfl.core.checks import is_device
+from trustfl.core.paths import looked_up
 from trustfl.core.registry import register
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import TEST_FRACTION, Dataset, _stratified_choice
@@ -66,7 +67,7 @@ def resolve_path(name: str, path: Any) -> Path:
                           f"from the working directory).")
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"`path` of data set {name!r} must be a string, found {path!r}.")
-    p = Path(path).expanduser()
+    p = looked_up(Path(path).expanduser(), f"`data.path` (data set {name!r})")
     return p if p.is_absolute() else Path.cwd() / p
 
 

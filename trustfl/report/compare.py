@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.config.load import read_toml
+from trustfl.core.paths import looked_up
 from trustfl.core.runfiles import SUMMARY_TYPES, read_json_object, writing
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
@@ -108,7 +109,7 @@ def expand_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
     """
     runs, skipped, seen = [], [], set()
     for raw in paths:
-        path = Path(raw)
+        path = looked_up(raw, "run directory", UsageError)
         if (path / MANIFEST).is_file() and not (path / "metrics.jsonl").is_file():
             found = [path / str(p.get("dir", p.get("name", ""))) for p in load_manifest(path)["points"]]
         elif (path / "metrics.jsonl").is_file() or (path / "config.toml").is_file():
