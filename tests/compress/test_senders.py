@@ -80,3 +80,17 @@ def test_a_compressor_of_your_own_without_rowwise_support_is_encoded_row_by_row(
 def test_add_dither_wants_one_generator_per_row():
     with pytest.raises(ConfigError, match="one generator per row: 2 for a \\(3, 4\\) tensor"):
         add_dither_(torch.zeros(3, 4), [torch.Generator(), torch.Generator()])
+
+
+@pytest.mark.parametrize("name, params", [("lattice", {"bits": 8, "step": 0.01}),
+                                          ("lattice", {"bits": 8, "step": 0.01, "mode": "code"}),
+                                          ("qsgd", {}), ("qsgd_minmax", {})])
+def test_a_non_finite_message_arrives_non_finite_for_screening_to_reject(name, params):
+    """The lattice's integer cast turned NaN and ±inf into the lattice point nearest the key: the server decoded a
+    diverged client's NaN update as a finite one and accepted it. Every compressor now delivers such a row as NaN."""
+    from trustfl.engine.round_parts import screen
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) * 0.1
+    x[1, 2], x[2, 0], x[3, 5] = float("nan"), float("inf"), -float("inf")
+    sent = Links(trustfl.build("compressor", name, **params), None, seed=0).up(x, None, 0, [0, 1, 2, 3])
+    assert torch.isfinite(sent.decoded[0]).all() and not torch.isfinite(sent.decoded[1:]).all(dim=1).any()
+    assert screen(sent.decoded, 6).tolist() == [True, False, False, False]

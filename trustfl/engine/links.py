@@ -68,6 +68,9 @@ class Links:
             # coordinates near the edge of its decoding window). One exact decode per message, not per receiver.
             exact, _ = comp.decode(sent, x, self.shared_seed(r, direction))
             failures = max(failures, int(((decoded - exact).abs() > 0.5 * getattr(comp, "step", 0.0)).sum()))
+        # No quantizer's code carries NaN or ±inf (the lattice's integer cast lands them on a finite point near the
+        # key): a row that held one arrives as not-a-number, for screening to reject, as on a float32 link.
+        decoded = torch.where(finite_rows(x).view(-1, 1), decoded, torch.nan)
         return Sent(decoded.to(x.dtype), enc.bits_per_row(), failures)
 
     def shared_seed(self, r: int, direction: str) -> int:
