@@ -90,3 +90,23 @@ def test_calibrate_clients_rhdp_matches_compute_z():
                                   [e * 2400 / bi for e, bi in zip(rounds, b)], accountant="rhdp")
     assert z == [compute_z(0.2, 2400, 16, global_rounds=200), compute_z(1.0, 2400, 32, global_rounds=30)]
     assert z == [28.18, 2.92]
+
+
+@pytest.mark.parametrize("accountant, eps", [("rdp", 3.3), ("rdp", 2.5), ("pld", 3.3), ("rhdp", 3.0)])
+def test_rounded_noise_multipliers_round_up_and_never_pass_the_budget(accountant, eps):
+    """Rounding to the nearest decimal could lower z: ε = 3.3 came back as z = 0.8, which spends 3.73 (rdp)."""
+    from trustfl.privacy.analysis.rhdp import rhdp_epsilon
+    raw = budgets.calibrate_clients([eps], 1e-5, 0.01, 1000, accountant=accountant)[0] if accountant != "rhdp" else \
+        None
+    z = budgets.calibrate_clients([eps], 1e-5, 0.01, 1000, accountant=accountant, round_decimals=1)[0]
+    spent = rhdp_epsilon(z, 0.01, 1000, 1e-5) if accountant == "rhdp" else \
+        epsilon_subsampled_gaussian(z, 0.01, 1000, 1e-5, accountant)
+    assert spent <= eps and abs(z * 10 - round(z * 10)) < 1e-9
+    assert raw is None or raw <= z < raw + 0.1 + 1e-12
+
+
+def test_round_up_and_its_range():
+    assert budgets.round_up(0.8123, 2) == 0.82 and budgets.round_up(0.8, 1) == 0.8 and budgets.round_up(1.23, 15) == 1.23
+    for bad in (-1, 16, 400, 1.5, True):
+        with pytest.raises(PrivacyError, match="round_decimals"):
+            budgets.round_up(1.0, bad)

@@ -15,14 +15,9 @@ from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, ste
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.events import composed, describe, self_composed
-from trustfl.privacy.budgets import calibrate_clients, client_epsilons
+from trustfl.privacy.budgets import calibrate_clients, client_epsilons, round_up
 
 import torch
-
-
-def _ceil(z: float, decimals: int) -> float:
-    scale = 10 ** decimals
-    return math.ceil(z * scale - 1e-9) / scale
 
 
 def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[int], batch_sizes: list[int],
@@ -79,7 +74,7 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
         noise = [math.nan if i in others else 0.0 for i in range(n)]
         for i, z in zip(mine, z_mine):
             # Rounding (Robust-HDP's code keeps 2 decimals) goes up, so a client never spends past its budget.
-            noise[i] = _ceil(z, dp.round_noise_to) if dp.round_noise_to >= 0 else z
+            noise[i] = round_up(z, dp.round_noise_to) if dp.round_noise_to >= 0 else z
     # dp_accounting analyses sampling without replacement only under replace-one adjacency.
     neighboring = "replace_one" if dp.mode == "per_example" and sampling == "without_replacement" else "add_remove"
     budgets = {i: Budget(eps[i] if eps is not None else math.inf, dp.delta) for i in honest}

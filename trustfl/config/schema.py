@@ -112,6 +112,8 @@ class SampleDPConfig:
         check(all(0 < e < math.inf for e in self.epsilons), "epsilons", self.epsilons,
               "a list of finite numbers > 0")
         check(0 < self.delta < 1, "delta", self.delta, "a number in (0, 1)")
+        check(-1 <= self.round_noise_to <= 15, "round_noise_to", self.round_noise_to,
+              "-1 (no rounding) or a number of decimals from 0 to 15 (a float holds no digit beyond)")
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,19 @@ def _broadcast(name: str, value: Union[float, Sequence[float]], n: int) -> list[
     return vals
 
 
+MAX_ROUND_DECIMALS = 15
+"""Most decimals a noise multiplier is rounded to: a float holds no digit beyond (``client.dp.round_noise_to``)."""
+
+
+def round_up(z: float, decimals: int) -> float:
+    """``z`` rounded up to ``decimals`` decimals (``0 <= decimals <= MAX_ROUND_DECIMALS``): a larger noise multiplier
+    spends less, so a rounded one never passes the budget its unrounded value meets."""
+    if isinstance(decimals, bool) or not isinstance(decimals, int) or not 0 <= decimals <= MAX_ROUND_DECIMALS:
+        raise PrivacyError(f"`round_decimals` must be an integer from 0 to {MAX_ROUND_DECIMALS}, found {decimals!r}.")
+    scale = 10 ** decimals
+    return math.ceil(z * scale - 1e-9) / scale
+
+
 def calibrate_clients(epsilons: Sequence[float], delta: Union[float, Sequence[float]],
                       sample_rates: Union[float, Sequence[float]], steps: Union[float, Sequence[float]],
                       accountant: str = "rdp", sampling: str = "poisson", tol: float = 1e-4,
@@ -193,10 +206,12 @@ def calibrate_clients(epsilons: Sequence[float], delta: Union[float, Sequence[fl
       delta, sample_rates, steps: a scalar for everyone or one value per client.
       accountant: ``"rdp"`` or ``"pld"`` (:func:`~trustfl.privacy.analysis.gaussian.calibrate_noise_multiplier`,
         integer steps), or ``"rhdp"`` (Robust-HDP's classic conversion and bisection,
-        :func:`~trustfl.privacy.analysis.rhdp.calibrate_z`; steps may be real, z rounded to 2 decimals unless
-        ``round_decimals`` says otherwise).
+        :func:`~trustfl.privacy.analysis.rhdp.calibrate_z`; steps may be real).
       sampling: ``"poisson"`` or ``"without_replacement"`` (``rdp``/``pld`` only).
-      round_decimals: round every z_i (``rhdp`` default 2, otherwise no rounding).
+      round_decimals: round every z_i up to this many decimals (a larger z spends less: never past ε_i). ``None``:
+        no rounding, except for ``rhdp``, which then keeps Robust-HDP's code: z rounded to the *nearest* 2
+        decimals, which can spend up to about 1% past ε_i under that conversion (for reproducing the paper; a run
+        rounds up and re-checks every schedule with its own accountant, refusing one that overspends).
     """
     eps = [float(e) for e in epsilons]
     n = len(eps)
@@ -212,12 +227,16 @@ def calibrate_clients(epsilons: Sequence[float], delta: Union[float, Sequence[fl
     for key in zip(eps, (float(d) for d in deltas), (float(q) for q in rates), step_list):
         if key not in cache:
             e, d, q, t = key
-            if accountant == "rhdp":
-                cache[key] = calibrate_z(e, q, float(t), d, 2 if round_decimals is None else round_decimals)
+            if accountant == "rhdp" and round_decimals is None:
+                z = calibrate_z(e, q, float(t), d, 2)  # Robust-HDP's code: to the nearest 2 decimals
             else:
-                if float(t) != int(t):
+                if accountant == "rhdp":
+                    z = calibrate_z(e, q, float(t), d, None)
+                elif float(t) != int(t):
                     raise PrivacyError(f"`steps` must be integers for accountant={accountant!r}, found {t!r}.")
-                z = calibrate_noise_multiplier(e, d, q, int(t), accountant, sampling, tol)
-                cache[key] = round(z, round_decimals) if round_decimals is not None else z
+                else:
+                    z = calibrate_noise_multiplier(e, d, q, int(t), accountant, sampling, tol)
+                z = z if round_decimals is None else round_up(z, round_decimals)
+            cache[key] = z
         out.append(cache[key])
     return out
