@@ -103,3 +103,16 @@ def test_rules_on_pairwise_distances_refuse_a_cohort_whose_gram_matrices_do_not_
     monkeypatch.setattr(memory, "free_memory", lambda device: 3 * 8 * N * N)
     for kind, name in rules:
         assert torch.isfinite(construct(kind, name)(x)).all()
+
+
+@pytest.mark.parametrize("name", trustfl.names("aggregator"))
+def test_weights_of_any_scale_or_a_list_give_the_weights_own_result(name):
+    """Weights were cast to the messages' dtype before normalising: 5e37·w overflowed float32 to zeros or NaN,
+    1e±300·w (float64) to NaN, geometric_median indexed out of range, and a list raised AttributeError."""
+    rule = construct("aggregator", name)
+    x, w = good(), torch.tensor([1.0, 2, 3, 1, 2, 3, 1, 2, 3, 1])
+    reports = {k: torch.linspace(1.0, 2.0, N) for k in ("num_samples", "reported_epsilon", "oracle_noise_variance")}
+    base = rule(x, w, reports=reports)
+    for scaled in (w * 5e37, w.double() * 1e100, w.double() * 1e-300, w.tolist()):
+        out = rule(x, scaled, reports=reports)
+        assert torch.isfinite(out).all() and torch.allclose(out, base, rtol=1e-5, atol=1e-6), (name, scaled)

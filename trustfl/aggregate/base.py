@@ -112,6 +112,7 @@ class AbstractAggregator(AbstractStage):
         check_messages(x, self, "aggregator")
         if weights is not None:
             check_weights(weights, x.shape[0], self, "aggregator")
+            weights = torch.as_tensor(weights, device=x.device)  # a list of numbers, say
         state = self.init(ParamLayout(("x",), ((x.shape[1],),)))
         return self.apply(x, state, _default_context(x.shape[0], weights, seed, reports)).x
 
@@ -201,8 +202,15 @@ def normalized_weights(ctx: RoundContext, n: int, like: torch.Tensor) -> torch.T
     if ctx.weights is None:
         return torch.full((n,), 1.0 / n, dtype=like.dtype, device=like.device)
     check_weights(ctx.weights, n)
-    w = ctx.weights.to(device=like.device, dtype=like.dtype)
-    return w / w.sum()
+    w = torch.as_tensor(ctx.weights).to(device=like.device, dtype=like.dtype)
+    out = w / w.sum()
+    if bool(torch.isfinite(out).all()) and float(out.sum()) > 0:
+        return out
+    # The weights overflowed or underflowed in ``like``'s dtype (5e37·[1, 2, 3] in float32, 1e-300 in float64):
+    # the same ratios, scaled by the largest weight first, in float64
+    w = torch.as_tensor(ctx.weights).to(device=like.device, dtype=torch.float64)
+    w = w / w.amax()
+    return (w / w.sum()).to(like.dtype)
 
 
 def rescaled(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
