@@ -4,6 +4,7 @@ All gradient oracles run in float64 so that agreement is checked at 1e-6 (or tig
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -290,3 +291,33 @@ def test_the_clipped_sums_losses_are_bitwise_batched_mean_losses(monkeypatch, na
         assert torch.equal(losses, want)
     plain_sums, plain_norms = clipped_grad_sum(nets[0], params, {"x": x, "y": y}, mask, 0.5, method=method)
     assert torch.equal(norms, plain_norms) and all(torch.equal(sums[k], plain_sums[k]) for k in sums)
+
+
+class _Scaled(nn.Module):
+    """A learnable 0-d parameter (a temperature): its stacked per-client form is ``(m,)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+def test_a_zero_dimensional_parameter_is_clipped_like_any_other(method):
+    """``flatten(2)`` of its ``(m, B)`` per-example gradients raised IndexError, in both methods and in
+    clipped_batch_mean; the norms now match an autograd loop, the scale's gradient included."""
+    torch.manual_seed(0)
+    model = _Scaled().double().eval()
+    params = {k: v.detach().unsqueeze(0).repeat(2, *[1] * v.dim()) for k, v in model.named_parameters()}
+    x, y = torch.randn(2, 3, 4, dtype=torch.float64), torch.tensor([[0, 1, 2], [2, 2, 0]])
+    with pytest.warns(UserWarning, match="falls back") if method == "ghost" else contextlib.nullcontext():
+        sums, norms = clipped_grad_sum(model, params, {"x": x, "y": y}, torch.ones(2, 3), 0.5, method=method)
+    for b in range(3):
+        grads = torch.autograd.grad(F.cross_entropy(model(x[0, b:b + 1]), y[0, b:b + 1]), list(model.parameters()))
+        assert math.isclose(float(norms[0, b]), math.sqrt(sum(float(g.square().sum()) for g in grads)), rel_tol=1e-12)
+    assert sums["scale"].shape == (2,)
+    clipped, batch_norms = clipped_batch_mean(model, params, {"x": x, "y": y}, torch.ones(2, 3), 0.5)
+    assert clipped["scale"].shape == (2,) and torch.isfinite(batch_norms).all()

@@ -49,7 +49,7 @@ def layer_divergence(layout: ParamLayout, global_: torch.Tensor, local: torch.Te
     """``(m,)`` mean over the encoder's weight matrices (parameters of 2 or more dimensions) of ‖W_g − W_l‖₂."""
     g, l_ = layout.unflatten(global_), layout.unflatten(local)
     names = [n for n, s in zip(layout.names, layout.shapes) if len(s) >= 2 and in_encoder(n)]
-    norms = [torch.linalg.vector_norm((l_[n] - g[n]).flatten(1), dim=1) for n in names]
+    norms = [torch.linalg.vector_norm((l_[n] - g[n]).reshape(g[n].shape[0], -1), dim=1) for n in names]
     return torch.stack(norms, dim=1).mean(1)
 
 

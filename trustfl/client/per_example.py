@@ -218,7 +218,7 @@ def _vmap_clipped_sum(model: nn.Module, params: Params, batch: Batch, keep: torc
     for s in range(0, b, step):  # chunks of examples (all clients together) bound the memory to m·step·d
         g = per_example(params, {k: v[:, s:s + step] for k, v in batch.items()})
         chunk_keep = keep[:, s:s + step]
-        sq = sum(v.flatten(2).square().sum(-1) for v in g.values())
+        sq = sum(v.reshape(m, v.shape[1], -1).square().sum(-1) for v in g.values())  # 0-d parameters too
         chunk_norms = sq.sqrt() * chunk_keep
         coef = clip_factors(chunk_norms, max_norm) * chunk_keep
         norms[:, s:s + step] = chunk_norms
@@ -302,7 +302,7 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
     # the per-client mean gradients by plain autograd on the stacked leaves (no torch.func.grad, whose first call
     # imports torch._dynamo: about a second of the first round)
     g, losses = batched_mean_grad(model, objective, params, batch, keep)
-    norms = sum(v.flatten(1).square().sum(-1) for v in g.values()).sqrt()
+    norms = sum(v.reshape(v.shape[0], -1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
     clipped = {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}
     return (clipped, norms, losses.detach()) if return_loss else (clipped, norms)
