@@ -242,3 +242,12 @@ def test_list_types_are_named_in_plain_words(key, value, expected):
     with pytest.raises(ConfigError) as err:
         config_from_dict({key: value})
     assert str(err.value) == expected
+
+
+def test_a_named_pipe_is_refused_instead_of_waiting_for_a_writer(tmp_path):
+    """Opening a FIFO with no writer blocked `trustfl validate` for ever."""
+    import os
+    fifo = tmp_path / "c.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"is a named pipe, not a file"):
+        load_config(fifo)

@@ -53,8 +53,10 @@ def test_keys_are_written_owner_only_never_over_and_read_back(tmp_path):
         assert read_private_key(path, i).public_bytes == public[i]
     with pytest.raises(UsageError, match="already holds keys .*: a node's key is never written over"):
         write_keys(tmp_path / "keys", 4)
-    with pytest.raises(UsageError, match="--clients must be an integer >= 1"):
-        write_keys(tmp_path / "other", 0)
+    for bad in (0, 100_001, 10 ** 8):  # 10⁸ generated keys for minutes without a word
+        with pytest.raises(UsageError, match="--clients must be an integer from 1 to 100,000"):
+            write_keys(tmp_path / "other", bad)
+    assert not (tmp_path / "other").exists()
     (tmp_path / "a_file").write_text("")
     with pytest.raises(UsageError, match="is a file, not a directory"):
         write_keys(tmp_path / "a_file", 2)

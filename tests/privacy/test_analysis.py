@@ -237,3 +237,13 @@ def test_a_noise_multiplier_the_rdp_series_cannot_take_is_a_privacy_error(z):
     ledger = gaussian.make_accountant("rdp")
     with pytest.raises(PrivacyError, match="outside what it computes"):
         ledger.compose(gaussian.sampled_gaussian_event(z, 0.1, 10))
+
+
+def test_pld_refuses_a_noise_multiplier_whose_grid_would_take_hours():
+    """z = 0.01 (q = 0.01, 1000 steps) ran for more than 400 s; such a z is refused at once, naming the rdp
+    accountant, whose ε (an upper bound) it still computes."""
+    from trustfl.errors import PrivacyError
+    from trustfl.privacy.analysis.gaussian import epsilon_subsampled_gaussian
+    with pytest.raises(PrivacyError, match=r"too small for the 'pld' accountant.*use the 'rdp' accountant"):
+        epsilon_subsampled_gaussian(0.01, 0.01, 1000, 1e-5, "pld")
+    assert epsilon_subsampled_gaussian(0.01, 0.01, 1000, 1e-5, "rdp") > 1e3

@@ -210,6 +210,9 @@ def read_toml(path: str | Path, what: str = "Config file") -> dict[str, Any]:
         raise ConfigError(f"{what} {name} is a directory; give the path of a TOML file.")
     if not path.exists():
         raise ConfigError(f"{what} {name} does not exist.")
+    if path.is_fifo() or path.is_socket():  # opening a pipe without a writer waits for ever
+        raise ConfigError(f"{what} {name} is a {'named pipe' if path.is_fifo() else 'socket'}, not a file; "
+                          f"give the path of a TOML file.")
     try:
         with path.open("rb") as f:  # bounded: a device such as /dev/zero would be read until memory runs out
             raw = f.read(MAX_TOML_BYTES + 1)

@@ -27,6 +27,11 @@ def key_file(directory: Path, client_id: int) -> Path:
     return Path(directory) / f"node{client_id}.key"
 
 
+MAX_NODES = 100_000
+"""Most nodes ``trustfl deploy keys`` makes keys for: each is a process of a real deployment with a key file of its
+own (10⁸ ran for minutes without a word and would have written 10⁸ files)."""
+
+
 def write_keys(out: str | os.PathLike[str], num_clients: int) -> Path:
     """Make ``num_clients`` key pairs (from the OS) into ``out``: ``node<k>.key`` (owner-only) and
     ``public_keys.toml``. Never over existing keys.
@@ -34,8 +39,9 @@ def write_keys(out: str | os.PathLike[str], num_clients: int) -> Path:
     Raises:
       UsageError: ``num_clients`` is not a positive integer, or ``out`` already holds keys.
     """
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
-        raise UsageError(f"--clients must be an integer >= 1, found {num_clients!r}.")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or not 1 <= num_clients <= MAX_NODES:
+        raise UsageError(f"--clients must be an integer from 1 to {MAX_NODES:,} (one key file per deployed node), "
+                         f"found {num_clients!r}.")
     return save_keys(out, [ClientKeys.generate(k) for k in range(num_clients)])
 
 
