@@ -420,3 +420,16 @@ def test_a_path_the_file_system_cannot_look_up_is_one_line_naming_it(small, tmp_
     assert main(argv) == 2
     line = _one_line(capsys)
     assert fragment in line and line.endswith(("cannot be looked up: File name too long.", "null byte.")), line
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["configs/quafl/quafl.toml", "--set", "cohort.size=21"], "`cohort.size` (s = 21) must not exceed"),
+    (["configs/quickstart.toml", "--set", "client.dp={mode='per_example', epsilon_distribution='dist99'}"],
+     "`client.dp.epsilon_distribution`: Unknown epsilon distribution 'dist99'"),
+], ids=["async-cohort-notice", "epsilon-distribution-key"])
+def test_the_error_is_the_only_line_and_names_its_key(capsys, args, fragment):
+    """QuAFL's s > n printed a NOTICE that every round samples all clients, then refused the config; an unknown
+    ε distribution did not name `client.dp.epsilon_distribution`."""
+    from tests.child_run import ROOT
+    assert main(["validate", str(ROOT / args[0]), *args[1:]]) == 2
+    assert fragment in _one_line(capsys)

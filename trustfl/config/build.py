@@ -219,7 +219,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     info["evaluators"] = [m for e in evaluators for m in e.metrics]
 
     n, f = cfg.data.num_clients, cfg.attack.num_byzantine
-    if cfg.cohort.sampler == "uniform" and cfg.cohort.size > n:  # said, not silent: e.g. num_clients lowered by --set
+    # said, not silent (e.g. num_clients lowered by --set); the async engine refuses it instead (s per server step)
+    if cfg.cohort.sampler == "uniform" and cfg.cohort.size > n and cfg.engine.kind != "async":
         extra = (f"NOTICE: `cohort.size` = {cfg.cohort.size} is more than the {n} clients of `data.num_clients`; "
                  f"every round samples all {n}.")
         add_notice(info, extra)

@@ -159,13 +159,14 @@ def epsilons_from_distribution(name: str, num_clients: int, rng: np.random.Gener
 def client_epsilons(dp: Any, num_clients: int, seed: int) -> list[float] | None:
     """Per-client ε targets of a ``client.dp`` table (a list, a named distribution drawn with ``seed``, or one
     value), or ``None`` when it sets no budget."""
+    key = "client.dp.epsilons" if dp.epsilons else "client.dp.epsilon_distribution"
     try:
         if dp.epsilons:
             return epsilons_from_list(dp.epsilons, num_clients)
         if dp.epsilon_distribution:
             return epsilons_from_distribution(dp.epsilon_distribution, num_clients, numpy_rng(seed, "epsilons"))
-    except PrivacyError as err:
-        raise ConfigError(f"`client.dp`: {err}") from None
+    except (PrivacyError, ConfigError) as err:
+        raise ConfigError(f"`{key}`: {err}") from None
     if dp.epsilon > 0:
         return [dp.epsilon] * num_clients
     return None
