@@ -433,3 +433,11 @@ def test_the_error_is_the_only_line_and_names_its_key(capsys, args, fragment):
     from tests.child_run import ROOT
     assert main(["validate", str(ROOT / args[0]), *args[1:]]) == 2
     assert fragment in _one_line(capsys)
+
+
+def test_validate_refuses_tensorboard_without_its_package(small, capsys, monkeypatch):
+    """`validate` said "valid", then `run` refused `report.tensorboard = true` for want of the package."""
+    import sys
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed: the import fails
+    assert main(["validate", str(small), "--set", "report.tensorboard=true"]) == 2
+    assert "`report.tensorboard` is true but the tensorboard package is not installed" in _one_line(capsys)

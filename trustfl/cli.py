@@ -162,6 +162,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = _with_imports(load_config(args.config, _with_device(args.set, args.device)), args.imports)
     fed = build_federation(cfg, data_dir=args.data_dir)
+    if cfg.report.tensorboard:  # the run's first check beyond the federation: the optional package is there
+        from trustfl.experiment import summary_writer
+        summary_writer()
     who = (f"{fed.vertical.num_parties} parties" if fed.vertical is not None else f"{fed.num_clients} clients")
     print(f"{args.config}: valid ({cfg.algorithm}, {fed.info['dataset']}, objective {fed.info['objective']}, "
           f"engine {fed.info['engine']}, {who}, {fed.layout.numel} parameters, {cfg.rounds} rounds)")
