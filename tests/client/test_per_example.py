@@ -321,3 +321,33 @@ def test_a_zero_dimensional_parameter_is_clipped_like_any_other(method):
     assert sums["scale"].shape == (2,)
     clipped, batch_norms = clipped_batch_mean(model, params, {"x": x, "y": y}, torch.ones(2, 3), 0.5)
     assert clipped["scale"].shape == (2,) and torch.isfinite(batch_norms).all()
+
+
+def test_parameters_the_model_lacks_or_another_dtype_are_refused_by_name():
+    """A wrong shape or a float64 batch raised RuntimeError deep in the forward; an unknown name was silently ignored
+    by method="vmap" (and refused by ghost)."""
+    model = nn.Linear(4, 3)
+    params = {k: v.detach().unsqueeze(0).repeat(2, *[1] * v.dim()) for k, v in model.named_parameters()}
+    batch = {"x": torch.randn(2, 5, 4), "y": torch.randint(0, 3, (2, 5))}
+    for method in ("ghost", "vmap"):
+        with pytest.raises(ConfigError, match=r"holds 'extra', which is not a parameter of the Linear"):
+            clipped_grad_sum(model, {**params, "extra": torch.zeros(2, 1)}, batch, torch.ones(2, 5), 1.0,
+                             method=method)
+        with pytest.raises(ConfigError, match=r"`params_stacked\['weight'\]` has shape \(2, 3, 5\)"):
+            clipped_grad_sum(model, {**params, "weight": torch.zeros(2, 3, 5)}, batch, torch.ones(2, 5), 1.0,
+                             method=method)
+        with pytest.raises(ConfigError, match=r"`batch\['x'\]` is torch.float64 but the parameters are torch.float32"):
+            clipped_grad_sum(model, params, {**batch, "x": batch["x"].double()}, torch.ones(2, 5), 1.0, method=method)
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+@pytest.mark.parametrize("m, b", [(2, 0), (0, 5)])
+def test_no_client_or_no_example_clips_to_zeros(method, m, b):
+    """An empty batch raised RuntimeError on the ghost path, no client IndexError on the vmap path."""
+    model = nn.Linear(4, 3)
+    params = {k: v.detach().unsqueeze(0).repeat(m, *[1] * v.dim()) for k, v in model.named_parameters()}
+    batch = {"x": torch.randn(m, b, 4), "y": torch.zeros(m, b, dtype=torch.long)}
+    sums, norms, losses = clipped_grad_sum(model, params, batch, torch.ones(m, b), 1.0, method=method,
+                                           return_loss=True)
+    assert norms.shape == (m, b) and losses.shape == (m,) and all(v.shape == params[k].shape and not v.any()
+                                                                    for k, v in sums.items())

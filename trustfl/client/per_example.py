@@ -145,7 +145,9 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         raise ConfigError(f"`method` must be one of {METHODS}, found {method!r}.")
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ConfigError(f"`chunk_size` must be a positive integer or None, found {chunk_size!r}.")
-    params, batch, keep = _prepare(params_stacked, batch, mask, max_norm)
+    params, batch, keep = _prepare(model, params_stacked, batch, mask, max_norm, objective)
+    if keep.numel() == 0:  # no client or no example: nothing to clip
+        return _nothing(params, keep, return_loss)
     if method == "ghost":
         layers = ghost_plan(model, params, batch, objective)
         if layers is not None:
@@ -298,7 +300,7 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
       ``(clipped, norms)``: ``clipped[k]`` of shape ``(m, *param_shape)`` and the norms ``(m,)`` of the mean
       gradients before clipping; ``(clipped, norms, losses)`` with ``return_loss``.
     """
-    params, batch, keep = _prepare(params_stacked, batch, mask, max_norm)
+    params, batch, keep = _prepare(model, params_stacked, batch, mask, max_norm, objective)
     # the per-client mean gradients by plain autograd on the stacked leaves (no torch.func.grad, whose first call
     # imports torch._dynamo: about a second of the first round)
     g, losses = batched_mean_grad(model, objective, params, batch, keep)
@@ -308,14 +310,43 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
     return (clipped, norms, losses.detach()) if return_loss else (clipped, norms)
 
 
-def _prepare(params_stacked: Mapping[str, torch.Tensor], batch: Batch, mask: torch.Tensor,
-             max_norm: float) -> tuple[Params, dict[str, torch.Tensor], torch.Tensor]:
+def _prepare(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch, mask: torch.Tensor,
+             max_norm: float, objective: AbstractObjective) -> tuple[Params, dict[str, torch.Tensor], torch.Tensor]:
     """Validate a cohort batch; return detached params, the batch with padding blanked, and the keep mask."""
     _check_norm(max_norm)
     m = _check_stacked(params_stacked)
     _check_batch(batch, mask, 2, m)
+    _check_fit(model, params_stacked, batch, objective)
     keep = mask != 0
     return {k: v.detach() for k, v in params_stacked.items()}, _blank_padding(batch, keep), keep
+
+
+def _check_fit(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
+               objective: AbstractObjective) -> None:
+    """Refuse stacked parameters the model does not hold (a name it lacks, another shape) and a floating input of
+    another dtype than the parameters': torch would raise deep inside the forward pass, or (per-example gradients)
+    silently ignore an unknown name."""
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    for name, v in params.items():
+        if name not in shapes:
+            raise ConfigError(f"`params_stacked` holds {name!r}, which is not a parameter of the "
+                              f"{type(model).__name__} (its parameters: {sorted(shapes)}).")
+        if tuple(v.shape[1:]) != shapes[name]:
+            raise ConfigError(f"`params_stacked[{name!r}]` has shape {tuple(v.shape)}: (m, *{shapes[name]}) expected "
+                              f"for the {type(model).__name__}'s parameter.")
+    x = batch.get(objective.input_key)
+    dtype = next(iter(params.values())).dtype
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+        raise ConfigError(f"`batch[{objective.input_key!r}]` is {x.dtype} but the parameters are {dtype}; convert one "
+                          f"to the other.")
+
+
+def _nothing(params: Params, keep: torch.Tensor, return_loss: bool) -> tuple:
+    """The clipped sums, norms (and losses) of an empty cohort or batch: zeros."""
+    m = keep.shape[0]
+    like = next(iter(params.values()))
+    out = ({k: torch.zeros_like(v) for k, v in params.items()}, like.new_zeros(keep.shape))
+    return (*out, like.new_zeros(m)) if return_loss else out
 
 
 def _check_norm(max_norm: float) -> None:
