@@ -80,3 +80,58 @@ def test_docstring_examples_run():
         result = doctest.testmod(module, extraglobs={"torch": torch})
         failed, attempted = failed + result.failed, attempted + result.attempted
     assert failed == 0 and attempted >= 30
+
+
+def _encoded(name: str, x: torch.Tensor) -> Encoded:
+    return trustfl.build("compressor", name).encode(x, _gen(1), 17)
+
+
+@pytest.mark.parametrize("sender,receiver", [(s, r) for s in NAMES for r in NAMES if s != r])
+def test_a_payload_of_another_compressor_is_refused_naming_the_receiver(sender, receiver):
+    """Decoding another compressor's payload raised KeyError 'codes' / 'fmax' / 'values'."""
+    x = torch.randn(2, 40, generator=_gen(3))
+    comp = trustfl.build("compressor", receiver)
+    with pytest.raises(MessageError, match=f"compressor '{receiver}' cannot decode"):
+        comp.decode(_encoded(sender, x), x if comp.needs_key else None, 17)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_malformed_payloads_and_arguments_are_message_errors(name):
+    """A header of the wrong shape raised RuntimeError; a list of ints for `gen` and shared_seed=None TypeError."""
+    comp = trustfl.build("compressor", name)
+    x = torch.randn(2, 40, generator=_gen(4))
+    key = x if comp.needs_key else None
+    enc = comp.encode(x, _gen(1), 17)
+    for k, t in enc.payload.items():
+        wider = Encoded({**enc.payload, k: torch.cat([t, t[:, :1]], dim=1)}, enc.rows, enc.dim)
+        with pytest.raises(MessageError, match=f"compressor '{name}' cannot decode payload tensor '{k}'"):
+            comp.decode(wider, key, 17)
+        other = Encoded({**enc.payload, k: t.to(torch.float64 if t.dtype == torch.uint8 else torch.int32)},
+                        enc.rows, enc.dim)
+        with pytest.raises(MessageError, match=f"'{k}'"):
+            comp.decode(other, key, 17)
+    with pytest.raises(MessageError, match=f"compressor '{name}' decodes an Encoded"):
+        comp.decode(dict(enc.payload), key, 17)
+    with pytest.raises(MessageError, match="`gen` must be None, a torch.Generator or a list of 2"):
+        comp.encode(x, [1, 2], 0)
+    with pytest.raises(MessageError, match="`gen`"):
+        comp.encode(x, [_gen(1)], 0)  # one generator for two rows
+    with pytest.raises(MessageError, match=f"compressor '{name}': `shared_seed` must be an integer"):
+        comp.encode(x, _gen(1), None)
+    with pytest.raises(MessageError, match="`shared_seed`"):
+        comp.decode(enc, key, None)
+    with pytest.raises(MessageError, match="`key`"):
+        comp.decode(enc, [0.0] * 40, 17)
+    with pytest.raises(MessageError, match=r"floating \(m, d\) tensor"):
+        comp.encode([[1.0, 2.0]], _gen(1), 17)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_values_beyond_float32_are_refused_not_sent_as_inf(name):
+    comp = trustfl.build("compressor", name)
+    x = torch.zeros(2, 8, dtype=torch.float64)
+    x[1, 3] = 1e300
+    with pytest.raises(MessageError, match="beyond float32's range"):
+        comp.encode(x, _gen(1), 17)
+    x[1, 3] = float("inf")  # non-finite rows still go through, for screening to reject
+    comp.encode(x, _gen(1), 17)

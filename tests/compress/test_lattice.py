@@ -204,3 +204,16 @@ def test_modes_and_overrides_resolve():
     assert dataclasses.replace(paper, mode="code") == code  # overrides stay unset, so the mode decides
     mixed = Lattice(mode="code", dither=True)
     assert (mixed.rotated, mixed.dithered) == (False, True)
+
+
+def test_a_step_below_float32s_normal_range_is_refused():
+    """step = 1e-45 (a float32 denormal) was accepted and decoded ones(1, 4) to NaN with 0 failures."""
+    with pytest.raises(ConfigError, match=r"`step` must be a finite number >= 1\.17549e-38 \(.*float32.*found 1e-45"):
+        Lattice(step=1e-45)
+    with pytest.raises(ConfigError, match="`step`"):
+        Lattice(step=1e-39)
+    tiny = torch.finfo(torch.float32).tiny  # the smallest step accepted still quantizes
+    for lat in (Lattice(8, tiny, mode="code"), Lattice(8, tiny)):
+        x = torch.full((1, 4), 3e-37)
+        dec, failures = lat.decode(lat.encode(x, _gen(0), 0), x, 0)
+        assert failures.tolist() == [0] and (dec - x).abs().max() <= 16 * tiny

@@ -130,3 +130,57 @@ def test_same_generator_same_codes():
 def test_bad_parameters_raise_config_error_naming_them(factory, kwargs, name):
     with pytest.raises(ConfigError, match=f"`{name}`"):
         factory(**kwargs)
+
+
+F32_MAX = torch.finfo(torch.float32).max
+
+
+@pytest.mark.parametrize("comp,x", [
+    (QSGD(), [[2e19, -2e19, 1.0]]),  # the float32 sum of squares overflowed: NaN
+    (QSGD(levels=1, bucket=2), [[F32_MAX, -F32_MAX, 3e38, 0.0]]),  # a norm beyond float32: capped, still unbiased
+    (QSGDMinMax(), [[-2e38, 2e38, 0.0]]),  # fmax − fmin overflowed
+    (QSGDMinMax(levels=4), [[-F32_MAX, F32_MAX, 1e38]]),
+    (QSGDMinMax(l2=True), [[1e20, -1e20, 3.0]]),
+    (QSGDMinMax(l2=True, levels=3), [[F32_MAX, F32_MAX, -F32_MAX]]),
+    (QSGDMinMax(levels=16), [[0.0, 1e-44, 5e-45]]),  # a unit below float32 (1/unit overflowed)
+])
+def test_huge_and_tiny_ranges_stay_finite_and_unbiased(comp, x):
+    """Scales computed in float32 overflowed, and finite messages decoded to NaN."""
+    x = torch.tensor(x)
+    n = 4000
+    enc = comp.encode(x.expand(n, x.shape[1]), _gen(11), 0)
+    assert all(bool(t.isfinite().all()) for k, t in enc.payload.items() if k != "codes")
+    dec, _ = comp.decode(enc, None, 0)
+    assert bool(dec.isfinite().all())
+    span = float(x.double().abs().max())
+    # within a few standard errors of x (one level is at most 2·span wide)
+    assert ((dec.double().mean(dim=0) - x[0].double()).abs() <= 5 * 2 * span / math.sqrt(n)).all()
+    assert (dec.double() - x.double()).abs().max() <= 2 * span * (1 + 1e-5)
+
+
+def test_overflow_paths_leave_ordinary_rows_alone():
+    """A row needing the float64 path next to ordinary rows: the ordinary rows encode and decode as they do alone."""
+    ordinary = torch.randn(3, 40, generator=_gen(12))
+    huge = torch.tensor([[1e38, -1e38]]).repeat(1, 20)
+    for comp in (QSGD(), QSGD(bucket=8), QSGDMinMax(l2=True), QSGDMinMax(segments=(20, 20))):
+        mixed = torch.cat([ordinary, huge])
+        gens = [_gen(i) for i in range(4)]
+        both, alone = comp.encode(mixed, gens, 0), comp.encode(ordinary, [_gen(i) for i in range(3)], 0)
+        for k, t in alone.payload.items():
+            assert torch.equal(both.payload[k][:3], t)
+        assert torch.equal(comp.decode(both, None, 0)[0][:3], comp.decode(alone, None, 0)[0])
+
+
+@pytest.mark.parametrize("factory,kwargs,largest", [
+    (QSGD, {}, 2 ** 23), (QSGDMinMax, {}, 2 ** 24 + 1), (QSGDMinMax, {"l2": True}, 2 ** 23 + 1),
+])
+def test_levels_beyond_float32_integers_are_refused_when_built(factory, kwargs, largest):
+    """qsgd took levels = 2**40 and failed in the first round with "`bits` must be an integer in 1..32, found 42";
+    levels between 2**24 and 2**31 flipped signs (the codes are float32 integers)."""
+    comp = factory(levels=largest, **kwargs)
+    x = torch.tensor([[1.0, -1.0, 0.0, 0.5]])
+    dec, _ = comp.decode(comp.encode(x, _gen(0), 0), None, 0)
+    assert (dec - x).abs().max() <= 2.0 / (largest - 1)
+    for levels in (largest + 1, 2 ** 31 - 1, 1099511627776):
+        with pytest.raises(ConfigError, match=f"`levels` must be an integer in \\d+\\.\\.{largest} .*found {levels}"):
+            factory(levels=levels, **kwargs)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import trustfl
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 from trustfl.server.downlink import Cast, Downlink
 
 
@@ -80,3 +80,20 @@ def test_cast_is_registered():
     stage = trustfl.build("downlink_stage", "cast", dtype="float16")
     assert isinstance(stage, Cast) and stage.dtype == "float16"
     assert trustfl.build("downlink_stage", "cast").dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("name,big", [("float16", 7e4), ("float16", -1e5), ("bfloat16", 3.4e38)])
+def test_cast_refuses_a_finite_value_beyond_the_target_range(name, big):
+    """A float16 cast turned a model value of 7e4 into inf, which every client then received."""
+    p = _payload(3)
+    p["scaffold/c"][5] = big
+    with pytest.raises(MessageError, match=rf"tensor 'scaffold/c' holds a finite value .* beyond {name}'s range.*"
+                                           r"dtype = \"(bfloat16|float32)\""):
+        Downlink((("cast", Cast(name)),)).encode(p)
+
+
+def test_cast_passes_non_finite_values_through():
+    p = {"model": torch.tensor([float("nan"), float("inf"), -float("inf"), 65504.0])}
+    enc = Cast("float16").encode(p)
+    assert torch.equal(enc["model"].isnan(), torch.tensor([True, False, False, False]))
+    assert enc["model"][1:].tolist() == [float("inf"), -float("inf"), 65504.0]

@@ -16,10 +16,18 @@ import abc
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
+import numpy as np
 import torch
 
+from trustfl.core.checks import describe_value
+from trustfl.core.registry import component_name
 from trustfl.core.rng import run_draws
 from trustfl.errors import ConfigError, MessageError
+
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+"""A payload's tensors by name: ``(shape, dtype)`` each."""
+
+_F32_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,9 @@ class Encoded:
     dim: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.payload, dict) or not all(isinstance(t, torch.Tensor) for t in self.payload.values()):
+            raise MessageError(f"`payload` must be a dict of tensors, found {type(self.payload).__name__}"
+                               f"{'' if not isinstance(self.payload, dict) else ' holding non-tensors'}.")
         for name, t in self.payload.items():
             if t.ndim == 0 or t.shape[0] != self.rows:
                 raise MessageError(f"payload tensor {name!r} must have a leading dimension of {self.rows} rows, "
@@ -98,6 +109,56 @@ class AbstractCompressor(abc.ABC):
           compressors that cannot fail).
         """
 
+    def payload_layout(self, rows: int, dim: int) -> Layout | None:
+        """The payload :meth:`encode` makes of ``rows`` messages of ``dim`` coordinates, or ``None`` (the default,
+        for compressors of your own): then :meth:`check_decode_args` does not check the payload."""
+        return None
+
+    def check_encode_args(self, x: object, gen: object, shared_seed: object) -> None:
+        """Raise :class:`MessageError` naming this compressor unless ``x`` is a floating (m, d) matrix whose finite
+        values fit float32, ``gen`` is ``None``, a ``torch.Generator`` or (with :attr:`rowwise_generators`) one per
+        row, and ``shared_seed`` is an integer."""
+        where = component_name("compressor", self)
+        check_rows(x, where)
+        rows = x.shape[0]  # type: ignore[union-attr]
+        if not (gen is None or isinstance(gen, torch.Generator) or (
+                self.rowwise_generators and isinstance(gen, (list, tuple)) and len(gen) == rows
+                and all(isinstance(g, torch.Generator) for g in gen))):
+            allowed = f", a torch.Generator or a list of {rows} (one per row)" if self.rowwise_generators else \
+                " or a torch.Generator"
+            raise MessageError(f"{where}: `gen` must be None{allowed}, found {describe_value(gen)}.")
+        _check_seed(shared_seed, where)
+        if x.element_size() > 4 and bool((x.isfinite() & (x.abs() > _F32_MAX)).any()):  # type: ignore[union-attr]
+            raise MessageError(f"{where}: the messages hold finite values beyond float32's range (±{_F32_MAX:.6g}), "
+                               f"which the float32 encoding would turn into ±inf; scale them down.")
+
+    def check_decode_args(self, enc: object, key: torch.Tensor | None, shared_seed: object) -> torch.Tensor | None:
+        """Raise :class:`MessageError` naming this compressor unless ``enc`` is an :class:`Encoded` whose payload
+        has the names, shapes and dtypes :meth:`payload_layout` gives (not another compressor's, nor other
+        settings'), ``key`` fits it (see :func:`check_key`) and ``shared_seed`` is an integer; return the key as
+        :func:`check_key` does."""
+        where = component_name("compressor", self)
+        if not isinstance(enc, Encoded):
+            raise MessageError(f"{where} decodes an Encoded (what encode() returns), found {describe_value(enc)}.")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (enc.rows, enc.dim)) \
+                or enc.rows < 0 or enc.dim < 1:
+            raise MessageError(f"{where}: an Encoded needs rows >= 0 and dim >= 1, found rows={enc.rows!r}, "
+                               f"dim={enc.dim!r}.")
+        layout = self.payload_layout(enc.rows, enc.dim)
+        if layout is not None:
+            if set(enc.payload) != set(layout):
+                raise MessageError(f"{where} cannot decode a payload holding {sorted(enc.payload)}: it encodes "
+                                   f"{sorted(layout)} (was this payload made by another compressor?).")
+            for name, (shape, dtype) in layout.items():
+                t = enc.payload[name]
+                if tuple(t.shape) != shape or t.dtype != dtype:
+                    raise MessageError(f"{where} cannot decode payload tensor {name!r} of {t.dtype} "
+                                       f"{tuple(t.shape)}: it encodes {dtype} {shape} for {enc.rows} message(s) of "
+                                       f"{enc.dim} coordinates (made by another compressor or other settings?).")
+        key = check_key(key, enc, required=self.needs_key, where=where)
+        _check_seed(shared_seed, where)
+        return key
+
     def with_segments(self, sizes: Sequence[int]) -> "AbstractCompressor":
         """This compressor for messages made of consecutive segments (parameter tensors) of ``sizes``.
 
@@ -118,23 +179,34 @@ def check_segments(sizes: Sequence[int] | None, name: str = "segments") -> tuple
     return sizes
 
 
-def check_rows(x: torch.Tensor) -> None:
-    """Raise :class:`MessageError` unless ``x`` is a floating ``(m, d)`` matrix with ``d >= 1``."""
-    if x.ndim != 2 or not x.is_floating_point() or x.shape[1] == 0:
-        raise MessageError(f"compressors encode a floating (m, d) tensor with d >= 1, found {x.dtype} "
-                           f"{tuple(x.shape)}.")
+def check_rows(x: object, where: str = "") -> None:
+    """Raise :class:`MessageError` (naming ``where``, e.g. "compressor 'qsgd'") unless ``x`` is a floating
+    ``(m, d)`` matrix with ``d >= 1``."""
+    if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point() or x.shape[1] == 0:
+        found = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else describe_value(x)
+        who = f"{where} encodes" if where else "compressors encode"
+        raise MessageError(f"{who} a floating (m, d) tensor with d >= 1, found {found}.")
 
 
-def check_key(key: torch.Tensor | None, enc: Encoded, required: bool) -> torch.Tensor | None:
+def check_key(key: torch.Tensor | None, enc: Encoded, required: bool, where: str = "") -> torch.Tensor | None:
     """``key`` as float32 (m, d) or (d,), or ``None``; raise :class:`MessageError` if required and missing or
     misshapen."""
+    prefix = f"{where}: " if where else ""
     if key is None:
         if required:
-            raise MessageError("this compressor decodes against a reference point: pass `key` ((m, d) or (d,)).")
+            raise MessageError(f"{prefix}this compressor decodes against a reference point: pass `key` ((m, d) or "
+                               f"(d,)).")
         return None
-    if key.shape not in ((enc.rows, enc.dim), (enc.dim,)):
-        raise MessageError(f"`key` must have shape ({enc.rows}, {enc.dim}) or ({enc.dim},), found {tuple(key.shape)}.")
+    if not isinstance(key, torch.Tensor) or key.shape not in ((enc.rows, enc.dim), (enc.dim,)):
+        found = tuple(key.shape) if isinstance(key, torch.Tensor) else describe_value(key)
+        raise MessageError(f"{prefix}`key` must be a tensor of shape ({enc.rows}, {enc.dim}) or ({enc.dim},), "
+                           f"found {found}.")
     return key.to(torch.float32)
+
+
+def _check_seed(seed: object, where: str) -> None:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise MessageError(f"{where}: `shared_seed` must be an integer both ends know, found {describe_value(seed)}.")
 
 
 _DITHER_BITS = 16

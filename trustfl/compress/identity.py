@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import torch
 
-from trustfl.compress.base import AbstractCompressor, Encoded, check_key, check_rows
+from trustfl.compress.base import AbstractCompressor, Encoded, Layout
 from trustfl.core.registry import register
 
 
@@ -32,12 +32,15 @@ class Identity(AbstractCompressor):
     def bits_per_coordinate(self) -> float:
         return 32.0
 
+    def payload_layout(self, rows: int, dim: int) -> Layout:
+        return {"values": ((rows, dim), torch.float32)}
+
     def encode(self, x: torch.Tensor, gen: torch.Generator | None, shared_seed: int) -> Encoded:
-        check_rows(x)
+        self.check_encode_args(x, gen, shared_seed)
         return Encoded({"values": x.to(torch.float32, copy=True)}, rows=x.shape[0], dim=x.shape[1])
 
     def decode(self, enc: Encoded, key: torch.Tensor | None, shared_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key = check_key(key, enc, required=False)
+        key = self.check_decode_args(enc, key, shared_seed)
         values = enc.payload["values"]
         device = values.device if key is None else key.device
         return (values.to(device, copy=True),

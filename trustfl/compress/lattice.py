@@ -19,14 +19,15 @@ from typing import ClassVar
 
 import torch
 
-from trustfl.compress.base import AbstractCompressor, Encoded, add_dither_, check_key, check_rows
-from trustfl.compress.bits import check_bits, pack_bits, unpack_bits
+from trustfl.compress.base import AbstractCompressor, Encoded, Layout, add_dither_
+from trustfl.compress.bits import check_bits, pack_bits, packed_nbytes, unpack_bits
 from trustfl.compress.rotation import HadamardRotation, check_block
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 
 _MODES = ("paper", "code")
+_MIN_STEP = torch.finfo(torch.float32).tiny  # 2**-126, float32's smallest normal number
 
 
 @register("compressor", "lattice")
@@ -37,7 +38,8 @@ class Lattice(AbstractCompressor):
     Args:
       bits: ``b``, bits per coordinate, 1..32 (``q = 2**b`` residues). ``b = 32`` makes the modulo the
         identity on the int32 range.
-      step: the lattice side ``s > 0``.
+      step: the lattice side ``s``, at least float32's smallest normal number ``2**-126 ≈ 1.2e-38`` (below it
+        ``1/s`` overflows float32 or ``s`` has no exact float32 value, and every message would decode to NaN).
       mode: ``"paper"`` (default): shared-seed random rotation and dithered, unbiased rounding, as the QuAFL
         paper describes (its Lemma 3.1 assumes an unbiased quantizer). ``"code"``: the authors' released code —
         no rotation, round to nearest (deterministic, biased by up to ``step/2`` per coordinate).
@@ -96,7 +98,9 @@ class Lattice(AbstractCompressor):
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
-        check_number("step", self.step, low=0, low_open=True, finite=True, note="the lattice side")
+        check_number("step", self.step, low=_MIN_STEP, finite=True,
+                     note="the lattice side; the quantizer computes x/step and step·z in float32, and below float32's "
+                          "smallest normal number 1/step overflows to inf or step loses its exact value")
         if self.mode not in _MODES:
             raise ConfigError(f"`mode` must be one of {list(_MODES)}, found {self.mode!r}.")
         for name in ("rotate", "dither"):
@@ -131,8 +135,11 @@ class Lattice(AbstractCompressor):
         """Coordinates actually coded for a message of ``d``: ``d``, or ``d`` padded to the block when rotating."""
         return self._rotation().padded(d) if self.rotated else d
 
+    def payload_layout(self, rows: int, dim: int) -> Layout:
+        return {"codes": ((rows, packed_nbytes(self.bits, self.coded_length(dim))), torch.uint8)}
+
     def encode(self, x: torch.Tensor, gen: torch.Generator | None, shared_seed: int) -> Encoded:
-        check_rows(x)
+        self.check_encode_args(x, gen, shared_seed)
         m, d = x.shape
         if self.rotated:  # y = H·D·x / s, the 1/s folded into the Hadamard matrix; a fresh buffer
             y = self._rotation().forward(x, shared_seed, scale=1.0 / self.step)
@@ -146,7 +153,7 @@ class Lattice(AbstractCompressor):
         return Encoded({"codes": pack_bits(y.to(torch.int32), self.bits)}, rows=m, dim=d)
 
     def decode(self, enc: Encoded, key: torch.Tensor | None, shared_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key = check_key(key, enc, required=True)
+        key = self.check_decode_args(enc, key, shared_seed)
         n = self.coded_length(enc.dim)
         c = unpack_bits(enc.payload["codes"].to(key.device), self.bits, n, dtype=torch.int32)
         if self.bits > 24:  # sign-extend to the residue in [−q/2, q/2), so that float32 holds it exactly

@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 
 from trustfl.core.registry import register
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, MessageError
 
 Payload = dict[str, torch.Tensor]
 
@@ -43,6 +43,9 @@ class Cast(AbstractDownlinkStage):
     Args:
       dtype: ``"float16"``, ``"bfloat16"``, ``"float32"`` or ``"float64"``.
 
+    A finite value beyond the target type's range (``|v| > 65504`` for float16) is refused with a
+    :class:`MessageError` naming the tensor, rather than sent to every client as ±inf.
+
     Example:
       >>> stage = Cast("bfloat16")
       >>> enc = stage.encode({"model": torch.tensor([1.0, 1.00390625])})
@@ -57,7 +60,19 @@ class Cast(AbstractDownlinkStage):
             raise ConfigError(f"`dtype` must be one of {sorted(_DTYPES)}, found {self.dtype!r}.")
 
     def encode(self, payload):
-        return {k: v.to(_DTYPES[self.dtype]) for k, v in payload.items()}
+        dtype = _DTYPES[self.dtype]
+        out = {}
+        for k, v in payload.items():
+            cast = v.to(dtype)
+            if v.is_floating_point() and not bool(torch.isfinite(cast).all()) and bool(
+                    (torch.isfinite(v) & ~torch.isfinite(cast)).any()):  # a second pass only where the cast holds ±inf
+                big = float(v[torch.isfinite(v)].abs().max())
+                wider = "bfloat16" if self.dtype == "float16" else "float32" if self.dtype == "bfloat16" else "float64"
+                raise MessageError(f"downlink stage `cast`: tensor {k!r} holds a finite value of magnitude {big:.6g}, "
+                                   f"beyond {self.dtype}'s range (±{torch.finfo(dtype).max:.6g}): it would reach the "
+                                   f"clients as ±inf. Cast to a wider type (dtype = \"{wider}\") or leave it out.")
+            out[k] = cast
+        return out
 
     def decode(self, payload, dtypes):
         return {k: v.to(dtypes[k]) for k, v in payload.items()}
