@@ -4,7 +4,9 @@
 round's bytes, ``rejected_total``, the privacy columns and whatever the engine reports for the round (e.g.
 ``train_loss``); the evaluation metrics (``accuracy``, ``loss``, ...) are present only in the rows of evaluated
 rounds (every ``engine.eval_every`` rounds and the last one). A metric's curve is the rows that carry it:
-:func:`metric_rows`.
+:func:`metric_rows`. Every value of a row is a number, or a list of numbers (a deployment's ``dropped_clients``):
+JSON has no NaN or infinity, so NaN is written ``null`` and ±inf ``"inf"`` / ``"-inf"`` (read back as floats); the
+writer and the reader refuse anything else.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from trustfl.core.paths import looked_up
-from trustfl.errors import UsageError
+from trustfl.errors import ConfigError, UsageError
 
 
 def _clean(value: Any) -> Any:
@@ -132,7 +134,7 @@ def read_json_object(path: Path, types: dict[str, type] | None = None) -> dict[s
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise UsageError(f"{path} cannot be read as JSON ({err}).") from None
     if not isinstance(data, dict):
@@ -143,55 +145,151 @@ def read_json_object(path: Path, types: dict[str, type] | None = None) -> dict[s
             kind is not list or all(isinstance(v, str) for v in value)))
         if not good:
             raise UsageError(f"{path}: `{key}` must be {'a list of names' if kind is list else kind.__name__}, "
-                             f"found {value!r}.")
+                             f"found {_describe(value)}.")
     return data
 
 
+def load_json(text: str) -> Any:
+    """``json.loads(text)``, with arrays or objects nested too deeply for Python's parser (its RecursionError) a
+    ValueError, like any other text that is not JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("arrays or objects nested too deeply") from None
+
+
+INFINITIES = {"inf": math.inf, "-inf": -math.inf}
+"""How a metrics row spells ±inf (JSON has none; NaN is ``null``)."""
+
+
 def append_metrics(path: Path, row: dict[str, Any]) -> None:
+    """Append ``row`` to ``path`` (``metrics.jsonl``).
+
+    Raises:
+      ConfigError: a value is not a number (a part of your own that reports, e.g., a string as a metric): the
+        readers would refuse the row, so it is not written.
+    """
+    row = _clean(row)
+    try:
+        _checked_row(row)
+    except ValueError as err:
+        raise ConfigError(f"the metrics row of round {row.get('round')!r}: {err}; every metric a part reports (an "
+                          f"evaluator's, a stage's, an aggregator's, an engine's) must be one number.") from None
     with path.open("a") as fh:
-        fh.write(json.dumps(_clean(row)) + "\n")
+        fh.write(json.dumps(row) + "\n")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``run_dir/metrics.jsonl`` (``[]`` without one). A last line without its newline that is not a
-    whole row is one being written (a running run) or cut short by a crash; it is left out.
+    """The rows of ``run_dir/metrics.jsonl`` (``[]`` without one), ``"inf"`` / ``"-inf"`` read as floats. A last
+    line without its newline that is not JSON is a row being written (a running run) or cut short by a crash; it is
+    left out.
 
     Raises:
-      UsageError: any other line is not a JSON object with a whole ``round`` >= 0.
+      UsageError: naming the file and line: a line that is not a JSON object with a whole ``round`` >= 0 and
+        values that are numbers (or ``null``, ``"inf"``, ``"-inf"``) or lists of them; a round that repeats or
+        goes back.
     """
     path = looked_up(run_dir, "run directory", UsageError) / "metrics.jsonl"
+    rows = _numbered_rows(path)
+    for (before, last), (number, row) in zip(rows, rows[1:]):
+        if row["round"] <= last["round"]:
+            what = (f"repeats round {row['round']} (lines {before} and {number})" if row["round"] == last["round"]
+                    else f"goes back to round {row['round']} on line {number}, after round {last['round']} on line "
+                         f"{before}")
+            raise UsageError(f"{path} {what}: a run has one row per round, in round order. Remove the rows that do "
+                             f"not belong, or restore the file.")
+    return [row for _, row in rows]
+
+
+def _numbered_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, row) of every row of the metrics file ``path``, each checked on its own (:func:`read_metrics`
+    also checks their order)."""
     if not path.is_file():
         return []
     rows, number = [], 0
     try:
         text = path.read_text(encoding="utf-8")
         lines = text.splitlines()
-        if lines and not text.endswith("\n") and not _whole_row(lines[-1]):
+        if lines and not text.endswith("\n") and _cut_short(lines[-1]):
             lines.pop()
         for number, line in enumerate(lines, 1):
             if line.strip():
-                rows.append(json.loads(line))
-                _check_row(rows[-1])
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as err:
+                rows.append((number, _checked_row(load_json(line))))
+    except (UnicodeDecodeError, ValueError) as err:
         raise UsageError(f"{path} is not a trustfl metrics file (line {number}: {err}).") from None
     return rows
 
 
-def _whole_row(line: str) -> bool:
+def _cut_short(line: str) -> bool:
+    """Whether ``line`` is not JSON at all (a whole row, however wrong, is JSON: it is checked, not left out)."""
     try:
-        _check_row(json.loads(line))
-    except ValueError:
-        return False
-    return True
+        load_json(line)
+    except json.JSONDecodeError:
+        return True
+    except ValueError:  # too deep, too many digits: JSON, and refused as such
+        pass
+    return False
 
 
-def _check_row(row: Any) -> None:
-    """A metrics row is a JSON object whose ``round`` is a whole number >= 0 (the key every reader sorts on)."""
+def _checked_row(row: Any) -> dict[str, Any]:
+    """``row`` as trustfl writes it: a JSON object whose ``round`` is a whole number >= 0 (the key every reader
+    sorts on) and whose values are numbers (``null``: NaN; ``"inf"`` / ``"-inf"``, returned as floats) or lists
+    of numbers.
+
+    Raises:
+      ValueError: naming the key and its value.
+    """
     if not isinstance(row, dict):
         raise ValueError(f"a row must be a JSON object, found {type(row).__name__}")
     r = row.get("round")
     if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-        raise ValueError(f"`round` must be an integer >= 0, found {r!r}")
+        raise ValueError(f"`round` must be an integer >= 0, found {_describe(r)}")
+    out = {}
+    for key, value in row.items():
+        number = [_number(v) for v in value] if isinstance(value, list) else _number(value)
+        if number is _NOT_A_NUMBER or isinstance(number, list) and _NOT_A_NUMBER in number:
+            raise ValueError(f"`{_key(key)}` is {_describe(value)}, where a row holds numbers (within ±1.8e308; null "
+                             f"for NaN, \"inf\" and \"-inf\" for ±inf) or a list of them (a deployment's "
+                             f"`dropped_clients`)")
+        out[key] = number
+    return out
+
+
+_NOT_A_NUMBER = object()
+
+
+def _number(value: Any) -> Any:
+    """``value`` as a metrics row holds a number (``"inf"`` / ``"-inf"`` as floats), or :data:`_NOT_A_NUMBER`."""
+    if isinstance(value, str):
+        return INFINITIES.get(value, _NOT_A_NUMBER)
+    if value is None or isinstance(value, float):
+        return value
+    return value if isinstance(value, int) and not isinstance(value, bool) and _fits_a_float(value) else _NOT_A_NUMBER
+
+
+def _fits_a_float(value: int) -> bool:
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _key(key: str) -> str:
+    """``key`` as shown in a one-line message: as it is when short and printable, else quoted and cut."""
+    return key if len(key) <= 60 and key.isprintable() else json.dumps(key[:60]) + ("…" if len(key) > 60 else "")
+
+
+def _describe(value: Any) -> str:
+    """``value`` (read from JSON, or given to the writer) in a few words, on one line."""
+    if isinstance(value, int) and not isinstance(value, bool) and not _fits_a_float(value):
+        return f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'} of {len(value)} item(s)"
+    if value is not None and not isinstance(value, (str, int, float)):
+        return f"a {type(value).__name__}"  # what a part of your own gave the writer (a tensor, a numpy scalar)
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
 
 
 def metric_rows(rows: Iterable[dict[str, Any]], metric: str | Sequence[str]) -> list[dict[str, Any]]:
@@ -204,7 +302,7 @@ def truncate_metrics(path: Path, last_round: int) -> None:
     """Keep only rows up to ``last_round`` (a resumed run rewrites what came after its checkpoint), refusing
     (UsageError) a file that lacks or repeats any of rounds 1..``last_round`` (rows lost or pasted in since the
     interrupted run wrote them)."""
-    rows = [r for r in read_metrics(path.parent) if r["round"] <= last_round]
+    rows = [r for _, r in _numbered_rows(path) if r["round"] <= last_round]
     rounds = [r["round"] for r in rows]
     if rounds != list(range(1, last_round + 1)):
         missing = sorted(set(range(1, last_round + 1)) - set(rounds))
@@ -216,7 +314,7 @@ def truncate_metrics(path: Path, last_round: int) -> None:
         raise UsageError(f"{path} does not hold one row for each of the {last_round} round(s) the checkpoint has run "
                          f"(it {what}): the resumed run's history would not be the run's. Restore the file, or start "
                          f"afresh with --overwrite.")
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_lines(path, rows)
 
 
 def _spans(numbers: Sequence[int]) -> str:

@@ -15,6 +15,7 @@ else the first evaluator metric), mean over seeds at each evaluation, against ``
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
@@ -95,7 +96,14 @@ class Comparison:
 
 
 def _num(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    """``value`` as a float: NaN when it is not a number; ±inf for an integer beyond the floats (a summary.json
+    value: metrics rows hold none)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -169,6 +177,21 @@ def _varied_keys(runs: list[RunRecord], ignore: frozenset[str]) -> list[str]:
     return [k for k in keys if k not in ignore and len({_value_text(r.config.get(k, _ABSENT)) for r in runs}) > 1]
 
 
+def _check_ignored(runs: list[RunRecord], ignore: Sequence[str]) -> None:
+    """Refuse (UsageError) an ``--ignore`` key that no run's flattened config holds: it would change nothing."""
+    keys = sorted({k for run in runs for k in run.config})
+    for key in ignore:
+        if key in keys:
+            continue
+        leaves = [k for k in keys if k.startswith(f"{key}.")]
+        if leaves:
+            hint = f"it is a table: name its keys, e.g. {', '.join(leaves[:6])}" + (", ..." if len(leaves) > 6 else "")
+        else:
+            close = difflib.get_close_matches(key, keys, n=3)
+            hint = f"did you mean {' or '.join(close)}?" if close else "keys are dotted, e.g. client.lr"
+        raise UsageError(f"--ignore {key!r}: no compared run's config.toml has this key; {hint}")
+
+
 def _stats(values: list[float]) -> tuple[float, float | None]:
     if not values:
         return math.nan, None
@@ -205,10 +228,12 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
       ignore: more config keys that never define a group.
 
     Raises:
-      UsageError: no runs, a path that is not a run or sweep directory, an unknown ``metric``.
+      UsageError: no runs, a path that is not a run or sweep directory, an unknown ``metric``, an ``ignore`` key
+        that no run's config holds.
     """
     run_dirs, skipped = expand_runs(paths)
     runs = [load_run(p) for p in run_dirs]
+    _check_ignored(runs, ignore)
     varied = _varied_keys(runs, IGNORED_KEYS | frozenset(ignore))
     metrics: list[str] = []
     for run in runs:

@@ -35,7 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 from trustfl.config.load import (apply_override, config_from_dict, config_to_dict, dump_toml, load_config,
                                  parse_override, read_toml)
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, hold_run_dir, read_json_object, writing
+from trustfl.core.runfiles import (SUMMARY_TYPES, check_out_dir, hold_run_dir, load_json, read_json_object,
+                                   read_metrics, writing)
 from trustfl.errors import CheckpointError, ConfigError, TrustFLError, UsageError
 from trustfl.report.sweep_points import (_MAX_NAME, MAX_POINTS, _digest, _grids, flatten_config, parse_seeds,
                                         point_name)
@@ -51,19 +52,20 @@ def run_finished(run_dir: str | Path) -> bool:
     rounds, or for fewer when the engine stopped on its own (``engine.time_limit``: the last row's ``sim_time``)."""
     run_dir = Path(run_dir)
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_json_object(run_dir / "summary.json", SUMMARY_TYPES)
+    except TrustFLError:
         return False
-    if not isinstance(summary, dict) or not isinstance(summary.get("rounds"), int):
+    if not isinstance(summary.get("rounds"), int):
         return False
-    if summary["rounds"] >= summary.get("rounds_planned", math.inf):
+    planned = summary.get("rounds_planned")
+    if summary["rounds"] >= (math.inf if planned is None else planned):
         return True
     try:
         limit = load_config(run_dir / "config.toml").engine.time_limit
-        lines = (run_dir / "metrics.jsonl").read_text().strip().splitlines()
-        last = json.loads(lines[-1]) if lines else {}
-    except (TrustFLError, OSError, ValueError):
+        rows = read_metrics(run_dir)
+    except (TrustFLError, OSError):
         return False
+    last = rows[-1] if rows else {}
     return bool(limit) and last.get("round") == summary["rounds"] and (last.get("sim_time") or 0) >= limit
 
 
@@ -416,7 +418,7 @@ def load_manifest(sweep_dir: str | Path) -> dict[str, Any]:
     """
     path = Path(sweep_dir) / MANIFEST
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_text())
     except OSError as err:
         raise UsageError(f"cannot read {path}: {err.strerror or err}.") from None
     except ValueError as err:

@@ -15,14 +15,16 @@ _TAIL = ("train_loss", "sim_time", "local_steps_total", "bits_up_total", "bits_d
 
 
 def _fmt(v: Any) -> str:
+    """A value of a row or of the summary: ``null`` (how a NaN is written) as ``nan``."""
     if isinstance(v, float):
         return f"{v:.4f}" if abs(v) < 1e5 else f"{v:.3e}"
-    return "" if v is None else str(v)
+    return "nan" if v is None else str(v)
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = _COLUMNS) -> str:
+    """One line per row; a cell is empty where the row lacks the column (a metric of rounds not evaluated)."""
     cols = [c for c in columns if any(c in r for r in rows)]
-    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    cells = [[_fmt(r[c]) if c in r else "" for c in cols] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]

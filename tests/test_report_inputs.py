@@ -1,0 +1,162 @@
+"""What `trustfl report` and `trustfl compare` make of run directories written by hand: a metrics row that trustfl
+never writes (a huge integer, deep nesting, a value that is not a number, a round twice) and an `--ignore` key that
+names nothing are one-line errors (exit 2) naming the file, line and key; what trustfl does write is read back."""
+import json
+import math
+import re
+
+import pytest
+
+from trustfl.cli import main
+from trustfl.core.runfiles import append_metrics, read_metrics, truncate_metrics
+from trustfl.errors import ConfigError, UsageError
+from trustfl.report.compare import compare_runs
+from trustfl.report.sweep import MANIFEST, run_finished
+
+CONFIG = 'name = "r"\nseed = {seed}\n[aggregator]\nname = "{rule}"\n[client]\nlr = 0.1\n'
+
+
+def _run(path, lines, seed=0, rule="mean"):
+    """A run directory: config.toml and metrics.jsonl holding ``lines`` (rows, or text written as it is)."""
+    path.mkdir(parents=True)
+    (path / "config.toml").write_text(CONFIG.format(seed=seed, rule=rule))
+    (path / "metrics.jsonl").write_text("".join(line if isinstance(line, str) else json.dumps(line) + "\n"
+                                                for line in lines))
+    return path
+
+
+def _refused(capsys, args):
+    """The one stderr line of a command that must fail with a user error."""
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("trustfl: error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _both_refuse(capsys, run, tmp_path, *fragments):
+    for args in (["report", str(run)], ["compare", str(run), "--out", str(tmp_path / "cmp")]):
+        err = _refused(capsys, args)
+        assert f"{run / 'metrics.jsonl'}" in err and all(f in err for f in fragments), err
+
+
+def test_a_huge_integer_is_refused_naming_the_line_and_key(tmp_path, capsys):
+    # report crashed in matplotlib and compare in its own float(value): OverflowError
+    run = _run(tmp_path / "run", [{"round": 1, "accuracy": 0.5}, '{"round": 2, "accuracy": 1' + "0" * 400 + "}\n"])
+    _both_refuse(capsys, run, tmp_path, "line 2", "`accuracy`", "401 digits")
+    run = _run(tmp_path / "round", ['{"round": 1' + "0" * 400 + ', "accuracy": 0.5}\n'])
+    _both_refuse(capsys, run, tmp_path, "line 1", "`round`")
+
+
+@pytest.mark.parametrize("end", ["\n", ""])  # also as a last line without its newline (not a row cut short)
+def test_a_row_nested_too_deeply_is_refused_naming_the_line(tmp_path, capsys, end):
+    # RecursionError inside json
+    deep = '{"round": 2, "x": ' + "[" * 100_000 + "]" * 100_000 + "}" + end
+    run = _run(tmp_path / "run", [{"round": 1, "accuracy": 0.5}, deep])
+    _both_refuse(capsys, run, tmp_path, "line 2", "nested too deeply")
+
+
+@pytest.mark.parametrize("value, shown", [('"x"', "'x'"), ("true", "True"), ('{"a": 1}', "a JSON object"),
+                                          ("[[0.5]]", "a JSON array"), ('["a"]', "a JSON array"),
+                                          ('"nan"', "'nan'"), ('""', "''")])
+def test_a_value_that_is_not_a_number_is_refused_naming_the_line_and_key(tmp_path, capsys, value, shown):
+    # report printed it as it is; compare made it `nan ± –` and exited 0
+    run = _run(tmp_path / "run", [{"round": 1, "accuracy": 0.5}, '{"round": 2, "accuracy": %s}\n' % value])
+    _both_refuse(capsys, run, tmp_path, "line 2", f"`accuracy` is {shown}")
+
+
+def test_what_trustfl_writes_for_nan_and_inf_is_read_back(tmp_path, capsys):
+    """The writer spells NaN null and ±inf "inf"/"-inf" (JSON has neither); compare took "inf" for NaN."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(CONFIG.format(seed=0, rule="mean"))
+    for row in ({"round": 1, "train_loss": 2.0, "loss": 1.0, "accuracy": 0.5},
+                {"round": 2, "train_loss": math.inf, "loss": math.inf, "accuracy": math.nan, "x": -math.inf}):
+        append_metrics(run / "metrics.jsonl", row)
+    assert '"loss": "inf"' in (run / "metrics.jsonl").read_text()
+    rows = read_metrics(run)
+    assert rows[1]["loss"] == math.inf and rows[1]["x"] == -math.inf and rows[1]["accuracy"] is None
+    (row,) = compare_runs([run], write=False).rows
+    assert row["final_loss_mean"] == math.inf and math.isnan(row["final_accuracy_mean"])
+    assert main(["report", str(run)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last[:4] == ["2", "nan", "inf", "inf"]  # round, accuracy (NaN, not blank), loss, train_loss
+    # a deployment's row lists the clients that dropped out
+    (run / "metrics.jsonl").write_text('{"round": 1, "dropped": 2, "dropped_clients": [2, 5]}\n')
+    assert read_metrics(run)[0]["dropped_clients"] == [2, 5]
+    # JSON's NaN / Infinity, which Python's json writes, are numbers too
+    (run / "metrics.jsonl").write_text('{"round": 1, "loss": NaN}\n{"round": 2, "loss": -Infinity}\n')
+    assert [r["loss"] for r in read_metrics(run)][1] == -math.inf
+
+
+def test_the_writer_refuses_what_the_readers_would(tmp_path):
+    # a part of your own reporting a string was written, and the run's own metrics.jsonl was then unreadable
+    path = tmp_path / "metrics.jsonl"
+    for value, shown in (("ok", "'ok'"), (True, "True"), ([[1.0]], "a JSON array of 1 item(s)"),
+                         (10**400, "an integer of 401 digits")):
+        with pytest.raises(ConfigError, match=re.escape(f"metrics row of round 3: `clip/note` is {shown},")):
+            append_metrics(path, {"round": 3, "clip/note": value})
+    assert not path.exists()
+    append_metrics(path, {"round": 3, "dropped_clients": [2], "loss": math.nan, "n": 4})  # what trustfl writes
+    assert path.read_text() == '{"round": 3, "dropped_clients": [2], "loss": null, "n": 4}\n'
+
+
+@pytest.mark.parametrize("rounds, fragment", [((1, 1), "repeats round 1 (lines 1 and 2)"),
+                                              ((1, 2, 2), "repeats round 2 (lines 2 and 3)"),
+                                              ((1, 3, 2), "goes back to round 2 on line 3, after round 3 on line 2")])
+def test_a_round_twice_or_out_of_order_is_refused_naming_the_lines(tmp_path, capsys, rounds, fragment):
+    # report printed both rows; compare silently took the last
+    run = _run(tmp_path / "run", [{"round": r, "accuracy": 0.5 + i / 10} for i, r in enumerate(rounds)])
+    _both_refuse(capsys, run, tmp_path, fragment)
+
+
+def _two_runs(tmp_path):
+    return [str(_run(tmp_path / f"r{seed}", [{"round": 1, "accuracy": 0.5 + seed / 10}], seed=seed, rule=rule))
+            for seed, rule in ((0, "mean"), (1, "cwmed"))]
+
+
+@pytest.mark.parametrize("key, fragment", [("aggregatr", "did you mean aggregator.name"),
+                                           ("aggregator", "it is a table: name its keys, e.g. aggregator.name"),
+                                           ("zzz", "keys are dotted")])
+def test_an_ignore_key_that_matches_nothing_is_refused(tmp_path, capsys, key, fragment):
+    # it silently changed nothing
+    err = _refused(capsys, ["compare", *_two_runs(tmp_path), "--ignore", key, "--out", str(tmp_path / "cmp")])
+    assert f"--ignore {key!r}" in err and fragment in err, err
+
+
+def test_an_ignore_key_that_a_run_holds_merges_its_groups(tmp_path, capsys):
+    runs = _two_runs(tmp_path)
+    assert len(compare_runs(runs, write=False).rows) == 2
+    assert main(["compare", *runs, "--ignore", "aggregator.name", "--no-plots", "--out", str(tmp_path / "c")]) == 0
+    assert "| all runs | 2 |" in capsys.readouterr().out
+
+
+def test_a_summary_with_a_huge_integer_is_no_crash(tmp_path, capsys):
+    run = _run(tmp_path / "run", [{"round": 1, "accuracy": 0.5}])
+    (run / "summary.json").write_text('{"rounds": 1, "best_accuracy": 1' + "0" * 400 + "}")
+    (row,) = compare_runs([run], write=False).rows  # OverflowError: the summary's best is not a row's value
+    assert row["best_accuracy_mean"] == 0.5
+
+
+def test_deeply_nested_summary_and_manifest_are_one_line_errors(tmp_path, capsys):
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    run = _run(tmp_path / "run", [{"round": 1, "accuracy": 0.5}])
+    (run / "summary.json").write_text(deep)
+    for args in (["report", str(run)], ["compare", str(run), "--out", str(tmp_path / "cmp")]):
+        err = _refused(capsys, args)
+        assert "summary.json cannot be read as JSON (arrays or objects nested too deeply)" in err, err
+    assert not run_finished(run)  # RecursionError: a sweep's check of its points
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / MANIFEST).write_text(deep)
+    err = _refused(capsys, ["compare", str(sweep), "--out", str(tmp_path / "cmp")])
+    assert f"{sweep / MANIFEST} is not a sweep manifest (arrays or objects nested too deeply)" in err, err
+
+
+def test_resume_still_names_the_rounds_it_lacks_or_repeats(tmp_path):
+    """The resumed run's check (truncate_metrics) reads rows in any order and says what is wrong as a whole."""
+    run = _run(tmp_path / "run", [{"round": 1}, {"round": 1}, {"round": 3, "loss": "inf"}])
+    with pytest.raises(UsageError, match=r"the 2 round\(s\) .*\(it lacks round\(s\) 2; it repeats round\(s\) 1\)"):
+        truncate_metrics(run / "metrics.jsonl", 2)
+    (run / "metrics.jsonl").write_text('{"round": 1, "loss": "inf"}\n{"round": 2, "x": 1}\n')
+    truncate_metrics(run / "metrics.jsonl", 1)
+    assert (run / "metrics.jsonl").read_text() == '{"round": 1, "loss": "inf"}\n'  # kept as the writer spells it
