@@ -180,3 +180,28 @@ def test_ledger_book_summary_and_checkpoint():
     assert restored.client_ids == [0, 1, 2]
     with pytest.raises(CheckpointError):
         LedgerBook({}, accountant="pld").load_state_dict(book.state_dict())
+
+
+@pytest.mark.parametrize("client_id", ["a", None, 1.5, True, [1]])
+def test_a_client_id_that_is_not_an_integer_is_a_privacy_error(client_id):
+    with pytest.raises(PrivacyError, match="client_id"):
+        PrivacyLedger(client_id, Budget(1.0, DELTA))
+    with pytest.raises(PrivacyError, match="client_id"):
+        LedgerBook({}).add_client(client_id, Budget(1.0, DELTA))
+    if not isinstance(client_id, list):                       # hashable: a key of the budgets
+        with pytest.raises(PrivacyError, match="client_id"):
+            LedgerBook({client_id: Budget(1.0, DELTA)})
+
+
+def test_malformed_ledger_book_arguments_are_privacy_errors():
+    for budgets in (None, [Budget(1.0, DELTA)]):
+        with pytest.raises(PrivacyError, match="budgets"):
+            LedgerBook(budgets)
+    with pytest.raises(PrivacyError, match="accountant"):
+        LedgerBook({}, accountant="moments")
+    with pytest.raises(PrivacyError, match="neighboring"):
+        LedgerBook({}, neighboring="swap")
+    book = LedgerBook({0: Budget(1.0, DELTA)})
+    with pytest.raises(PrivacyError, match="no ledger"):
+        book["a"]
+    assert [0] not in book and 0 in book

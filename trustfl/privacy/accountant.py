@@ -61,6 +61,11 @@ class Budget:
         return self.unlimited or epsilon <= self.epsilon * (1.0 + _SLACK)
 
 
+def _check_client_id(client_id: Any) -> int:
+    """``client_id`` as an int: a Python or NumPy integer (PrivacyError naming it otherwise)."""
+    return int(check_number("client_id", client_id, integer=True, error=PrivacyError))
+
+
 def _check_count(count: int) -> int:
     return int(check_number("count", count, integer=True, low=0, error=PrivacyError))
 
@@ -84,7 +89,7 @@ class PrivacyLedger:
     """The privacy spent by one client: a dp_accounting accountant plus the list of composed events.
 
     Args:
-      client_id: the client this ledger belongs to (named in errors).
+      client_id: the client this ledger belongs to (an integer; named in errors).
       budget: the client's (ε, δ) budget; ε is reported at ``budget.delta``.
       accountant: ``"rdp"`` (dp_accounting defaults) or ``"pld"`` (value discretization 1e-4).
       neighboring: ``"add_remove"`` (default; Poisson sampling) or ``"replace_one"`` (needed by
@@ -93,13 +98,14 @@ class PrivacyLedger:
 
     def __init__(self, client_id: int, budget: Budget, accountant: str = "rdp",
                  neighboring: str = "add_remove") -> None:
+        client_id = _check_client_id(client_id)
         if not isinstance(budget, Budget):
             raise PrivacyError(f"`budget` must be a Budget, found {type(budget).__name__}.")
-        if accountant not in ACCOUNTANTS:
+        if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
             raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
-        if neighboring not in NEIGHBORINGS:
+        if not isinstance(neighboring, str) or neighboring not in NEIGHBORINGS:
             raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
-        self.client_id = int(client_id)
+        self.client_id = client_id
         self.budget = budget
         self.accountant = accountant
         self.neighboring = neighboring
@@ -237,13 +243,23 @@ class LedgerBook:
     """One :class:`PrivacyLedger` per client.
 
     Args:
-      budgets: client id → budget.
+      budgets: client id (an integer) → budget.
       accountant: accountant of every ledger (``"rdp"`` or ``"pld"``).
       neighboring: neighbouring relation of every ledger.
+
+    Raises:
+      PrivacyError: ``budgets`` not a mapping, a key not an integer, a value not a Budget, or an unknown
+        ``accountant`` / ``neighboring``.
     """
 
     def __init__(self, budgets: Mapping[int, Budget], accountant: str = "rdp",
                  neighboring: str = "add_remove") -> None:
+        if not isinstance(budgets, Mapping):
+            raise PrivacyError(f"`budgets` must be a mapping of client id to Budget, found {type(budgets).__name__}.")
+        if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
+            raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
+        if not isinstance(neighboring, str) or neighboring not in NEIGHBORINGS:
+            raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
         self.accountant = accountant
         self.neighboring = neighboring
         self._ledgers: dict[int, PrivacyLedger] = {}
@@ -251,21 +267,26 @@ class LedgerBook:
             self.add_client(cid, budget)
 
     def add_client(self, client_id: int, budget: Budget) -> PrivacyLedger:
-        """Open a ledger for a new client."""
-        if int(client_id) in self._ledgers:
+        """Open a ledger for a new client (PrivacyError: ``client_id`` not an integer, or already present)."""
+        client_id = _check_client_id(client_id)
+        if client_id in self._ledgers:
             raise PrivacyError(f"client {client_id} already has a ledger.")
         ledger = PrivacyLedger(client_id, budget, self.accountant, self.neighboring)
-        self._ledgers[int(client_id)] = ledger
+        self._ledgers[client_id] = ledger
         return ledger
 
     def __getitem__(self, client_id: int) -> PrivacyLedger:
         try:
             return self._ledgers[int(client_id)]
-        except KeyError:
-            raise PrivacyError(f"client {client_id} has no ledger; known clients: {sorted(self._ledgers)}.") from None
+        except (KeyError, TypeError, ValueError):
+            raise PrivacyError(f"client {client_id!r} has no ledger; known clients: "
+                               f"{sorted(self._ledgers)}.") from None
 
     def __contains__(self, client_id: object) -> bool:
-        return client_id in self._ledgers
+        try:
+            return client_id in self._ledgers
+        except TypeError:  # unhashable
+            return False
 
     def __len__(self) -> int:
         return len(self._ledgers)

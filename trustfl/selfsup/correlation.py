@@ -9,7 +9,10 @@
 - The server (Algorithm 1) keeps every client's last upload R̃_j and R̃ = Σ_j q_j R̃_j: all J clients upload at
   t = 1, later only the participants, whose matrices replace their old ones (R̃ ← R̃ − q_j R̃_j^{old} + q_j R̃_j);
   absent clients' matrices are kept (stale). Client j trains with R̃_{−j} = (R̃ − q_j R̃_j)/(1 − q_j), the
-  q-weighted mean of the other clients' matrices.
+  q-weighted mean of the other clients' matrices. Non-finite matrices are refused (MessageError; the engine screens
+  them out before). Where a subtraction cancels (a huge matrix replaced by an ordinary one: the result's largest
+  entry below 2⁻¹⁰ of its operands'), R̃ or R̃_{−j} is summed afresh from the stored matrices; otherwise the
+  incremental forms are used unchanged.
 
 Example:
   >>> z = torch.ones(4, 2, 3)                            # 4 samples, V = 2 views, H = 3
@@ -28,8 +31,9 @@ from typing import Optional, Sequence
 import torch
 
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite, finite_rows
 from trustfl.core.rng import normal_rows
-from trustfl.errors import ConfigError, PrivacyError
+from trustfl.errors import ConfigError, MessageError, PrivacyError
 from trustfl.objectives.spectral import norm_clip
 
 __all__ = ["CorrelationStore", "add_matrix_noise", "client_weights", "correlation", "dp_calr"]
@@ -126,11 +130,48 @@ def add_matrix_noise(r: torch.Tensor, sigma: float, generator: torch.Generator |
 
 
 def client_weights(sizes: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """q_j = |D_j| / Σ_j' |D_j'| (float64); equal sizes give the authors' q_j = 1/J."""
+    """q_j = |D_j| / Σ_j' |D_j'| (float64); equal sizes give the authors' q_j = 1/J.
+
+    A sum that overflows (or underflows below the normal range) is taken over ``sizes / max(sizes)`` instead.
+
+    Raises:
+      ConfigError: fewer than 2 sizes, a size not finite and > 0, or sizes so far apart that a weight is 0.
+    """
     s = torch.as_tensor(sizes, dtype=torch.float64)
     if s.dim() != 1 or s.numel() < 2 or not bool((s > 0).all()) or not bool(torch.isfinite(s).all()):
         raise ConfigError(f"`sizes` must hold at least 2 positive client data set sizes, found {sizes!r}.")
-    return s / s.sum()
+    total = s.sum()
+    if not bool(torch.isfinite(total)) or float(total) < torch.finfo(torch.float64).tiny:
+        s = s / s.max()
+        total = s.sum()
+    q = s / total
+    if not bool((q > 0).all()):
+        raise ConfigError(f"`sizes` must lie within a factor of about 1e308 of each other (a weight would be 0), "
+                          f"found {sizes!r}.")
+    return q
+
+
+_CANCELLED = 2.0 ** -10
+"""A sum or difference whose largest entry is below this share of its operands' is recomputed (see the notes)."""
+
+
+def _cancelled(result: torch.Tensor, *operands: torch.Tensor) -> torch.Tensor:
+    """Per leading row of ``(…, H, H)`` tensors: ``result`` not finite, or its largest |entry| below
+    ``_CANCELLED`` times the operands' largest (most of its digits lost to cancellation)."""
+    big = torch.stack([o.abs().amax(dim=(-2, -1)) for o in operands]).amax(dim=0)
+    size = result.abs().amax(dim=(-2, -1))
+    return ~(size >= _CANCELLED * big) | ~(size < float("inf"))
+
+
+def _check_finite(uploads: torch.Tensor, clients: list[int]) -> None:
+    """MessageError naming the clients whose matrices hold NaN or ±inf."""
+    if all_finite(uploads):
+        return
+    bad = ~finite_rows(uploads.reshape(uploads.shape[0], -1))
+    if bool(bad.any()):
+        rows = [clients[i] for i in torch.nonzero(bad).flatten().tolist()]
+        raise MessageError(f"CorrelationStore: `uploads` of clients {rows} are not finite (NaN or ±inf); the "
+                           f"store is unchanged (screen such uploads out, as the engine does).")
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,7 +181,7 @@ class CorrelationStore:
     Attributes:
       matrices: ``(J, H, H)``, R̃_j, client j's last upload.
       weights: ``(J,)``, q_j (positive, summing to 1).
-      total: ``(H, H)``, R̃ = Σ_j q_j R̃_j, maintained incrementally.
+      total: ``(H, H)``, R̃ = Σ_j q_j R̃_j, maintained incrementally (summed afresh where that cancels).
     """
 
     matrices: torch.Tensor
@@ -153,7 +194,7 @@ class CorrelationStore:
 
         Raises:
           ConfigError: ``uploads`` is not ``(J, H, H)`` with J >= 2, or ``weights`` is not ``(J,)`` positive and
-            summing to 1.
+            summing to 1. MessageError: a matrix (or their weighted sum) is not finite.
         """
         if uploads.dim() != 3 or uploads.shape[1] != uploads.shape[2] or uploads.shape[0] < 2:
             raise ConfigError(f"`uploads` must be (J, H, H) with J >= 2 clients, found {tuple(uploads.shape)}.")
@@ -162,7 +203,11 @@ class CorrelationStore:
                 or abs(float(w.sum()) - 1.0) > 1e-6:
             raise ConfigError(f"`weights` must be {uploads.shape[0]} positive numbers summing to 1 (see "
                               f"client_weights), found {weights!r}.")
-        return cls(uploads.clone(), w, torch.einsum("j,jhk->hk", w, uploads))
+        _check_finite(uploads, list(range(uploads.shape[0])))
+        total = torch.einsum("j,jhk->hk", w, uploads)
+        if not all_finite(total):
+            raise MessageError("CorrelationStore: the weighted sum of `uploads` overflows.")
+        return cls(uploads.clone(), w, total)
 
     def _rows(self, clients: torch.Tensor) -> torch.Tensor:
         idx = torch.as_tensor(clients, dtype=torch.long, device=self.matrices.device).reshape(-1)
@@ -177,6 +222,10 @@ class CorrelationStore:
         Args:
           clients: ``(m,)`` distinct client ids (row order of ``uploads``).
           uploads: ``(m, H, H)``, their new matrices (from :func:`dp_calr`).
+
+        Raises:
+          ConfigError: bad ids or shape. MessageError: a non-finite matrix (in the store's dtype); the store is
+            unchanged.
         """
         idx = self._rows(clients)
         if idx.unique().numel() != idx.numel():
@@ -185,11 +234,28 @@ class CorrelationStore:
             raise ConfigError(f"`uploads` must have the shape {(idx.numel(), *self.matrices.shape[1:])}, found "
                               f"{tuple(uploads.shape)}.")
         uploads = uploads.to(self.matrices.dtype)
-        total = self.total + torch.einsum("j,jhk->hk", self.weights[idx], uploads - self.matrices[idx])
-        return CorrelationStore(self.matrices.index_copy(0, idx, uploads), self.weights, total)
+        _check_finite(uploads, idx.tolist())
+        delta = torch.einsum("j,jhk->hk", self.weights[idx], uploads - self.matrices[idx])
+        total = self.total + delta
+        matrices = self.matrices.index_copy(0, idx, uploads)
+        if bool(_cancelled(total, self.total, delta)):
+            total = torch.einsum("j,jhk->hk", self.weights, matrices)
+            if not all_finite(total):
+                raise MessageError("CorrelationStore: the weighted sum of the matrices overflows; the store is "
+                                   "unchanged.")
+        return CorrelationStore(matrices, self.weights, total)
 
     def others(self, clients: torch.Tensor) -> torch.Tensor:
-        """R̃_{−j} = (R̃ − q_j R̃_j)/(1 − q_j) for each j in ``clients`` ``(m,)``: ``(m, H, H)``."""
+        """R̃_{−j} = (R̃ − q_j R̃_j)/(1 − q_j) for each j in ``clients`` ``(m,)``: ``(m, H, H)`` (rows where the
+        difference cancels: Σ_{k≠j} q_k R̃_k / (1 − q_j) from the stored matrices)."""
         idx = self._rows(clients)
         q = self.weights[idx].view(-1, 1, 1)
-        return (self.total - q * self.matrices[idx]) / (1.0 - q)
+        own = q * self.matrices[idx]
+        diff = self.total - own
+        redo = _cancelled(diff, self.total.expand_as(own), own)
+        if bool(redo.any()):
+            rows = torch.nonzero(redo).flatten()
+            w = self.weights.expand(rows.numel(), -1).clone()
+            w[torch.arange(rows.numel(), device=w.device), idx[rows]] = 0
+            diff = diff.index_copy(0, rows, torch.einsum("mj,jhk->mhk", w, self.matrices))
+        return diff / (1.0 - q)

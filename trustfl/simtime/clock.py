@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from trustfl.core.checks import check_number
+from trustfl.core.checks import check_number, describe_value
 from trustfl.errors import CheckpointError, ConfigError
 from trustfl.simtime.speed import AbstractSpeedModel
 
@@ -55,17 +55,27 @@ def completed_steps(start: torch.Tensor, durations: torch.Tensor, now: float | t
     Args:
       start: ``(m,)`` float64 last-contact times t_i.
       durations: ``(m, K)`` float64 step durations (K columns: the cap).
-      now: the contact time, a float, a 0-d tensor or an ``(m,)`` tensor.
+      now: the contact time, a float, a 0-d tensor or an ``(m,)`` tensor (not NaN).
 
     Returns:
       int64 tensor ``(m,)`` in ``[0, K]`` on the device of ``start``.
+
+    Raises:
+      ConfigError: ``now`` of another shape, or NaN.
 
     Example:
       >>> completed_steps(torch.tensor([0.0, 0.0]), torch.tensor([[1.0, 1.0], [0.5, 0.5]], dtype=torch.float64), 2.0)
       tensor([1, 2])
     """
     done = _prefix_times(start, durations)[:, 1:]
-    now_t = torch.as_tensor(now, dtype=torch.float64, device=done.device)
+    try:
+        now_t = torch.as_tensor(now, dtype=torch.float64, device=done.device)
+    except (TypeError, ValueError, RuntimeError):
+        now_t = None
+    if now_t is None or now_t.dim() > 1 or (now_t.dim() == 1 and now_t.shape[0] != done.shape[0]) \
+            or bool(torch.isnan(now_t).any()):
+        raise ConfigError(f"`now` must be a number (not NaN), a 0-d tensor or a ({done.shape[0]},) tensor (one "
+                          f"time per client of `start`), found {describe_value(now)}.")
     if now_t.dim() == 1:
         now_t = now_t[:, None]
     return (done < now_t).to(torch.int64).cumprod(dim=1).sum(dim=1)
@@ -199,9 +209,17 @@ class ClockState:
         return steps
 
     def advance(self, dt: float) -> None:
-        """``server_time += dt`` (e.g. ``sit + swt``), ``dt`` finite and >= 0."""
+        """``server_time += dt`` (e.g. ``sit + swt``), ``dt`` finite and >= 0.
+
+        Raises:
+          ConfigError: a bad ``dt``, or a sum that overflows (``server_time`` is then unchanged).
+        """
         check_number("dt", dt, low=0, finite=True)
-        self.server_time += float(dt)
+        after = self.server_time + float(dt)
+        if not math.isfinite(after):
+            raise ConfigError(f"`dt` = {dt!r} would take the server time {self.server_time!r} past the largest "
+                              f"float; the clock is unchanged.")
+        self.server_time = after
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A snapshot of tensors only: ``server_time`` (0-d float64), ``last_contact``, ``last_round`` (copies)."""
@@ -228,6 +246,17 @@ class ClockState:
             raise CheckpointError(f"Corrupt clock state: {exc}") from exc
 
 
+_CANCELLED = 2.0 ** -20
+"""Below this, ``1 − (1−p)·e^{−c/m}`` has lost most of its digits and is computed in its cancellation-free form."""
+_MAX_TERMS = 1 << 32
+"""Most terms :func:`expected_steps` sums (2²⁰ per chunk): beyond, the series would run for hours."""
+
+
+def _ceil(x: float) -> int:
+    """``math.ceil(x)``, with anything above 2⁶² (inf included) taken as 2⁶² (beyond :data:`_MAX_TERMS` anyway)."""
+    return math.ceil(min(x, 2.0 ** 62))
+
+
 def _check_rates(p: float, c: float, mean: float) -> float:
     check_number("p", p, low=0, high=1, low_open=True)
     check_number("c", c, low=0, finite=True)
@@ -252,8 +281,12 @@ def prob_zero_steps(p: float, c: float, mean: float) -> float:
       >>> round(prob_zero_steps(0.25, 4.0, 8.0), 4)
       0.2782
     """
-    e = math.exp(-_check_rates(p, c, mean))
-    return p * e / (1.0 - (1.0 - p) * e)
+    lam = _check_rates(p, c, mean)
+    e = math.exp(-lam)
+    denominator = 1.0 - (1.0 - p) * e
+    if denominator < _CANCELLED:  # 1 − (1−p)e cancels (p and c/m tiny): the same as p·e − expm1(−λ), exactly
+        denominator = p * e - math.expm1(-lam)
+    return p * e / denominator
 
 
 def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: float = 1e-12) -> float:
@@ -271,7 +304,10 @@ def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: floa
       c: round length, >= 0.
       mean: the client's mean step time m, > 0.
       max_steps: the cap K >= 0.
-      tol: truncation tolerance.
+      tol: truncation tolerance, > 0.
+
+    Raises:
+      ConfigError: an argument out of range, or a series of more than 2³² terms (p and c/m both tiny).
 
     Example:
       >>> round(expected_steps(0.25, 4.0, 8.0, 1000), 6)   # no cap in effect: c / (m p)
@@ -281,22 +317,30 @@ def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: floa
     """
     lam = _check_rates(p, c, mean)
     check_number("max_steps", max_steps, integer=True, low=0)
+    check_number("tol", tol, low=0, low_open=True, finite=True)
     k = int(max_steps)
     if k == 0 or lam == 0.0:
         return 0.0
     p, q = float(p), 1.0 - float(p)
     g_geo = 1
+    power = q.__pow__
     if q > 0.0:
         # Σ_{g>G} p(1−p)^{g−1} E[min(K, N_g)] ≤ min(K, λ·E[g | g > G])·(1−p)^G = min(K, λ(G + 1/p))·(1−p)^G.
-        g_geo = max(1, math.ceil(math.log(tol) / math.log(q)))
-        while (bound := min(k, lam * (g_geo + 1.0 / p)) * q ** g_geo) >= tol:
-            g_geo += max(1, math.ceil(math.log(bound / tol) / -math.log(q)))
+        log_q = math.log(q) if q < 1.0 else math.log1p(-p)
+        if q == 1.0:  # p below the float spacing at 1: (1−p)^g from log1p
+            power = lambda g: math.exp(g * log_q)  # noqa: E731
+        g_geo = max(1, _ceil(math.log(tol) / log_q))
+        while g_geo <= _MAX_TERMS and (bound := min(k, lam * (g_geo + 1.0 / p)) * power(g_geo)) >= tol:
+            g_geo += max(1, _ceil(math.log(bound / tol) / -log_q))
     from scipy import special  # here: importing scipy takes seconds, and only this statistic needs it
 
     # Beyond mu_sat, K·P(N ≤ K−1) < tol: E[min(K, N)] is K up to tol / K·K.
     mu_sat = float(special.pdtri(k - 1, tol / k))
-    g_sat = max(1, math.ceil(mu_sat / lam)) if math.isfinite(mu_sat) else g_geo
+    g_sat = max(1, _ceil(mu_sat / lam)) if math.isfinite(mu_sat) else g_geo
     g_max = min(g_geo, g_sat)
+    if g_max > _MAX_TERMS:
+        raise ConfigError(f"expected_steps: `p` = {p!r} with c/m = {lam!r} needs over {_MAX_TERMS} terms of the "
+                          f"series; raise `p`, `c` or `tol`, or lower `mean`.")
     total = 0.0
     chunk = 1 << 20
     for first in range(1, g_max + 1, chunk):
@@ -304,4 +348,4 @@ def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: floa
         mu = g * lam
         capped = k * special.pdtrc(k - 1, mu) + (mu * special.pdtr(k - 2, mu) if k >= 2 else 0.0)
         total += float(np.sum(p * np.exp((g - 1) * math.log1p(-p)) * capped)) if q > 0 else float(capped[0])
-    return total + (k * q ** g_max if g_sat < g_geo else 0.0)
+    return total + (k * power(g_max) if g_sat < g_geo else 0.0)

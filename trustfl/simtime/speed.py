@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from trustfl.core.checks import check_number, describe_value, is_device
+from trustfl.core.memory import out_of_memory_as_error, refuse_beyond_free
 from trustfl.core.registry import component_name, of_trustfl, register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
@@ -56,6 +57,8 @@ MEANS_STREAM = "speed_means"
 """Stream name of the per-client mean draw of ``exponential_uniform_means``."""
 
 S = TypeVar("S", bound="AbstractSpeedModel")
+_CHECKED_BYTES = 1 << 28
+"""Durations of more bytes than this are checked against the free memory before they are drawn."""
 
 
 def _number(key: str, value: object, *, minimum: float = 0.0, strict: bool = True,
@@ -165,6 +168,7 @@ class AbstractSpeedModel:
 
         Raises:
           ConfigError: the model is unbound, ``seed`` differs from the bound seed, or an argument is malformed.
+          ResourceError: the ``(m, steps)`` durations do not fit in memory.
         """
         _, bound_seed, _ = self._bound()
         ids = self._check_ids(client_ids)
@@ -176,7 +180,12 @@ class AbstractSpeedModel:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) != bound_seed:
             raise ConfigError(f"`seed` must be the seed given to bind() ({bound_seed}), found {seed!r}.")
         check_number("steps", steps, integer=True, low=0)
-        drawn = self._draw(ids, last_round.to(device=ids.device, dtype=torch.int64), int(seed), int(steps))
+        with out_of_memory_as_error(f"drawing {int(steps):,} step durations for each of {ids.numel():,} clients",
+                                    "`steps` (the local steps K, or the rounds × iterations drawn at once)"):
+            nbytes = 8 * ids.numel() * int(steps)
+            if nbytes > _CHECKED_BYTES:  # reading the free memory costs a file read: only for large requests
+                refuse_beyond_free(nbytes, ids.device)
+            drawn = self._draw(ids, last_round.to(device=ids.device, dtype=torch.int64), int(seed), int(steps))
         if not of_trustfl(self):
             _check_drawn(self, "_draw", drawn, (ids.numel(), int(steps)), "finite and >= 0", positive=False,
                          device=ids.device)
