@@ -175,3 +175,12 @@ def test_a_flower_node_keeps_its_state_in_its_state_dir_for_a_resumed_run(tmp_pa
     path.write_bytes(b"not a state")
     with pytest.raises(MessageError, match=f"state file {path} cannot be read"):
         flower._state(node, context(tmp_path / "node1"), run_id)
+
+
+def test_a_journal_line_nested_too_deep_is_an_altered_file(tmp_path):
+    """json's RecursionError on a line nested 100,000 deep escaped as a traceback."""
+    from trustfl.deploy.server import SendJournal
+    from trustfl.errors import ConfigError
+    (tmp_path / SendJournal.NAME).write_text('{"run_id": "' + "a" * 32 + '"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match=r"line 2, is not a journal entry; the file was altered"):
+        SendJournal(tmp_path, resume=True)

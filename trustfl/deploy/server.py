@@ -113,7 +113,7 @@ class SendJournal:
                     self.run_id = str(entry["run_id"])
                 else:
                     self.sent_before.setdefault(int(entry["round"]), Counter()).update(int(c) for c in entry["sent"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deep for json
                 raise ConfigError(f"resume: {self.path}, line {k}, is not a journal entry; the file was "
                                   f"altered.") from None
         if not RUN_ID.fullmatch(self.run_id):
