@@ -351,3 +351,11 @@ def test_no_client_or_no_example_clips_to_zeros(method, m, b):
                                            return_loss=True)
     assert norms.shape == (m, b) and losses.shape == (m,) and all(v.shape == params[k].shape and not v.any()
                                                                     for k, v in sums.items())
+
+
+@pytest.mark.parametrize("sigma, clip, ebs", [(1.0, 1.0, 1e-45), (1e38, 10.0, 1.0), (0.0, 1.0, 1e-45)])
+def test_a_noise_scale_beyond_the_dtype_is_refused_not_returned_as_inf(sigma, clip, ebs):
+    """E|S| = 1e-45 (a float32 denormal) or σC = 1e39 gave ±inf and NaN."""
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    with pytest.raises(PrivacyError, match=r"beyond torch.float32's range"):
+        noisy_clipped_mean({"w": torch.ones(2, 3)}, sigma, clip, ebs, gens)

@@ -250,7 +250,8 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
       ``{name: (m, *shape)}``.
 
     Raises:
-      PrivacyError: ``σ < 0`` or ``C <= 0``. ConfigError: wrong number of generators or a bad batch size.
+      PrivacyError: ``σ < 0``, ``C <= 0``, or ``σC/E|S|`` or ``1/E|S|`` beyond the sums' dtype.
+      ConfigError: wrong number of generators or a bad batch size.
 
     Example:
       >>> g = noisy_clipped_mean({"w": torch.ones(2, 3)}, 0.0, 1.0, torch.tensor([1.0, 2.0]),
@@ -270,12 +271,15 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
     if ebs.shape != (m,) or not bool((ebs > 0).all()) or not bool(torch.isfinite(ebs).all()):
         raise ConfigError(f"`expected_batch_size` must be a positive number or an ({m},) tensor of positive "
                           f"numbers, found {expected_batch_size!r}.")
+    noise_scale, mean_scale = noise_multiplier * max_norm / ebs, 1.0 / ebs  # (m,), once for every parameter
+    if not bool((torch.isfinite(noise_scale) & torch.isfinite(mean_scale)).all()):
+        raise PrivacyError(f"σ·C/E|S| = {noise_multiplier!r}·{max_norm!r}/{expected_batch_size!r} or 1/E|S| is beyond "
+                           f"{first.dtype}'s range: the noisy mean would be ±inf or NaN.")
     if noise_multiplier == 0:
         return {k: v / ebs.view(m, *([1] * (v.dim() - 1))) for k, v in grad_sum_stacked.items()}
     noise = {k: torch.empty(v.shape, dtype=v.dtype, device=v.device) for k, v in grad_sum_stacked.items()}
     normal_rows(list(noise.values()), generators)  # client i's stream, parameters in dict order
     out: Params = {}
-    noise_scale, mean_scale = noise_multiplier * max_norm / ebs, 1.0 / ebs  # (m,), once for every parameter
     for k, v in grad_sum_stacked.items():  # (s + σC·z) / E|S|, computed as z·(σC/E|S|) + s·(1/E|S|) in place
         shape = (m, *([1] * (v.dim() - 1)))
         out[k] = noise[k].mul_(noise_scale.view(shape)).addcmul_(v, mean_scale.view(shape))
