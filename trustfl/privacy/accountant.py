@@ -61,6 +61,13 @@ class Budget:
         return self.unlimited or epsilon <= self.epsilon * (1.0 + _SLACK)
 
 
+def _check_accounting(accountant: object, neighboring: object) -> None:
+    if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
+        raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
+    if not isinstance(neighboring, str) or neighboring not in NEIGHBORINGS:
+        raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
+
+
 def _check_client_id(client_id: Any) -> int:
     """``client_id`` as an int: a Python or NumPy integer (PrivacyError naming it otherwise)."""
     return int(check_number("client_id", client_id, integer=True, error=PrivacyError))
@@ -101,10 +108,7 @@ class PrivacyLedger:
         client_id = _check_client_id(client_id)
         if not isinstance(budget, Budget):
             raise PrivacyError(f"`budget` must be a Budget, found {type(budget).__name__}.")
-        if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
-            raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
-        if not isinstance(neighboring, str) or neighboring not in NEIGHBORINGS:
-            raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
+        _check_accounting(accountant, neighboring)
         self.client_id = client_id
         self.budget = budget
         self.accountant = accountant
@@ -256,10 +260,7 @@ class LedgerBook:
                  neighboring: str = "add_remove") -> None:
         if not isinstance(budgets, Mapping):
             raise PrivacyError(f"`budgets` must be a mapping of client id to Budget, found {type(budgets).__name__}.")
-        if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
-            raise PrivacyError(f"`accountant` must be one of {ACCOUNTANTS}, found {accountant!r}.")
-        if not isinstance(neighboring, str) or neighboring not in NEIGHBORINGS:
-            raise PrivacyError(f"`neighboring` must be one of {sorted(NEIGHBORINGS)}, found {neighboring!r}.")
+        _check_accounting(accountant, neighboring)
         self.accountant = accountant
         self.neighboring = neighboring
         self._ledgers: dict[int, PrivacyLedger] = {}
