@@ -103,12 +103,13 @@ def test_which_convolutions_compute_by_patches(patched_calls):
                                                 padding=(1, 1)), torch.zeros(4, 2, 8, 8))
 
 
+@pytest.mark.parametrize("channels", [3, 1], ids=["3ch", "1ch"])  # one channel: copied a kernel row at a time
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
-def test_the_patched_convolution_is_pytorchs_to_rounding_and_channels_last(geometry):
+def test_the_patched_convolution_is_pytorchs_to_rounding_and_channels_last(geometry, channels):
     kernel, stride, padding, dilation = GEOMETRIES[geometry]
-    conv = nn.Conv2d(3, 4, kernel, stride=stride, padding=padding, dilation=dilation).double()
+    conv = nn.Conv2d(channels, 4, kernel, stride=stride, padding=padding, dilation=dilation).double()
     layer = ghost.describe("conv", conv, {"weight": "conv.weight", "bias": "conv.bias"})
-    x = torch.randn(5, 3, 11, 10, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(5, channels, 11, 10, dtype=torch.float64, requires_grad=True)
     with torch.no_grad():
         cols = patch_conv.patches(layer, x)
     side = patch_conv.output_side(layer, 11, 10)
@@ -117,7 +118,7 @@ def test_the_patched_convolution_is_pytorchs_to_rounding_and_channels_last(geome
     assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     assert torch.equal(cols.view(5, *side, -1).flatten(0, 2), F.unfold(x.detach(), kernel, dilation, padding, stride)
-                       .view(5, 3, -1, side[0] * side[1]).permute(0, 3, 2, 1).reshape(-1, cols.shape[-1]))
+                       .view(5, channels, -1, side[0] * side[1]).permute(0, 3, 2, 1).reshape(-1, cols.shape[-1]))
     g = torch.randn_like(ref)
     (want,) = torch.autograd.grad(ref, x, g)
     (got,) = torch.autograd.grad(out, x, g)

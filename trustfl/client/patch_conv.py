@@ -4,8 +4,8 @@ Where it pays (:func:`pays`), a ``Conv2d`` (``groups = 1``) of a one-client ghos
 
     Z = A Wᵀ + b,   A ∈ R^{(N·T)×(k_h·k_w·C)} the patches of the input, W ∈ R^{P×(k_h·k_w·C)},
 
-with ``A`` copied from the channels-last input in one strided copy (columns in ``(k_h, k_w, C)`` order, each row a
-run of contiguous ``C``-blocks) and ``Z`` channels-last, and hands ``A`` on: ghost clipping forms each example's
+with ``A`` copied from the channels-last input in one strided copy (one per kernel row for a one-channel input;
+columns in ``(k_h, k_w, C)`` order, each row a run of contiguous ``C``-blocks) and ``Z`` channels-last, and hands ``A`` on: ghost clipping forms each example's
 weight gradient ``G_bᵀ A_b`` from the same ``A`` (:func:`trustfl.client.ghost.squared_norms` with ``columns``), one
 batched product instead of a grouped convolution backward or a second unfolding. The gradient w.r.t. the input is
 PyTorch's convolution backward (the input's only: the pass computes no weight gradients). Results equal PyTorch's
@@ -36,7 +36,7 @@ def output_side(layer: GhostLayer, height: int, width: int) -> tuple[int, int]:
 
 def patches(layer: GhostLayer, a: torch.Tensor) -> torch.Tensor:
     """The patches of ``a (N, C, H, W)`` as ``(N, T, k_h·k_w·C)``: row ``t`` is output position ``t`` (row-major),
-    its columns in ``(k_h, k_w, C)`` order; one copy from the channels-last input."""
+    its columns in ``(k_h, k_w, C)`` order; copied from the channels-last input."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = layer.kernel_size, layer.stride, layer.padding, layer.dilation
     ho, wo = output_side(layer, a.shape[2], a.shape[3])
     if ph or pw:
@@ -44,6 +44,12 @@ def patches(layer: GhostLayer, a: torch.Tensor) -> torch.Tensor:
     n, c = a.shape[:2]
     a = a.contiguous(memory_format=torch.channels_last)
     s = a.stride()
+    if c == 1:  # one copy per kernel row: runs of k_w floats copy faster in 5-D than in one 6-D copy
+        out = a.new_empty((n, ho, wo, kh, kw))
+        for i in range(kh):
+            out[:, :, :, i] = a.as_strided((n, ho, wo, kw), (s[0], s[2] * sh, s[3] * sw, s[3] * dw),
+                                           a.storage_offset() + i * dh * s[2])
+        return out.view(n, ho * wo, kh * kw)
     windows = a.as_strided((n, ho, wo, kh, kw, c), (s[0], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw, s[1]),
                            a.storage_offset())
     return windows.reshape(n, ho * wo, kh * kw * c)
