@@ -152,7 +152,8 @@ def test_a_vertical_run_refuses_any_client_dp_setting():
 
 
 def test_an_unused_component_is_named_and_its_default_shown_by_name():
-    with pytest.raises(ConfigError, match=r'^`engine.schedule` is set but does nothing: .* its default "synchronous"\.$'):
+    with pytest.raises(ConfigError,
+                       match=r'^`engine.schedule` is set but does nothing: .* its default "synchronous"\.$'):
         check_inert_settings(_cfg(engine__schedule="buffered"))
 
 

@@ -5,12 +5,12 @@ Where it pays (:func:`pays`), a ``Conv2d`` (``groups = 1``) of a one-client ghos
     Z = A Wᵀ + b,   A ∈ R^{(N·T)×(k_h·k_w·C)} the patches of the input, W ∈ R^{P×(k_h·k_w·C)},
 
 with ``A`` copied from the channels-last input in one strided copy (one per kernel row for a one-channel input;
-columns in ``(k_h, k_w, C)`` order, each row a run of contiguous ``C``-blocks) and ``Z`` channels-last, and hands ``A`` on: ghost clipping forms each example's
-weight gradient ``G_bᵀ A_b`` from the same ``A`` (:func:`trustfl.client.ghost.squared_norms` with ``columns``), one
-batched product instead of a grouped convolution backward or a second unfolding. The gradient w.r.t. the input is
-PyTorch's convolution backward (the input's only: the pass computes no weight gradients). Results equal PyTorch's
-convolution to float rounding (another summation order), not bitwise; ``benchmarks/patch_conv.py`` measures the
-step and the difference.
+columns in ``(k_h, k_w, C)`` order, each row a run of contiguous ``C``-blocks) and ``Z`` channels-last, and hands
+``A`` on: ghost clipping forms each example's weight gradient ``G_bᵀ A_b`` from the same ``A``
+(:func:`trustfl.client.ghost.squared_norms` with ``columns``), one batched product instead of a grouped convolution
+backward or a second unfolding. The gradient w.r.t. the input is PyTorch's convolution backward (the input's only:
+the pass computes no weight gradients). Results equal PyTorch's convolution to float rounding (another summation
+order), not bitwise; ``benchmarks/patch_conv.py`` measures the step and the difference.
 
 Everything else (CUDA, grouped and 1-D convolutions, cohorts under ``vmap``, padded convolutions) keeps the
 module's own convolution.
