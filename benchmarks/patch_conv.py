@@ -10,6 +10,10 @@ answers no). Milliseconds per step, medians over ``--repeats`` pairs run back to
 column is the largest difference of the noise-free clipped sums relative to the largest entry (float rounding: the
 products sum in another order than PyTorch's kernels).
 
+A second table times how a one-channel input's patches are copied (``cnn_cafcor``'s first convolution): a kernel
+row at a time, as trustfl does, against the single 6-D strided copy it made before 2026-12-07 (:func:`one_copy`,
+the same values), the whole step paired as above.
+
 Run: ``.venv/bin/python benchmarks/patch_conv.py [--threads 0] [--out benchmarks/<cpu>/patch_conv.md]``
 """
 from __future__ import annotations
@@ -24,6 +28,41 @@ from pathlib import Path
 from cpu_info import cpus
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def one_copy(layer, a):
+    """``patch_conv.patches`` as one 6-D strided copy from the channels-last input, whatever its channels (trustfl
+    before 2026-12-07)."""
+    import torch
+    import torch.nn.functional as F
+
+    from trustfl.client.patch_conv import output_side
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = layer.kernel_size, layer.stride, layer.padding, layer.dilation
+    ho, wo = output_side(layer, a.shape[2], a.shape[3])
+    if ph or pw:
+        a = F.pad(a, (pw, pw, ph, ph))
+    n, c = a.shape[:2]
+    a = a.contiguous(memory_format=torch.channels_last)
+    s = a.stride()
+    windows = a.as_strided((n, ho, wo, kh, kw, c), (s[0], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw, s[1]),
+                           a.storage_offset())
+    return windows.reshape(n, ho * wo, kh * kw * c)
+
+
+def paired(first, second, repeats: int) -> tuple[float, float, float, float, float]:
+    """Medians of ``repeats`` back-to-back timings of ``first()`` and ``second()`` (s), and the median and quartiles of
+    their paired ratios first / second."""
+    for _ in range(3):
+        first(), second()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in ((first, times[0]), (second, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    ratios = sorted(a / b for a, b in zip(*times))
+    q = statistics.quantiles(ratios, n=4)
+    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios), q[0], q[2]
 
 
 def main() -> None:
@@ -71,20 +110,27 @@ def main() -> None:
         step = setting(model, batch, m, forced)
         on, off = step(True, noise=False), step(False, noise=False)
         diff = max(float((on[k] - off[k]).abs().max() / off[k].abs().max()) for k in off)
-        for _ in range(3):
-            step(True), step(False)
-        times: dict[bool, list[float]] = {True: [], False: []}
-        for _ in range(args.repeats if m == 1 else max(args.repeats // 4, 3)):
-            for patches in (True, False):
-                start = time.perf_counter()
-                step(patches)
-                times[patches].append(time.perf_counter() - start)
-        ratios = sorted(a / b for a, b in zip(times[True], times[False]))
-        q = statistics.quantiles(ratios, n=4)
+        on_t, off_t, med, lo, hi = paired(lambda: step(True), lambda: step(False),
+                                          args.repeats if m == 1 else max(args.repeats // 4, 3))
         rows.append((model + (", every convolution by patches (forced)" if forced else ""), batch, m,
-                     statistics.median(times[False]), statistics.median(times[True]),
-                     statistics.median(ratios), q[0], q[2], diff))
-        print(f"  {model} batch {batch} cohort {m}: {statistics.median(ratios):.3f}", file=sys.stderr, flush=True)
+                     off_t, on_t, med, lo, hi, diff))
+        print(f"  {model} batch {batch} cohort {m}: {med:.3f}", file=sys.stderr, flush=True)
+
+    by_rows, copy_rows = patch_conv.patches, []
+    for m in (1, 10):
+        step = setting("cnn_cafcor", 64, m)
+
+        def copied(patches, step=step):
+            patch_conv.patches = patches
+            try:
+                return step(True)
+            finally:
+                patch_conv.patches = by_rows
+        same = all(torch.equal(a, b) for a, b in zip(step(True, noise=False).values(),
+                                                      _with(patch_conv, one_copy, lambda: step(True, noise=False))))
+        copy_rows.append((m, *paired(lambda: copied(by_rows), lambda: copied(one_copy),
+                                     args.repeats if m == 1 else max(args.repeats // 4, 3)), same))
+        print(f"  one-channel copy, cohort {m}: {copy_rows[-1][3]:.3f}", file=sys.stderr, flush=True)
 
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/patch_conv.py'] + sys.argv[1:])}`", "",
              "# Convolutions by patches in the one-client ghost pass", "",
@@ -96,10 +142,27 @@ def main() -> None:
     for model, batch, m, off_t, on_t, med, lo, hi, diff in rows:
         lines.append(f"| {model} | {batch} | {m} | {1e3 * off_t:.2f} | {1e3 * on_t:.2f} | {med:.3f} ({lo:.3f}–"
                      f"{hi:.3f}) | {diff:.1e} |")
+    lines += ["", "One-channel patches (`cnn_cafcor`'s first convolution): copied a kernel row at a time (trustfl) "
+              "against one 6-D strided copy (before 2026-12-07), the whole `cnn_cafcor` step as above.", "",
+              "| cohort | one copy ms | by rows ms | by rows / one copy | clipped sums bitwise equal |",
+              "|---|---|---|---|---|"]
+    for m, rows_t, one_t, med, lo, hi, same in copy_rows:
+        lines.append(f"| {m} | {1e3 * one_t:.2f} | {1e3 * rows_t:.2f} | {med:.3f} ({lo:.3f}–{hi:.3f}) | "
+                     f"{'yes' if same else 'NO'} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+
+
+def _with(module, patches, fn):
+    """``fn()`` with ``module.patches`` replaced by ``patches`` for the call; its result's values."""
+    kept = module.patches
+    module.patches = patches
+    try:
+        return list(fn().values())
+    finally:
+        module.patches = kept
 
 
 if __name__ == "__main__":
