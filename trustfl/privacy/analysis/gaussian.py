@@ -294,7 +294,9 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, sample_rate: float,
     """The noise multiplier z whose ε (same accountant) lies in [epsilon − tol, epsilon].
 
     ε(z) is decreasing, so a smaller target ε gives a larger z. The search runs on ε itself (not on z), so the
-    round trip ``epsilon_subsampled_gaussian(calibrate_noise_multiplier(ε, ...), ...)`` returns ε within ``tol``.
+    round trip ``epsilon_subsampled_gaussian(calibrate_noise_multiplier(ε, ...), ...)`` returns ε within ``tol``
+    wherever ε(z) takes values in that window; where it jumps past it (a δ so large that ε drops to 0, say), z is
+    one whose ε is below ``epsilon − tol``: never above ``epsilon``.
 
     Raises:
       PrivacyError: an argument is out of range or no z in [1e-3, 1e6] reaches ``epsilon``.
