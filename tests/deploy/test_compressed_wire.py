@@ -128,3 +128,20 @@ def test_an_encoded_model_that_fails_to_decode_is_refused_not_a_traceback(monkey
     monkeypatch.setattr(type(node.fed.links.downlink), "decode", broken)
     with pytest.raises(MessageError, match=r"^node 1 refuses the request: its encoded model cannot be decoded"):
         node.train(TrainRequest.from_wire(request.to_wire()), node.new_state())
+
+
+def test_a_non_finite_message_is_sent_unencoded_and_screened_out():
+    """The lattice's integer cast turned a diverged node's NaN update into finite codes, which the server decoded and
+    accepted; the node now sends an empty payload, which the server's decoding screens out (None: malformed)."""
+    from trustfl.config.build import build_federation
+    from trustfl.deploy.node import uplink_message
+    from trustfl.deploy.server import decoded_uplink
+    fed = build_federation(_config(FEDAVG_DP_ROBUST, *LATTICE_UP), quiet=True)
+    like = fed.initial_params
+    x = torch.full((1, like.numel()), 0.01)
+    _, good = uplink_message(fed.links, x, 0, 1, 7)
+    x[0, 3] = float("nan")
+    message, bad = uplink_message(fed.links, x, 0, 2, 7)
+    assert message is None and bad == {}
+    rows, _, _ = decoded_uplink(fed, 0, {1: good, 2: bad}, like)
+    assert rows[1] is not None and torch.isfinite(rows[1]).all() and rows[2] is None

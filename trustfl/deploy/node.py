@@ -39,6 +39,20 @@ from trustfl.privacy.keys import ClientKeys, PublicKeyDirectory
 NodeState = dict[str, Any]
 
 
+
+def uplink_message(links: Any, x: torch.Tensor, r: int, cid: int,
+                   seed: int) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None]:
+    """What a node sends of its ``(1, d)`` message ``x``: ``(x[0], None)`` without an uplink compressor, else
+    ``(None, payload)`` encoded with its own dither from its own ``seed``. No compressor's code carries NaN or ±inf
+    (the lattice's integer cast lands them on a finite point): such a message goes with an empty payload, which the
+    server screens out as malformed, as the simulation rejects it."""
+    if links is None or links.uplink is None:
+        return x[0], None
+    if not bool(torch.isfinite(x).all()):
+        return None, {}
+    return None, links.encode(x, r, [cid], "up", seed).payload
+
+
 class NodeRuntime:
     """Client ``client_id``'s half of every round, for a node that holds that client's data.
 
@@ -178,9 +192,7 @@ class NodeRuntime:
         out = fed.client_stages.apply(results.updates, state["stages"], ctx)
         extras = {k: v[0] for k, v in results.extras.items()}
         metrics = {k: float(v) for k, v in out.metrics.items() if isinstance(v, (int, float, torch.Tensor))}
-        message, coded = out.x[0], None
-        if fed.links is not None and fed.links.uplink is not None:  # its own dither, from its own seed
-            message, coded = None, fed.links.encode(out.x, r, [cid], "up", seed).payload
+        message, coded = uplink_message(fed.links, out.x, r, cid, seed)
         reply = TrainReply(cid, message, extras, int(results.num_steps[0]), float(results.train_loss[0]), metrics,
                            coded)
         kept = {"digest": digest, "reply": {f.name: getattr(reply, f.name) for f in dataclasses.fields(reply)
