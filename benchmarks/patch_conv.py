@@ -31,22 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def one_copy(layer, a):
-    """``patch_conv.patches`` as one 6-D strided copy from the channels-last input, whatever its channels (trustfl
-    before 2026-12-07)."""
-    import torch
-    import torch.nn.functional as F
-
-    from trustfl.client.patch_conv import output_side
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = layer.kernel_size, layer.stride, layer.padding, layer.dilation
-    ho, wo = output_side(layer, a.shape[2], a.shape[3])
-    if ph or pw:
-        a = F.pad(a, (pw, pw, ph, ph))
-    n, c = a.shape[:2]
-    a = a.contiguous(memory_format=torch.channels_last)
-    s = a.stride()
-    windows = a.as_strided((n, ho, wo, kh, kw, c), (s[0], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw, s[1]),
-                           a.storage_offset())
-    return windows.reshape(n, ho * wo, kh * kw * c)
+    """``patch_conv.patches`` of an unpadded, undilated convolution as one 6-D strided copy from the channels-last
+    input, whatever its channels (trustfl before 2026-12-07)."""
+    (kh, kw), (sh, sw) = layer.kernel_size, layer.stride
+    assert not any(layer.padding) and layer.dilation == (1, 1)  # cnn_cafcor's convolutions
+    windows = a.permute(0, 2, 3, 1).unfold(1, kh, sh).unfold(2, kw, sw)  # (N, H_out, W_out, C, k_h, k_w) view
+    n, ho, wo = windows.shape[:3]
+    return windows.permute(0, 1, 2, 4, 5, 3).reshape(n, ho * wo, -1)
 
 
 def paired(first, second, repeats: int) -> tuple[float, float, float, float, float]:

@@ -100,8 +100,8 @@ def pays(layer: GhostLayer, x: torch.Tensor) -> bool:
     from a grouped convolution backward over at most :data:`MAX_POSITIONS` output positions. A padded input would
     first be copied into a larger one, which PyTorch's convolution spares. On a 2-core Intel Xeon (AVX-512), paired
     in one process (``benchmarks/intel_xeon_avx512/patch_conv.md``): a ``cnn_cafcor`` ghost DP-SGD step with both
-    convolutions by patches takes 0.845× its time for one client and 0.831× for a cohort of 10; ``cnn_rhdp``'s step
-    with its padded convolutions forced by patches would take 1.007× (0.885×, 0.825× and 1.027× the day before)."""
+    convolutions by patches takes 0.848× its time for one client and 0.834× for a cohort of 10; ``cnn_rhdp``'s step
+    with its padded convolutions forced by patches would take 1.048× (0.885×, 0.825× and 1.027× the day before)."""
     if x.dim() != 4 or not x.is_floating_point() or any(layer.padding):
         return False
     t = math.prod(output_side(layer, x.shape[2], x.shape[3]))
