@@ -323,7 +323,7 @@ def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: floa
         return 0.0
     p, q = float(p), 1.0 - float(p)
     g_geo = 1
-    power = q.__pow__
+    power = lambda g: q ** g  # noqa: E731  (1−p)^g
     if q > 0.0:
         # Σ_{g>G} p(1−p)^{g−1} E[min(K, N_g)] ≤ min(K, λ·E[g | g > G])·(1−p)^G = min(K, λ(G + 1/p))·(1−p)^G.
         log_q = math.log(q) if q < 1.0 else math.log1p(-p)
