@@ -58,6 +58,9 @@ REFUSED = [
      "downlink", "'polling' schedule"),
     ({"engine": {"kind": "async", "schedule": "buffered"}, "downlink": [{"name": "cast", "dtype": "float16"}]},
      "downlink", "'buffered' schedule"),
+    # stragglers' budgets were ignored there: the clock gives each client its steps (models bitwise the same)
+    ({"engine": {"kind": "async", "schedule": "polling"}, "client": {"step_budget": {"name": "stragglers"}}},
+     "client.step_budget", "'polling' schedule gives each client the steps its clock allows"),
     ({"compress": {"downlink": {"name": "qsgd_minmax", "levels": 16}}, "downlink": [{"name": "cast"}]}, "downlink",
      "`compress.downlink` encodes the model"),
 ]

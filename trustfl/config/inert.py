@@ -38,6 +38,8 @@ def _rules(cfg: ExperimentConfig) -> list[Rule]:
         rules.append(("engine", engine, ("speed",), f'the {engine.kind!r} engine has no simulated clock '
                                                      f'(`engine.kind` = "async" has)'))
     if engine.kind == "async" and engine.schedule.name in ("polling", "buffered"):
+        rules.append(("client", client, ("step_budget",), f"the async engine's {engine.schedule.name!r} schedule "
+                                                           "gives each client the steps its clock allows"))
         rules.append(("", cfg, ("downlink",), f"the async engine's {engine.schedule.name!r} schedule sends the model "
                                               "through `compress.downlink` alone (compress it there)"))
     elif cfg.compress.downlink.name != "none":
