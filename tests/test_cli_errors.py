@@ -380,6 +380,15 @@ def test_a_rule_that_needs_more_messages_than_a_round_brings_is_refused_at_valid
         assert main(["validate", "configs/quickstart.toml", *[a for f in fits for a in ("--set", f)]]) == 0
 
 
+@pytest.mark.parametrize("config", ["configs/quafl/quafl.toml", "configs/quafl/fedbuff.toml",
+                                    "configs/quafl/fedavg.toml"])
+def test_the_async_engine_also_refuses_a_rule_its_server_steps_cannot_feed(capsys, config):
+    """Validated, then every server step was skipped (the model never moved) with a warning at the end only."""
+    assert main(["validate", config, "--set", 'aggregator={name="cwtm", f=1}', "--set", "cohort.size=2"]) == 2
+    line = _one_line(capsys)
+    assert "needs at least 3 messages, found 2" in line and "(a round brings at most 2 messages: `cohort.size`)" in line
+
+
 def test_fedsc_sizes_its_features_and_matrices_before_it_makes_them(capsys, monkeypatch, tmp_path):
     """model.dim = 2·10⁶ (FedSC): the initial evaluation's features of the training set (20 GB) were computed, and
     the kernel killed the run; the round's H×H matrices (800 GB at 2·10⁵) came from an allocation that failed only

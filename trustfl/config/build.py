@@ -285,7 +285,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         pre = tuple(build_component("pre_aggregator", c, f"pre_aggregators[{i}]")
                     for i, c in enumerate(cfg.pre_aggregators))
         aggregator = PreAggregated(pre, aggregator)
-    if cfg.engine.kind == "sync":
+    if cfg.engine.kind in ("sync", "async"):  # the async engine's server step aggregates at most `cohort.size`
         _check_enough_messages(cfg, aggregator)
     server_opt = build_component("server_optimizer", Component(cfg.server.optimizer, _server_params(cfg)),
                                  "server")
@@ -366,8 +366,9 @@ def _partition(cfg: ExperimentConfig, dataset: Dataset, holders: int, seed: int)
 
 
 def _check_enough_messages(cfg: ExperimentConfig, aggregator: Any) -> None:
-    """Refuse a rule (with its pre-aggregators) that needs more messages than a synchronous round can ever bring:
-    every round would stop with the rule's error (e.g. cwtm with f = 100 on a cohort of 10)."""
+    """Refuse a rule (with its pre-aggregators) that needs more messages than a round (a server step of the async
+    engine) can ever bring: every round would stop with the rule's error, or be skipped (e.g. cwtm with f = 100 on a
+    cohort of 10, krum under FedAsync's one client per step)."""
     most = cfg.data.num_clients if cfg.cohort.sampler != "uniform" else min(cfg.cohort.size, cfg.data.num_clients)
     problem = aggregator.too_few(most)
     if problem is not None:
