@@ -202,13 +202,14 @@ def normalized_weights(ctx: RoundContext, n: int, like: torch.Tensor) -> torch.T
     if ctx.weights is None:
         return torch.full((n,), 1.0 / n, dtype=like.dtype, device=like.device)
     check_weights(ctx.weights, n)
-    w = torch.as_tensor(ctx.weights).to(device=like.device, dtype=like.dtype)
+    given = torch.as_tensor(ctx.weights, device=like.device)
+    w = given.to(like.dtype)
     out = w / w.sum()
     if bool(torch.isfinite(out).all()) and float(out.sum()) > 0:
         return out
     # The weights overflowed or underflowed in ``like``'s dtype (5e37·[1, 2, 3] in float32, 1e-300 in float64):
     # the same ratios, scaled by the largest weight first, in float64
-    w = torch.as_tensor(ctx.weights).to(device=like.device, dtype=torch.float64)
+    w = given.to(torch.float64)
     w = w / w.amax()
     return (w / w.sum()).to(like.dtype)
 

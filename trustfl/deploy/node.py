@@ -28,6 +28,7 @@ from trustfl.client.state import ClientStateStore
 from trustfl.config.build import build_federation
 from trustfl.config.schema import ExperimentConfig
 from trustfl.core.checks import describe_value
+from trustfl.core.finite import all_finite
 from trustfl.deploy.wire import Hello, TrainReply, TrainRequest, unpack_directory
 from trustfl.engine.federation import Federation
 from trustfl.engine.round_parts import cohort_context, context, make_plan, weights
@@ -39,7 +40,6 @@ from trustfl.privacy.keys import ClientKeys, PublicKeyDirectory
 NodeState = dict[str, Any]
 
 
-
 def uplink_message(links: Any, x: torch.Tensor, r: int, cid: int,
                    seed: int) -> tuple[torch.Tensor | None, dict[str, torch.Tensor] | None]:
     """What a node sends of its ``(1, d)`` message ``x``: ``(x[0], None)`` without an uplink compressor, else
@@ -48,7 +48,7 @@ def uplink_message(links: Any, x: torch.Tensor, r: int, cid: int,
     server screens out as malformed, as the simulation rejects it."""
     if links is None or links.uplink is None:
         return x[0], None
-    if not bool(torch.isfinite(x).all()):
+    if not all_finite(x):
         return None, {}
     return None, links.encode(x, r, [cid], "up", seed).payload
 
