@@ -173,3 +173,15 @@ def test_a_batch_larger_than_a_client_s_rows_is_said(capsys):
     note = "NOTICE: 4 of the 4 clients hold fewer rows than their batch size (client 0: "
     assert fed.info["notice"].startswith(note) and note in capsys.readouterr().err
     assert "notice" not in build_federation(_cfg(client={"batch_size": 16}), quiet=False).info
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    ({"name": "synchronous", "zz_typo": 1}, r"^`engine.schedule.zz_typo` is set but does nothing: .*; remove it\.$"),
+    ({"name": "synchronous", "a": 1, "b": 2}, r"^`engine.schedule.a` is set .*; remove it; also `engine.schedule.b`\.$"),
+    ({"name": "buffered", "zz_typo": 1}, r'^`engine.schedule` is set .* its default "synchronous"\.$'),
+])
+def test_parameters_of_an_unused_default_component_are_named_one_by_one(schedule, expected):
+    """A default-named component with a parameter (a typo among them) names that parameter's key path; the
+    parameter table alone was named before, hiding which key the user wrote."""
+    with pytest.raises(ConfigError, match=expected):
+        check_inert_settings(_cfg(engine__schedule=schedule))

@@ -16,6 +16,8 @@ from trustfl.errors import ConfigError
 
 Rule = tuple[str, Any, tuple[str, ...], str]
 """``(table path, table, the table's keys that do nothing, why)``."""
+NO_DEFAULT = object()
+"""The "default" of a component parameter the default component does not set (it can only be removed)."""
 
 
 def _rules(cfg: ExperimentConfig) -> list[Rule]:
@@ -83,7 +85,13 @@ def inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> list[tupl
     found = []
     for path, table, keys, why in (_overridden if as_written else _rules)(cfg):
         default = type(table)()
-        found += [(f"{path}.{key}" if path else key, why, getattr(default, key)) for key in keys_set(table, keys)]
+        for key in keys_set(table, keys):
+            full, value, unset = f"{path}.{key}" if path else key, getattr(table, key), getattr(default, key)
+            if isinstance(value, Component) and value.name == unset.name:  # the parameters differ: name each
+                found += [(f"{full}.{param}", why, unset.params.get(param, NO_DEFAULT))
+                          for param in sorted(value.params) if value.params[param] != unset.params.get(param, NO_DEFAULT)]
+            else:
+                found.append((full, why, unset))
     return found
 
 
@@ -97,9 +105,11 @@ def check_inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> Non
     if found:
         (key, why, default), others = found[0], [k for k, _, _ in found[1:]]
         more = f"; also {', '.join(f'`{k}`' for k in others)}" if others else ""
-        shown = json.dumps(default.name if isinstance(default, Component) else default)  # a component: its name
-        raise ConfigError(f"`{key}` is set but does nothing: {why}; remove it or set it to its default "
-                          f"{shown}{more}.")
+        if default is NO_DEFAULT:
+            fix = "remove it"
+        else:  # a component: its name
+            fix = f"remove it or set it to its default {json.dumps(getattr(default, 'name', default))}"
+        raise ConfigError(f"`{key}` is set but does nothing: {why}; {fix}{more}.")
 
 
 def check_budget_has_a_use(cfg: ExperimentConfig, stage_events: list[Any]) -> None:
