@@ -61,6 +61,11 @@ REFUSED = [
     # stragglers' budgets were ignored there: the clock gives each client its steps (models bitwise the same)
     ({"engine": {"kind": "async", "schedule": "polling"}, "client": {"step_budget": {"name": "stragglers"}}},
      "client.step_budget", "'polling' schedule gives each client the steps its clock allows"),
+    # and under FedNova's deadline, which gives each client the steps it completes before it
+    ({"engine": {"kind": "async", "schedule": {"name": "synchronous", "deadline": 3.0}},
+      "client": {"step_budget": {"name": "stragglers"}}}, "client.step_budget", "`deadline` (FedNova)"),
+    ({"algorithm": "fednova", "recipe": {"deadline": 3.0}, "client": {"step_budget": {"name": "stragglers"}}},
+     "client.step_budget", "`deadline` (FedNova)"),
     ({"compress": {"downlink": {"name": "qsgd_minmax", "levels": 16}}, "downlink": [{"name": "cast"}]}, "downlink",
      "`compress.downlink` encodes the model"),
 ]
@@ -90,6 +95,8 @@ ACCEPTED = [
     {"engine": {"kind": "async", "schedule": "buffered", "speed": "deterministic"}},
     {"downlink": [{"name": "cast", "dtype": "float16"}]},
     {"engine": {"kind": "async"}, "downlink": [{"name": "cast", "dtype": "float16"}]},  # the synchronous schedule
+    {"engine": {"kind": "async", "schedule": {"name": "synchronous", "deadline": 0.0}},
+     "client": {"step_budget": {"name": "stragglers"}}},  # no deadline: the budget gives the steps
 ]
 
 

@@ -39,12 +39,17 @@ def _rules(cfg: ExperimentConfig) -> list[Rule]:
     elif engine.kind not in ("async", "vertical"):
         rules.append(("engine", engine, ("speed",), f'the {engine.kind!r} engine has no simulated clock '
                                                      f'(`engine.kind` = "async" has)'))
-    if engine.kind == "async" and engine.schedule.name in ("polling", "buffered"):
+    polled = engine.kind == "async" and engine.schedule.name in ("polling", "buffered")
+    if polled:
         rules.append(("client", client, ("step_budget",), f"the async engine's {engine.schedule.name!r} schedule "
                                                            "gives each client the steps its clock allows"))
         rules.append(("", cfg, ("downlink",), f"the async engine's {engine.schedule.name!r} schedule sends the model "
                                               "through `compress.downlink` alone (compress it there)"))
-    elif cfg.compress.downlink.name != "none":
+    if engine.kind == "async" and engine.schedule.name == "synchronous" and \
+            _positive(engine.schedule.params.get("deadline")):
+        rules.append(("client", client, ("step_budget",), "the synchronous schedule's `deadline` (FedNova) gives each "
+                                                           "client the steps it completes before the deadline"))
+    if not polled and cfg.compress.downlink.name != "none":
         rules.append(("", cfg, ("downlink",), "`compress.downlink` encodes the model, which the stages would not "
                                               "reach (only a gradient transform's shared statistics)"))
     if cohort.sampler != "uniform":
@@ -62,6 +67,11 @@ def _rules(cfg: ExperimentConfig) -> list[Rule]:
     if client.steps > 0:
         rules.append(("client", client, ("epochs",), "`client.steps` > 0 sets the local steps instead"))
     return rules
+
+
+def _positive(value: Any) -> bool:
+    """A number above zero (a parameter not yet checked by its component: any type)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _overridden(cfg: ExperimentConfig) -> list[Rule]:
