@@ -1,4 +1,6 @@
 """Config loading: every error names the key path, the value found and what is allowed."""
+import re
+
 import pytest
 
 from trustfl.config.build import build_federation
@@ -48,6 +50,21 @@ def test_overrides_and_round_trip(tmp_path):
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
     (tmp_path / "d.toml").write_text(dump_toml(config_to_dict(cfg)))
     assert load_config(tmp_path / "d.toml") == cfg
+
+
+@pytest.mark.parametrize("word", ["nan", "inf", "-inf", "+nan"])
+def test_a_bare_nan_or_inf_override_is_a_word(tmp_path, word):
+    """Bare words are strings, TOML's non-finite floats too: ``--set attack.name=nan`` picks the attack that
+    sends NaN (it was read as a float and refused as "must be a finite number"); a number key says it wants one."""
+    assert parse_override(f"attack.name={word}") == (["attack", "name"], word)
+    path = tmp_path / "c.toml"
+    path.write_text('rounds = 3\n[attack]\nname = "sign_flip"\nnum_byzantine = 1\n')
+    assert load_config(path, ["attack.name=nan"]).attack.name == "nan"
+    with pytest.raises(ConfigError, match=f"^`client.lr` must be a number, found '{re.escape(word)}' \\(TOML's nan "
+                                          "and inf are not accepted\\)\\.$"):
+        load_config(path, [f"client.lr={word}"])
+    with pytest.raises(ConfigError, match=r"^`client.lr` must be a finite number, found inf"):
+        load_config(path, ["client.lr=1e999"])  # a number that overflows is still a number
 
 
 def test_bad_override_and_missing_file(tmp_path):

@@ -43,9 +43,15 @@ def _type_name(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
+def is_non_finite_word(value: Any) -> bool:
+    """``value`` is ``nan`` or ``inf`` written as a word (``--set`` takes those as strings)."""
+    return isinstance(value, str) and value.lstrip("+-") in ("nan", "inf")
+
+
 def _coerce(value: Any, tp: Any, path: str) -> Any:
     origin = get_origin(tp)
-    bad = ConfigError(f"`{path}` must be {_type_name(tp)}, found {value!r}.")
+    why = " (TOML's nan and inf are not accepted)" if is_non_finite_word(value) else ""
+    bad = ConfigError(f"`{path}` must be {_type_name(tp)}, found {value!r}{why}.")
     if tp is Component:
         return _component(value, path)
     if origin in (Union, UnionType):  # the first alternative that takes the value
@@ -153,7 +159,8 @@ def config_from_dict(data: dict[str, Any]) -> ExperimentConfig:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``a.b=value`` (value in TOML syntax, bare words taken as strings) into (key path, value).
+    """Parse ``a.b=value`` (value in TOML syntax, bare words taken as strings, ``nan`` and ``inf`` too) into
+    (key path, value).
 
     Raises:
       ConfigError: no ``=``, an empty key part, no value, or a value that starts like a TOML array, table or
@@ -169,6 +176,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not raw:
         raise ConfigError(f"--set {'.'.join(keys)}= has no value; write KEY=VALUE (e.g. client.lr=0.1, "
                           f"name=\"run\").")
+    if is_non_finite_word(raw):  # TOML's non-finite floats, refused as numbers: a bare word, a string
+        return keys, raw  # (--set attack.name=nan, the attack that sends NaN)
     try:
         parsed = tomllib.loads(f"v = {raw}")
         if set(parsed) != {"v"}:  # "1\nb = 2": a second key smuggled in after a newline
