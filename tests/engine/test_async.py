@@ -231,6 +231,26 @@ def test_fedasync_mixes_one_client_per_step():
     assert m["cohort_size"] == 1 and not torch.equal(state.params, start)
 
 
+def test_a_byzantine_client_reporting_alone_sends_nothing_and_is_counted_idle():
+    """FedAsync steps on one client's report: a Byzantine one alone has no honest message to craft from. It
+    sends nothing (a NaN row was fabricated and counted as a rejected message, bytes and all), the step leaves
+    the model as it was, and ``attack_idle`` says why; honest steps move the model."""
+    fed, engine, state = _engine(_cfg(algorithm="fedasync", cohort__size=1, rounds=12,
+                                      attack={"name": "sign_flip", "num_byzantine": 3}))
+    idle = moved = 0
+    for _ in range(12):
+        before = state.params.clone()
+        state, m = engine.run_round(fed, state)
+        if m.get("attack_idle"):
+            assert m["attack_idle"] == 1 and m["rejected"] == 1 and m["bytes_up"] == 0
+            assert torch.equal(state.params, before)
+            idle += 1
+        else:
+            assert m["rejected"] == 0 and m["bytes_up"] > 0 and not torch.equal(state.params, before)
+            moved += 1
+    assert idle >= 1 and moved >= 1  # 3 of 8 clients Byzantine: seeded, both kinds of step occur
+
+
 # ---------------------------------------------------------------- resume, composition, bad input
 
 @pytest.mark.parametrize("algorithm,extra", [

@@ -109,7 +109,7 @@ def test_selection_rules_ignore_the_size_of_huge_rows(rule: str, runs: dict) -> 
 
 def test_a_run_whose_honest_clients_all_diverged_goes_on():
     """The mean lets a huge row in; every honest client then trains to NaN. Nothing is left to craft from: the
-    crafted rows are screened out with the honest ones, counted in `rejected`, and the run completes."""
+    Byzantine clients send nothing (`attack_idle`), every row counts in `rejected`, and the run completes."""
     import tempfile
     cfg = load_config(ROOT / "configs/quickstart.toml", [
         "rounds=4", "engine.checkpoint_every=0", 'aggregator={name="mean"}',
@@ -120,3 +120,8 @@ def test_a_run_whose_honest_clients_all_diverged_goes_on():
     # honest client of the cohort of 10 trains to NaN and the crafted rows with them, so all 10 rows are rejected.
     assert result.summary["rounds"] == 4
     assert [r["rejected"] for r in result.rows] == [0, 10, 10, 10] and result.rows[-1]["rejected_total"] == 30
+    # Rounds 2-4: the cohort's Byzantine clients (1 to 4 of 10) send nothing, and nothing of them is counted sent.
+    idle = [r.get("attack_idle") for r in result.rows]
+    assert idle[0] is None and all(1 <= k <= 4 for k in idle[1:])
+    row_bytes = result.rows[0]["bytes_up"] // 10
+    assert [r["bytes_up"] for r in result.rows[1:]] == [(10 - k) * row_bytes for k in idle[1:]]

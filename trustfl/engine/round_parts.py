@@ -253,10 +253,10 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         if honest_rows:
             byz = fed.attack.craft(view[honest_rows], len(crafted),
                                    ctx_train.select(torch.tensor(honest_rows, dtype=torch.long)), fed.aggregator)
-        else:  # nothing to craft from (every honest client diverged): the crafted rows are screened out
-            byz = state.params.new_full((len(crafted), d), float("nan"))
-        for i, c in enumerate(crafted):
-            rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
+            for i, c in enumerate(crafted):
+                rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
+        else:  # nothing to craft from (an all-Byzantine cohort, or every honest client diverged): they send nothing
+            metrics["attack_idle"] = len(crafted)
     # Crafted clients' extras are zero (the attack acts on the message only) or, with `attack.extras = "crafted"`,
     # the attack applied to the honest clients' finite extras as to their messages.
     extras = {key: dict(zip(trainers, results.extras[key])) for key in fed.local_chain.extras_widths(fed.layout)}
