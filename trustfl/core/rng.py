@@ -7,6 +7,7 @@ draws exactly what an uninterrupted one would.
 from __future__ import annotations
 
 import hashlib
+import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
@@ -108,5 +109,5 @@ def normal_rows(tensors: Sequence[torch.Tensor], generators: Sequence[torch.Gene
         for t in tensors:
             torch.randn(t.shape[1:], generator=generators[i], dtype=t.dtype, device=t.device, out=t[i])
 
-    run_draws([lambda i=i: draw(i) for i in rows], len(rows) * sum(t[0].numel() for t in tensors),
+    run_draws([lambda i=i: draw(i) for i in rows], len(rows) * sum(math.prod(t.shape[1:]) for t in tensors),
               tensors[0].device if tensors else "cpu")

@@ -233,7 +233,8 @@ def _groups(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
     check_start(start, len(plans), cohort.layout.numel)
     if not plans:
         received = cohort.received["model"]
-        return ClientResults(received.new_zeros((0, received.numel())), received.new_zeros(0), [], {}, {})
+        extras = {k: received.new_zeros((0, w)) for k, w in job.chain.extras_widths(cohort.layout).items()}
+        return ClientResults(received.new_zeros((0, received.numel())), received.new_zeros(0), [], {}, extras)
     m = len(plans)
     if size >= m:
         return run_group(job, plans, cohort, start)
