@@ -56,6 +56,30 @@ def test_rounds_left_with_too_few_messages_for_the_rule_are_skipped_and_said(tmp
     assert " skipped" in out.splitlines()[0] and "rounds_skipped=2" in out
 
 
+def test_rounds_whose_server_step_would_overflow_the_model_keep_it_and_are_said(tmp_path, capsys):
+    # server.lr = 1e300: finite messages, a finite mean, and θ + 1e300·Δ beyond float32. The model was saved as
+    # inf and NaN with exit code 0 and a warning that blamed the clients' messages; now the step is not taken.
+    import torch
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('name = "srv"\nrounds = 2\n[data]\nnum_clients = 4\n[model]\nname = "logreg"\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r"), "--set", "server.lr=1e300"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("server step would have made the model non-finite") == 1  # said once, when it starts
+    assert "warning: in 2 of 2 rounds the server's step would have made the model non-finite" in err
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["rejected"], r["diverged"]) for r in rows] == [(0, 1), (0, 1)]
+    model = torch.load(tmp_path / "r" / "model.pt")
+    assert all(bool(torch.isfinite(v).all()) for v in model.values())
+    assert main(["run", str(cfg), "--out", str(tmp_path / "ok"), "--quiet", "--set", "server.lr=1.0"]) == 0
+    after = torch.load(tmp_path / "ok" / "model.pt")  # the same run steps where the step is finite
+    assert not any("diverged" in json.loads(line) for line in (tmp_path / "ok" / "metrics.jsonl").read_text().splitlines())
+    assert not all(torch.equal(model[k], after[k]) for k in model)
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert " diverged" in out.splitlines()[0] and "rounds_diverged=2" in out
+
+
 def test_config_error_is_one_line(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[client]\nlr = -3\n")

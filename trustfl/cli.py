@@ -80,6 +80,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {s['rounds_skipped']} of {s['rounds']} rounds were skipped, too few of their messages "
               f"passing screening for the aggregator (the model did not move in them): see `skipped` in "
               f"metrics.jsonl", file=sys.stderr)
+    if s.get("rounds_diverged"):
+        print(f"warning: in {s['rounds_diverged']} of {s['rounds']} rounds the server's step would have made the model "
+              f"non-finite (too large a server learning rate: `server.lr`, a recipe's `server_lr`), and the model did not move in them: see `diverged` in "
+              f"metrics.jsonl", file=sys.stderr)
     if "epsilon" in s and s["epsilon"]:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")

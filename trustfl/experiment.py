@@ -37,7 +37,8 @@ from trustfl.engine.base import AbstractEngine
 from trustfl.engine.distributed import DistributedExecutor, Ranks, check_same, from_main, ranks_from_env, session
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.checkpoint import CHECKPOINT, data_digest, load_checkpoint, save_checkpoint
-from trustfl.engine.loop import MODEL, Progress, all_rejected, evaluate, metric_names, run_rounds, save_model, skipped
+from trustfl.engine.loop import (MODEL, Progress, all_rejected, diverged, evaluate, metric_names, run_rounds,
+                                 save_model, skipped)
 from trustfl.errors import ConfigError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.core.runfiles import (hold_run_dir, metric_rows, read_json_object, read_metrics, truncate_metrics,
@@ -299,6 +300,7 @@ def _summary(cfg: ExperimentConfig, fed: Federation, state: EngineState, rows: l
                 "seed": cfg.seed, "bytes_up_total": state.bytes_up_total,
                 "bytes_down_total": state.bytes_down_total, "rejected_total": state.rejected_total,
                 "rounds_all_rejected": sum(all_rejected(r) for r in rows), "rounds_skipped": sum(map(skipped, rows)),
+                "rounds_diverged": sum(map(diverged, rows)),
                 "num_parameters": fed.layout.numel})
     if "notice" in fed.info:
         out["notice"] = fed.info["notice"]

@@ -96,6 +96,11 @@ class Progress:
             self._say(f"[{self.name}] warning: round {round_} was skipped, so the model did not move: "
                       f"{row['cohort_size'] - row['rejected']} of {row['cohort_size']} messages passed screening, "
                       f"fewer than the aggregator needs. `skipped` and `rejected` in metrics.jsonl mark such rounds.")
+        if self.enabled and row is not None and "diverged" not in self.warned and diverged(row):
+            self.warned.add("diverged")
+            self._say(f"[{self.name}] warning: round {round_}'s server step would have made the model non-finite "
+                      f"(too large a server learning rate: `server.lr`, a recipe's `server_lr`), so the model did not move. `diverged` in metrics.jsonl marks "
+                      f"such rounds.")
         if self.bar is not None:
             self.bar.update(1)
             if shown:
@@ -120,6 +125,12 @@ def all_rejected(row: dict[str, Any]) -> bool:
     """Whether a round's metrics row says the server rejected every message of a non-empty cohort."""
     size = row.get("cohort_size")
     return isinstance(size, int) and size > 0 and row.get("rejected") == size
+
+
+def diverged(row: dict[str, Any]) -> bool:
+    """Whether a round's metrics row says the server's step would have made the model non-finite, so it was not
+    taken (:func:`trustfl.engine.round_parts.conclude`)."""
+    return bool(row.get("diverged"))
 
 
 def skipped(row: dict[str, Any]) -> bool:

@@ -20,7 +20,7 @@ from trustfl.aggregate.coordinate import coordinate_median
 from trustfl.client.state import ClientStateStore
 from trustfl.client.step_budget import checked_max_steps
 from trustfl.core.checks import describe_value
-from trustfl.core.finite import finite_rows
+from trustfl.core.finite import all_finite, finite_rows
 from trustfl.core.stage import stage_out_problem
 from trustfl.core.rng import SERVER, make_generator
 from trustfl.engine.executors import ClientResults
@@ -341,7 +341,11 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
         events.extend(srv.events)
         stage_metrics.update(srv.metrics)
         step = srv.x if isinstance(scale, float) and scale == 1.0 else srv.x * scale
-        new.params, new.server_optimizer = fed.server_optimizer.step(state.params, step, state.server_optimizer)
+        stepped, optimizer_state = fed.server_optimizer.step(state.params, step, state.server_optimizer)
+        if all_finite(stepped):
+            new.params, new.server_optimizer = stepped, optimizer_state
+        else:  # finite messages, a finite aggregate, and a step beyond the dtype (a huge server.lr): the model stays
+            metrics["diverged"] = 1
         new.aggregator, new.server_stages = agg.state, srv.state
         kept = {k: v[keep] for k, v in extras.items()}
         if fed.extras_rule == "median":  # a Byzantine minority's extras cannot move the server's state far

@@ -11,7 +11,7 @@ from trustfl.report.plots import plot_run
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
             "skipped", "wall_time_s")
 _TAIL = ("train_loss", "sim_time", "local_steps_total", "bits_up_total", "bits_down_total", "bytes_up_total",
-         "bytes_down_total", "epsilon_max", "rejected", "skipped", "wall_time_s")
+         "bytes_down_total", "epsilon_max", "rejected", "skipped", "diverged", "wall_time_s")
 
 
 def _fmt(v: Any) -> str:
@@ -46,6 +46,7 @@ def report_run(run_dir: str | Path) -> str:
     if summary:
         primary = summary.get("primary_metric", "accuracy")
         keys = (f"final_{primary}", f"best_{primary}", "rounds", "wall_time_s", "seed")
-        keys += tuple(k for k in ("rounds_all_rejected", "rounds_skipped") if summary.get(k))  # said when any
+        said = ("rounds_all_rejected", "rounds_skipped", "rounds_diverged")
+        keys += tuple(k for k in said if summary.get(k))  # said when any
         text += "\n\n" + "  ".join(f"{k}={_fmt(summary.get(k))}" for k in keys if k in summary)
     return text
