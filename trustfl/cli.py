@@ -82,8 +82,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"metrics.jsonl", file=sys.stderr)
     if s.get("rounds_diverged"):
         print(f"warning: in {s['rounds_diverged']} of {s['rounds']} rounds the server's step would have made the model "
-              f"non-finite (too large a server learning rate: `server.lr`, a recipe's `server_lr`), and the model did not move in them: see `diverged` in "
-              f"metrics.jsonl", file=sys.stderr)
+              f"non-finite (too large a server learning rate: `server.lr`, a recipe's `server_lr`), and the model "
+              f"did not move in them: see `diverged` in metrics.jsonl", file=sys.stderr)
     if "epsilon" in s and s["epsilon"]:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")

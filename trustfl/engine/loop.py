@@ -99,8 +99,8 @@ class Progress:
         if self.enabled and row is not None and "diverged" not in self.warned and diverged(row):
             self.warned.add("diverged")
             self._say(f"[{self.name}] warning: round {round_}'s server step would have made the model non-finite "
-                      f"(too large a server learning rate: `server.lr`, a recipe's `server_lr`), so the model did not move. `diverged` in metrics.jsonl marks "
-                      f"such rounds.")
+                      f"(too large a server learning rate: `server.lr`, a recipe's `server_lr`), so the model did not "
+                      f"move. `diverged` in metrics.jsonl marks such rounds.")
         if self.bar is not None:
             self.bar.update(1)
             if shown:
