@@ -42,6 +42,7 @@ BROKEN_RULES = {
     "bare tensor": (lambda x, s: x.mean(0), "returned a Tensor, not a StageOut"),
     "nan": (lambda x, s: StageOut(x.mean(0) * float("nan"), s), r"returned non-finite values \(NaN or ±inf\)"),
     "inf": (lambda x, s: StageOut(x.mean(0) + float("inf"), s), "returned non-finite values"),
+    "requires grad": (lambda x, s: StageOut(x.mean(0).requires_grad_(), s), r"returned `x` that requires grad"),
     "vector metric": (lambda x, s: StageOut(x.mean(0), s, {"norms": x.norm(dim=1)}),
                       r"returned metric 'norms' as a tensor of shape \(4,\), not one number"),
 }
@@ -165,6 +166,7 @@ BROKEN_STAGES = {
     "poisons a row": (lambda x, s: StageOut(torch.cat([x[:1] * float("nan"), x[1:]]), s),
                       r"returned non-finite values \(NaN or ±inf\) in row\(s\) \[0\]"),
     "bare tensor": (lambda x, s: x, "returned a Tensor, not a StageOut"),
+    "requires grad": (lambda x, s: StageOut(x.clone().requires_grad_(), s), r"returned `x` that requires grad"),
 }
 
 

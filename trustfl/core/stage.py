@@ -85,13 +85,16 @@ class Chain(AbstractStage):
 
 def stage_out_problem(out: Any, like: torch.Tensor, finite_in: torch.Tensor | None) -> str | None:
     """What is wrong with ``out`` (what a stage or an aggregator returned), or ``None``: it must be a StageOut
-    whose ``x`` has ``like``'s shape, dtype and device, no non-finite row where ``finite_in`` (per row of ``x``; one
-    entry for a vector; ``None``: not scanned) is True, and tensor metrics of one number each."""
+    whose ``x`` has ``like``'s shape, dtype and device, needs no gradient, has no non-finite row where
+    ``finite_in`` (per row of ``x``; one entry for a vector; ``None``: not scanned) is True, and tensor metrics of
+    one number each."""
     if not isinstance(out, StageOut):
         return f"returned a {type(out).__name__}, not a StageOut"
     y = out.x
     if not isinstance(y, torch.Tensor) or y.shape != like.shape or y.dtype != like.dtype or y.device != like.device:
         return f"returned `x` = {describe_value(y)}"
+    if y.requires_grad:  # autograd would refuse the engine's in-place updates of it in a later round
+        return "returned `x` that requires grad (detach it)"
     poisoned = None if finite_in is None else finite_in & ~_finite(y)
     if poisoned is not None and bool(poisoned.any()):
         rows = torch.nonzero(poisoned).flatten().tolist()
