@@ -234,6 +234,7 @@ BROKEN_DECODE = {
     "nan": (lambda out: (out[0] * float("nan"), out[1]), r"decoded non-finite values \(NaN or ±inf\) where the "
             r"sent rows were finite"),
     "one tensor": (lambda out: out[0], "decoded a Tensor"),
+    "negative counts": (lambda out: (out[0], out[1] - 1), r"decoded negative failure counts \(an int64 tensor"),
 }
 
 

@@ -165,7 +165,7 @@ def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: tor
                    rows: int) -> None:
     """Refuse (ConfigError naming the compressor) what a compressor of your own decoded from ``x`` (the sent rows;
     one row for a broadcast; ``None`` where the receiver does not know them) unless it is ``(decoded, failures)``:
-    ``(rows, d)`` floats, finite where the sent row was, and ``(rows,)`` integer counts. Otherwise its messages
+    ``(rows, d)`` floats, finite where the sent row was, and ``(rows,)`` integer counts, none negative. Otherwise its messages
     would be rejected as malformed (uplink) or poison every client (downlink), as if the senders were at fault."""
     problem = None
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
@@ -175,10 +175,12 @@ def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: tor
         if decoded.shape != (rows, d) or not decoded.is_floating_point() or flagged.shape != (rows,) or \
                 flagged.is_floating_point() or flagged.dtype == torch.bool:
             problem = f"({describe_value(decoded)}, {describe_value(flagged)})"
+        elif bool((flagged < 0).any()):
+            problem = f"negative failure counts ({describe_value(flagged)})"
         elif x is not None and bool((finite_rows(x).expand(rows) & ~finite_rows(decoded)).any()):
             problem = "non-finite values (NaN or ±inf) where the sent rows were finite"
     if problem is not None:
         key = "compress.uplink" if direction == "up" else "compress.downlink"
         raise ConfigError(f"`{key}`: {component_name('compressor', comp)} decoded {problem} ({rows} "
                           f"message(s) of {d} coordinates); decode() must return (decoded, failures): a ({rows}, {d}) "
-                          f"float tensor, finite where the message is, and a ({rows},) integer tensor.")
+                          f"float tensor, finite where the message is, and a ({rows},) integer tensor of counts >= 0.")
