@@ -124,6 +124,12 @@ def test_malformed_payloads_and_arguments_are_message_errors(name):
         comp.decode(enc, [0.0] * 40, 17)
     with pytest.raises(MessageError, match=r"floating \(m, d\) tensor"):
         comp.encode([[1.0, 2.0]], _gen(1), 17)
+    # lattice (paper mode) and qsgd_minmax crashed in autograd (in-place steps on a graph), qsgd sent it along
+    with pytest.raises(MessageError, match=f"^compressor '{name}': the messages require grad; encode `x.detach\\(\\)`"):
+        comp.encode(x.clone().requires_grad_(), _gen(1), 17)
+    for other in ("code",) if name == "lattice" else ():
+        with pytest.raises(MessageError, match="require grad"):
+            trustfl.build("compressor", name, mode=other).encode(x.clone().requires_grad_(), _gen(1), 17)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -181,11 +181,13 @@ def check_segments(sizes: Sequence[int] | None, name: str = "segments") -> tuple
 
 def check_rows(x: object, where: str = "") -> None:
     """Raise :class:`MessageError` (naming ``where``, e.g. "compressor 'qsgd'") unless ``x`` is a floating
-    ``(m, d)`` matrix with ``d >= 1``."""
+    ``(m, d)`` matrix with ``d >= 1`` that requires no gradient."""
     if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point() or x.shape[1] == 0:
         found = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else describe_value(x)
         who = f"{where} encodes" if where else "compressors encode"
         raise MessageError(f"{who} a floating (m, d) tensor with d >= 1, found {found}.")
+    if x.requires_grad:  # nothing of a compressor is differentiable: its in-place integer steps would fail in autograd
+        raise MessageError(f"{where or 'a compressor'}: the messages require grad; encode `x.detach()`.")
 
 
 def check_key(key: torch.Tensor | None, enc: Encoded, required: bool, where: str = "") -> torch.Tensor | None:
