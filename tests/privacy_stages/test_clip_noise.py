@@ -48,6 +48,20 @@ def test_clip_factor_and_metrics() -> None:
     assert out.events == ()
 
 
+@pytest.mark.parametrize("dtype, value", [(torch.float32, 1e37), (torch.float64, 1e306)])
+def test_a_finite_row_whose_norm_overflows_is_clipped_not_zeroed(dtype, value) -> None:
+    """Its norm in ``dtype`` is inf, so the factor C/inf zeroed the row: safe, but not the clip of Eq. 1."""
+    x = torch.stack([torch.full((1000,), value, dtype=dtype), torch.tensor([3.0, 4.0] + [0.0] * 998, dtype=dtype)])
+    assert torch.isinf(torch.linalg.vector_norm(x[0]))  # the case: a finite row beyond the dtype's norm
+    out = clip_l2(2.0).apply(x, None, ctx((0, 1)))
+    norms = torch.linalg.vector_norm(out.x.double(), dim=1)
+    assert out.x.dtype == dtype and torch.allclose(norms, torch.tensor([2.0, 2.0], dtype=torch.float64), rtol=1e-6)
+    assert torch.allclose(out.x[0], out.x[0, :1].expand(1000)) and bool((out.x[0] > 0).all())  # the direction kept
+    assert torch.equal(out.x[1], x[1] * (2.0 / (5.0 + 1e-6)))  # an ordinary row: bit for bit the plain clip
+    expected = (value * math.sqrt(1000) + 5.0) / 2
+    assert out.metrics["fraction_clipped"] == 1.0 and out.metrics["mean_norm"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_clip_validation() -> None:
     assert isinstance(trustfl.build("client_stage", "clip_l2", max_norm=2.0), ClipL2)
     for bad in (0.0, -1.0, float("inf"), True):

@@ -17,25 +17,10 @@ from trustfl.aggregate.coordinate import USABLE, smallest_weights
 from trustfl.aggregate.geometric import gram_matrix, squared_distances
 from trustfl.core.checks import check_number
 from trustfl.core.finite import all_finite
+from trustfl.core.norms import row_norms
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.types import RoundContext, StageOut
-
-
-def _row_norms(x: torch.Tensor) -> torch.Tensor:
-    """ℓ2 norms of the rows as float64. One pass in the input dtype; the rare rows whose float32 sum of squares
-    overflows (or underflows to 0) are recomputed in float64, so no ``(n, d)`` float64 copy is ever made. Float64
-    rows whose sum of squares overflows are recomputed as ``m·‖x_i/m‖`` with ``m = max_k |x_ik|`` (inf only when
-    the norm itself exceeds the float64 maximum)."""
-    norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64)
-    redo = ~torch.isfinite(norms) | (norms > 1e15) | (norms < 1e-15)
-    if x.dtype != torch.float64 and bool(redo.any()):
-        norms[redo] = torch.linalg.vector_norm(x[redo].to(torch.float64), dim=1)
-    elif x.dtype == torch.float64 and bool((~torch.isfinite(norms)).any()):
-        redo = ~torch.isfinite(norms)
-        peak = x[redo].abs().amax(dim=1, keepdim=True)
-        norms[redo] = torch.linalg.vector_norm(x[redo] / peak, dim=1) * peak.squeeze(1)
-    return norms
 
 
 def _scale_rows(x: torch.Tensor, scale: torch.Tensor, in_place: bool = False) -> torch.Tensor:
@@ -200,7 +185,7 @@ class StaticClip(AbstractPreAggregator):
         return n
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
-        norms = _row_norms(x)
+        norms = row_norms(x)
         scale = (self.max_norm / norms.clamp_min(self.max_norm)).where(norms > self.max_norm, 1.0)
         return StageOut(_scale_rows(x, scale, self.in_place), state,
                         {"clipped": float((norms > self.max_norm).sum())})
@@ -251,7 +236,7 @@ class ARC(AbstractPreAggregator):
         k = (2 * self.f * (n - self.f)) // n
         if k == 0:
             return StageOut(x, state, {"clipped": 0.0})
-        norms = _row_norms(x)
+        norms = row_norms(x)
         threshold = norms.sort(descending=True).values[k]
         over = norms > threshold
         scale = (threshold / norms.clamp_min(threshold)).where(over, 1.0)

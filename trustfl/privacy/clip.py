@@ -5,6 +5,7 @@ Each row ``x_i`` of the ``(m, d)`` message matrix becomes
     x_i · min(1, C / (‖x_i‖₂ + 1e-6))        (CafCor eq. 1; Opacus's factor, with its 1e-6 guard),
 
 so ``‖x_i‖₂ < C`` after clipping and rows already inside the ball are unchanged. Row ``i`` depends on row ``i`` only.
+A finite row whose norm overflows its dtype (float32 beyond ~1.8e19) is clipped in float64.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any
 import torch
 
 from trustfl.core.checks import check_number
+from trustfl.core.finite import finite_rows
+from trustfl.core.norms import row_norms
 from trustfl.core.registry import register
 from trustfl.core.stage import AbstractStage
 from trustfl.errors import PrivacyError
@@ -54,8 +57,14 @@ class ClipL2(AbstractStage):
         if x.shape[0] == 0:
             return StageOut(x, state, {"fraction_clipped": 0.0, "mean_norm": 0.0})
         factors, norms = clip_factors(x, float(self.max_norm))
+        y = x * factors.unsqueeze(1)
+        over = torch.isinf(norms) & finite_rows(x)
+        if bool(over.any()):  # rare: a finite row whose norm overflows x's dtype is clipped in float64, not zeroed
+            wide = row_norms(x[over])
+            y[over] = (x[over].double() * (self.max_norm / (wide + EPS)).unsqueeze(1)).to(x.dtype)
+            norms = norms.double().masked_scatter(over, wide)
         metrics = {"fraction_clipped": float((factors < 1.0).float().mean()), "mean_norm": float(norms.mean())}
-        return StageOut(x * factors.unsqueeze(1), state, metrics)
+        return StageOut(y, state, metrics)
 
 
 @register("client_stage", "clip_l2")
