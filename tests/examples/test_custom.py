@@ -95,6 +95,17 @@ def test_a_plugin_whose_own_code_raises_is_one_line_naming_it(tmp_path, monkeypa
         build_federation(load_config(REPO / "configs" / "quickstart.toml", ['plugins=[""]']), quiet=True)
 
 
+def test_a_plugin_that_exits_while_imported_is_one_line_naming_it(tmp_path, monkeypatch):
+    """``sys.exit(3)`` at a plugin's top level ended `trustfl validate` with exit code 3 and no word."""
+    (tmp_path / "leaving.py").write_text("import sys\n\nsys.exit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    from trustfl.config.build import build_federation
+    cfg = load_config(REPO / "configs" / "quickstart.toml", ['plugins=["leaving.py"]'])
+    with pytest.raises(ConfigError, match=r"^`plugins\[0\]`: cannot import 'leaving.py': its code raised SystemExit: "
+                                          r"3 \(at .*leaving.py, line 3\)$"):
+        build_federation(cfg, quiet=True)
+
+
 def test_the_example_data_script_runs(tmp_path):
     out = subprocess.run([sys.executable, str(EXAMPLE / "make_data.py"), str(tmp_path / "s.csv")],
                          capture_output=True, text=True, check=True)

@@ -66,7 +66,7 @@ def import_module_or_file(target: str) -> Any:
         return _import(target)
     except (ImportError, SyntaxError, TrustFLError):
         raise
-    except Exception as err:  # the module's own code: say what and where, in one line
+    except (Exception, SystemExit) as err:  # the module's own code (sys.exit too): say what and where, in one line
         where = traceback.extract_tb(err.__traceback__)[-1]
         raise ImportError(f"its code raised {type(err).__name__}: {err} (at {where.filename}, line "
                           f"{where.lineno})") from err
