@@ -67,9 +67,7 @@ def recipe(method: str, eps: float, clip: float | None = None, clipping: bool = 
     if method == PAPER_COUNT:
         keys["release_count"] = "all"
     if method == "dpzv":
-        keys.update(smoothing=1e-3, clip=clip or 10.0)
-        if not clipping:
-            keys["clipping"] = False
+        keys.update(smoothing=1e-3, **({"clip": clip or 10.0} if clipping else {"clipping": False}))
     elif math.isfinite(eps):
         keys["embedding_clip"] = 1.0
     body = ", ".join(f"{k} = {_toml(v)}" for k, v in keys.items())

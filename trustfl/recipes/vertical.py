@@ -24,6 +24,10 @@ paper's Fig. 4 ablation; non-private only),
 ``difference`` (``"lambda"``: eq. 7; ``"two_lambda"``: eq. 3), ``direction`` (``"sphere"`` of radius √d, or
 ``"gaussian"``), ``server_update`` (``"sgd"``, option (ii), or ``"zo"``, option (i)); ``zoo_vfl``: ``smoothing``;
 ``czofo``: ``embedding_smoothing`` (μ, 1e-3); the baselines: ``embedding_clip`` (C_e, 1.0).
+
+A key another key turns off is refused by name: without ``epsilon`` (no DP: no noise, no ledger, the baselines'
+embeddings unclipped) ``delta``, ``accountant``, ``embedding_clip`` and ``release_count``; DPZV's ``clip`` with
+``clipping = false``.
 """
 from __future__ import annotations
 
@@ -46,6 +50,8 @@ ACCOUNTANTS = ("gdp", "gdp_clt", "rdp", "pld")
 KEYS = {"dpzv": ("smoothing", "clip", "clipping", "difference", "direction", "server_update"),
         "vafl": BASELINE_KEYS, "zoo_vfl": ("smoothing", *BASELINE_KEYS),
         "czofo": ("embedding_smoothing", *BASELINE_KEYS)}
+NEEDS_EPSILON = ("delta", "accountant", "embedding_clip", "release_count")
+"""The keys that act only with ``recipe.epsilon``."""
 
 
 def _number(rec: dict[str, Any], key: str, default: float) -> float:
@@ -64,13 +70,33 @@ def _flag(rec: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def check_keys_act(rec: dict[str, Any], algorithm: str) -> None:
+    """Refuse the ``[recipe]`` keys that another of its keys turns off (the first named, every other listed).
+
+    Raises:
+      ConfigError: "`recipe.release_count` is set but does nothing: `recipe.epsilon` is not set, ...".
+    """
+    found = []
+    if "epsilon" not in rec:
+        sent = ("the server's replies carry no noise" if algorithm == "dpzv" else
+                "the embeddings are sent unclipped and without noise")
+        found += [(key, f"`recipe.epsilon` is not set, so the run has no DP ({sent}; no ledger is kept); set "
+                        f"`recipe.epsilon` or remove it") for key in NEEDS_EPSILON if key in rec]
+    if algorithm == "dpzv" and "clip" in rec and not _flag(rec, "clipping", True):
+        found.append(("clip", "`recipe.clipping` is false, so the loss differences are not clipped; remove it"))
+    if found:
+        (key, why), others = found[0], [k for k, _ in found[1:]]
+        more = f"; also {', '.join(f'`recipe.{k}`' for k in others)}" if others else ""
+        raise ConfigError(f"`recipe.{key}` is set but does nothing: {why}{more}.")
+
+
 class VerticalRecipe(AbstractRecipe):
     """The shared part: engine, model, privacy keys; subclasses build their method."""
 
     algorithm = ""
 
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
-        recipe_keys(cfg, self.algorithm, KEYS[self.algorithm] + PRIVACY_KEYS)
+        check_keys_act(recipe_keys(cfg, self.algorithm, KEYS[self.algorithm] + PRIVACY_KEYS), self.algorithm)
         if cfg.engine.kind not in ("sync", "vertical"):
             raise ConfigError(f"`engine.kind` {cfg.engine.kind!r} cannot run algorithm {self.algorithm!r}; use "
                               f"\"vertical\" (or leave it out).")
