@@ -119,6 +119,19 @@ def test_bad_input_is_refused_before_training_with_the_key(vertical_config, over
         build_federation(vertical_config("dpzv", **overrides), quiet=True)
 
 
+@pytest.mark.parametrize("overrides, key, instead", [
+    ({"client__batch_sampler": "poisson"}, "client.batch_sampler", "draws B = `client.batch_size` of the D sample IDs "
+                                                                   "uniformly without replacement"),
+    ({"client__batch_sampler": "fixed"}, "client.batch_sampler", "uniformly without replacement"),
+])
+def test_a_horizontal_client_setting_is_refused_saying_what_the_engine_does_instead(vertical_config, overrides, key,
+                                                                                     instead):
+    """Each of these trained bitwise the same model as its default."""
+    with pytest.raises(ConfigError, match=rf"^`{re.escape(key)}` is set, but the vertical engine does not use it "
+                                          rf"\(.*{re.escape(instead)}\): remove it\.$"):
+        build_federation(vertical_config("vafl", **overrides), quiet=True)
+
+
 def test_an_activation_schedule_the_machine_cannot_hold_is_a_resource_error(vertical_config, monkeypatch):
     """Below the iteration cap a clock schedule of many parties can still exceed memory: one line naming the keys
     that size it (the allocator's failure stood in for)."""

@@ -27,6 +27,10 @@ MAX_ITERATIONS = 10_000_000
 schedule is drawn whole when the run is built (hours of DPZV's iterations on this project's CPU, a few hundred MB
 of schedule)."""
 SPLITS = {"contiguous": ("unit",), "shuffled": ("unit",), "columns": ("columns",)}
+INSTEAD = {"client.batch_sampler": "every server iteration draws B = `client.batch_size` of the D sample IDs "
+                                   "uniformly without replacement"}
+"""What the vertical engine does instead of the horizontal setting named (the default reason: privacy is in
+``[recipe]``)."""
 
 
 def check_vertical_config(cfg: ExperimentConfig) -> None:
@@ -42,6 +46,7 @@ def check_vertical_config(cfg: ExperimentConfig) -> None:
         "compress.downlink": cfg.compress.downlink.name != "none",
         "client.dp": cfg.client.dp != SampleDPConfig(), "client.transforms": bool(cfg.client.transforms),
         "client.batch_sizes": bool(cfg.client.batch_sizes), "client.steps": cfg.client.steps != 0,
+        "client.batch_sampler": cfg.client.batch_sampler != "shuffle",
         "client.epochs": cfg.client.epochs != 1, "client.weight_decay": cfg.client.weight_decay != 0,
         "cohort": cfg.cohort.sampler != "all", "server.optimizer": cfg.server.optimizer != "sgd",
         "data.partition": cfg.data.partition != Component("iid"), "engine.schedule": cfg.engine.schedule.params != {},
@@ -54,11 +59,12 @@ def check_vertical_config(cfg: ExperimentConfig) -> None:
                   "engine.schedule": cfg.engine.schedule}
     for key, used in unused.items():
         if used:
+            why = INSTEAD.get(key, "parties hold columns of every sample; the algorithm's privacy is set in "
+                                   "`[recipe]`")
             comp = components.get(key)
             if comp is not None and comp.params:  # name the key itself (e.g. a misplaced or mistyped parameter)
                 key = f"{key}.{sorted(comp.params)[0]}"
-            raise ConfigError(f"`{key}` is set, but the vertical engine does not use it (parties hold columns of "
-                              f"every sample; the algorithm's privacy is set in `[recipe]`): remove it.")
+            raise ConfigError(f"`{key}` is set, but the vertical engine does not use it ({why}): remove it.")
     if cfg.engine.activation != "clock" and cfg.engine.speed.params:
         raise ConfigError(f"`engine.speed.{sorted(cfg.engine.speed.params)[0]}` is set but `engine.activation` is "
                           f"{cfg.engine.activation!r}; the speed model is used with `engine.activation` = \"clock\".")
