@@ -123,12 +123,16 @@ def test_bad_input_is_refused_before_training_with_the_key(vertical_config, over
     ({"client__batch_sampler": "poisson"}, "client.batch_sampler", "draws B = `client.batch_size` of the D sample IDs "
                                                                    "uniformly without replacement"),
     ({"client__batch_sampler": "fixed"}, "client.batch_sampler", "uniformly without replacement"),
+    ({"client__step_budget": {"name": "stragglers", "fraction": 0.5}}, "client.step_budget.fraction",
+     "one step of the party `engine.activation` activates"),
+    ({"client__augment": {"name": "views"}, "data__dataset": "digits_canvas"}, "client.augment",
+     "each party embeds its columns of the stored examples"),
 ])
 def test_a_horizontal_client_setting_is_refused_saying_what_the_engine_does_instead(vertical_config, overrides, key,
                                                                                      instead):
     """Each of these trained bitwise the same model as its default."""
     with pytest.raises(ConfigError, match=rf"^`{re.escape(key)}` is set, but the vertical engine does not use it "
-                                          rf"\(.*{re.escape(instead)}\): remove it\.$"):
+                                          rf"\(.*{re.escape(instead)}.*\): remove it\.$"):
         build_federation(vertical_config("vafl", **overrides), quiet=True)
 
 

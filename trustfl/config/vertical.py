@@ -28,7 +28,10 @@ schedule is drawn whole when the run is built (hours of DPZV's iterations on thi
 of schedule)."""
 SPLITS = {"contiguous": ("unit",), "shuffled": ("unit",), "columns": ("columns",)}
 INSTEAD = {"client.batch_sampler": "every server iteration draws B = `client.batch_size` of the D sample IDs "
-                                   "uniformly without replacement"}
+                                   "uniformly without replacement",
+           "client.step_budget": "every server iteration is one step of the party `engine.activation` activates; "
+                                 "slow parties: `engine.activation` = \"clock\" with `engine.speed`",
+           "client.augment": "each party embeds its columns of the stored examples"}
 """What the vertical engine does instead of the horizontal setting named (the default reason: privacy is in
 ``[recipe]``)."""
 
@@ -47,6 +50,8 @@ def check_vertical_config(cfg: ExperimentConfig) -> None:
         "client.dp": cfg.client.dp != SampleDPConfig(), "client.transforms": bool(cfg.client.transforms),
         "client.batch_sizes": bool(cfg.client.batch_sizes), "client.steps": cfg.client.steps != 0,
         "client.batch_sampler": cfg.client.batch_sampler != "shuffle",
+        "client.step_budget": cfg.client.step_budget != Component("full"),
+        "client.augment": cfg.client.augment != Component("none"),
         "client.epochs": cfg.client.epochs != 1, "client.weight_decay": cfg.client.weight_decay != 0,
         "cohort": cfg.cohort.sampler != "all", "server.optimizer": cfg.server.optimizer != "sgd",
         "data.partition": cfg.data.partition != Component("iid"), "engine.schedule": cfg.engine.schedule.params != {},
@@ -56,7 +61,8 @@ def check_vertical_config(cfg: ExperimentConfig) -> None:
         "engine.dtype": cfg.engine.dtype != "float32",
     }
     components = {"aggregator": cfg.aggregator, "data.partition": cfg.data.partition,
-                  "engine.schedule": cfg.engine.schedule}
+                  "engine.schedule": cfg.engine.schedule, "client.step_budget": cfg.client.step_budget,
+                  "client.augment": cfg.client.augment}
     for key, used in unused.items():
         if used:
             why = INSTEAD.get(key, "parties hold columns of every sample; the algorithm's privacy is set in "
