@@ -170,6 +170,26 @@ def test_interrupted_sweep_reruns_only_what_is_missing(sweep_dir, tmp_path, call
     assert all(p["status"] == "done" for p in json.loads((out / "sweep.json").read_text())["points"])
 
 
+def test_a_point_whose_checkpoint_cannot_be_resumed_fails_naming_it(sweep_dir, tmp_path, calls):
+    # it was rerun from scratch under "(resumed from its checkpoint)", its rows rewritten
+    out = tmp_path / "sw"
+    shutil.copytree(sweep_dir, out)
+    point = out / NAMES[0]
+    (point / "summary.json").unlink()
+    (point / "checkpoint.pt").write_text("junk")
+    rows = (point / "metrics.jsonl").read_text()
+    lines: list[str] = []
+    result = run_sweep(TINY, ["client.lr=0.05,0.2"], "0-1", out=out, log=lines.append)
+    assert calls == [("resume", NAMES[0])]
+    assert [p.status for p in result.points] == ["failed", "skipped", "skipped", "skipped"]
+    error = result.points[0].error
+    assert error.startswith("CheckpointError: ") and f"{point / 'checkpoint.pt'}" in error and "\n" not in error
+    assert f"delete {point} to run it afresh" in error
+    assert not any("resumed" in line for line in lines)
+    assert (point / "metrics.jsonl").read_text() == rows and not (point / "summary.json").exists()
+    assert json.loads((out / "sweep.json").read_text())["points"][0]["status"] == "failed"
+
+
 def test_failed_point_is_reported_the_sweep_goes_on_and_a_rerun_retries_it(tmp_path, calls, monkeypatch, capsys):
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_TOML)

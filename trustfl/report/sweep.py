@@ -6,8 +6,9 @@ records the config, the grids, the seeds and every point (its overrides, directo
 
 Resumable: a point whose run finished (``summary.json`` written at the end of the run, for all planned rounds or
 up to the engine's own stop, e.g. ``engine.time_limit``) is skipped; an unfinished one is resumed from its
-``checkpoint.pt`` (``trustfl run --resume``: bitwise equal to an uninterrupted run) or, without one, restarted. A
-run directory that holds a run of another config is refused before anything runs.
+``checkpoint.pt`` (``trustfl run --resume``: bitwise equal to an uninterrupted run) or, without one, restarted; a
+checkpoint that cannot be resumed (damaged, or written on other data) fails the point, naming the file, as
+``--resume`` does. A run directory that holds a run of another config is refused before anything runs.
 
 Every point's config is validated (schema, then built like ``trustfl validate``) before any point runs; an error
 is a :class:`~trustfl.errors.ConfigError` naming the point and the key. A point that fails while running is
@@ -147,7 +148,8 @@ def _one_line(text: str) -> str:
 
 
 def _execute(task: dict[str, Any]) -> dict[str, Any]:
-    """Run one point (in this process or a worker): resume it from its checkpoint or run it afresh.
+    """Run one point (in this process or a worker): resume it from its checkpoint or run it afresh. A checkpoint
+    that cannot be resumed (damaged, of other data) fails the point, naming the file, as ``--resume`` does.
 
     Returns ``{"status": "done", "summary": ...}`` or ``{"status": "failed", "error": one line}``; a failure
     that is not a :class:`TrustFLError` also writes its traceback to ``<run_dir>/error.log``.
@@ -164,13 +166,13 @@ def _execute(task: dict[str, Any]) -> dict[str, Any]:
             torch.set_num_threads(threads)
         (run_dir / "summary.json").unlink(missing_ok=True)  # a stale summary must never mark it finished
         (run_dir / "error.log").unlink(missing_ok=True)
-        result = None
         if task["action"] == "resume":
             try:
                 result = run_experiment(None, resume=run_dir, data_dir=task["data_dir"], progress=False)
-            except CheckpointError:
-                result = None  # an unreadable checkpoint: run the point again from the start
-        if result is None:
+            except CheckpointError as err:  # as `trustfl run --resume`: never a silent restart over its rows
+                raise CheckpointError(f"{_one_line(str(err))} The sweep does not restart a point it cannot "
+                                      f"resume: delete {run_dir} to run it afresh.") from None
+        else:
             result = run_experiment(task["config"], run_dir, data_dir=task["data_dir"], progress=False)
         return {"status": "done", "summary": json.loads(json.dumps(result.summary, default=str)),
                 "seconds": time.perf_counter() - start}
