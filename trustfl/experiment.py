@@ -39,7 +39,7 @@ from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.checkpoint import CHECKPOINT, data_digest, load_checkpoint, save_checkpoint
 from trustfl.engine.loop import (MODEL, Progress, all_rejected, diverged, evaluate, metric_names, run_rounds,
                                  save_model, skipped)
-from trustfl.errors import ConfigError
+from trustfl.errors import ConfigError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.core.runfiles import (hold_run_dir, metric_rows, read_json_object, read_metrics, truncate_metrics,
                                    write_json, writing)
@@ -127,6 +127,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
 
     Raises:
       ConfigError: under torchrun, a vertical engine (it does not split across processes).
+      CheckpointError, UsageError: with ``resume``, a run directory that cannot be resumed as it is (a damaged or
+        foreign checkpoint, rows lost from ``metrics.jsonl``, an ``engine.eval_initial`` run without its
+        ``run_info.json``).
       DistributedError: a malformed torchrun environment, or ranks that diverged.
     """
     _check_arguments(cfg, out, resume, data_dir, checkpoint_every, stop_after, on_eval, engine)
@@ -204,9 +207,7 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     if resume:
         state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device, data=digest)
         if fed.eval_initial:
-            saved = read_json_object(run_dir / "run_info.json", {"initial_evaluation": dict})
-            if "initial_evaluation" in saved:
-                fed.info["initial_evaluation"] = saved["initial_evaluation"]
+            fed.info["initial_evaluation"] = _initial_evaluation(run_dir)
         if fed.ledger is not None and state.ledger is not None:
             fed.ledger.load_state_dict(state.ledger)
         if main:
@@ -241,6 +242,22 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
             plot_run(run_dir, rows, cfg.name, metric_names(fed))
     summary, rows = from_main(ranks, (summary, rows))
     return RunResult(run_dir, summary, rows, state.params)
+
+
+def _initial_evaluation(run_dir: Path) -> dict[str, Any]:
+    """The initial model's metrics an ``engine.eval_initial`` run recorded in its ``run_info.json``.
+
+    Raises:
+      UsageError: the file is missing or lacks them (a resumed summary would drop ``initial_<metric>``).
+    """
+    path = run_dir / "run_info.json"
+    saved = read_json_object(path, {"initial_evaluation": dict})
+    if not isinstance(saved.get("initial_evaluation"), dict):
+        what = "holds no `initial_evaluation`" if path.is_file() else "is missing"
+        raise UsageError(f"{path} {what}: the run evaluated its initial model there (`engine.eval_initial`), and "
+                         f"its summary would lose initial_<metric>. Restore the file, or start afresh with "
+                         f"--overwrite.")
+    return saved["initial_evaluation"]
 
 
 def summary_writer() -> type:

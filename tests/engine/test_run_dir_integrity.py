@@ -146,6 +146,27 @@ def test_a_checkpoint_from_before_data_digests_still_resumes(half, full):
     assert torch.equal(_resume(half).params, full.params)
 
 
+def test_an_eval_initial_run_without_its_initial_evaluation_is_not_resumed(tmp_path):
+    # the resumed summary silently lost initial_accuracy / initial_loss
+    cfg = dataclasses.replace(_cfg(), engine=dataclasses.replace(_cfg().engine, eval_initial=True))
+    run_dir = run_experiment(cfg, tmp_path / "run", progress=False, plots=False, stop_after=2).run_dir
+    info = run_dir / "run_info.json"
+    saved = json.loads(info.read_text())
+    rows = (run_dir / "metrics.jsonl").read_text()
+    info.unlink()
+    with pytest.raises(UsageError, match="run_info.json is missing: the run evaluated its initial model"):
+        _resume(run_dir)
+    info.write_text(json.dumps({k: v for k, v in saved.items() if k != "initial_evaluation"}))
+    with pytest.raises(UsageError, match="run_info.json holds no `initial_evaluation`"):
+        _resume(run_dir)
+    assert (run_dir / "metrics.jsonl").read_text() == rows
+    info.write_text(json.dumps(saved))
+    whole = run_experiment(cfg, tmp_path / "whole", progress=False, plots=False).summary
+    resumed = _resume(run_dir).summary
+    assert resumed["initial_accuracy"] == whole["initial_accuracy"] and resumed["initial_loss"] == whole[
+        "initial_loss"]
+
+
 # ------------------------------------------------------------------------------------------------------- metrics
 @pytest.mark.parametrize("keep, fragment", [
     ([], "it lacks round\\(s\\) 1-2"),
