@@ -1,6 +1,7 @@
 """What `trustfl report` and `trustfl compare` make of run directories written by hand: a metrics row that trustfl
 never writes (a huge integer, deep nesting, a value that is not a number, a round twice) and an `--ignore` key that
-names nothing are one-line errors (exit 2) naming the file, line and key; what trustfl does write is read back."""
+names nothing are one-line errors (exit 2) naming the file, line and key; what trustfl does write is read back.
+Compare leaves out unfinished runs and says what it would otherwise hide (a seed twice, a curve cut short)."""
 import json
 import math
 import re
@@ -16,12 +17,16 @@ from trustfl.report.sweep import MANIFEST, run_finished
 CONFIG = 'name = "r"\nseed = {seed}\n[aggregator]\nname = "{rule}"\n[client]\nlr = 0.1\n'
 
 
-def _run(path, lines, seed=0, rule="mean"):
-    """A run directory: config.toml and metrics.jsonl holding ``lines`` (rows, or text written as it is)."""
+def _run(path, lines, seed=0, rule="mean", rounds=None, done=True):
+    """A run directory: config.toml (``rounds``: the last row's round), metrics.jsonl holding ``lines`` (rows, or
+    text written as it is) and, when ``done``, the summary.json of a run that finished them."""
+    last = max([line["round"] for line in lines if isinstance(line, dict)], default=1)
     path.mkdir(parents=True)
-    (path / "config.toml").write_text(CONFIG.format(seed=seed, rule=rule))
+    (path / "config.toml").write_text(f"rounds = {rounds or last}\n" + CONFIG.format(seed=seed, rule=rule))
     (path / "metrics.jsonl").write_text("".join(line if isinstance(line, str) else json.dumps(line) + "\n"
                                                 for line in lines))
+    if done:
+        (path / "summary.json").write_text(json.dumps({"rounds": last, "rounds_planned": rounds or last}))
     return path
 
 
@@ -66,9 +71,8 @@ def test_a_value_that_is_not_a_number_is_refused_naming_the_line_and_key(tmp_pat
 
 def test_what_trustfl_writes_for_nan_and_inf_is_read_back(tmp_path, capsys):
     """The writer spells NaN null and ±inf "inf"/"-inf" (JSON has neither); compare took "inf" for NaN."""
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.toml").write_text(CONFIG.format(seed=0, rule="mean"))
+    run = _run(tmp_path / "run", [{"round": 2}])
+    (run / "metrics.jsonl").unlink()
     for row in ({"round": 1, "train_loss": 2.0, "loss": 1.0, "accuracy": 0.5},
                 {"round": 2, "train_loss": math.inf, "loss": math.inf, "accuracy": math.nan, "x": -math.inf}):
         append_metrics(run / "metrics.jsonl", row)
@@ -78,7 +82,7 @@ def test_what_trustfl_writes_for_nan_and_inf_is_read_back(tmp_path, capsys):
     (row,) = compare_runs([run], write=False).rows
     assert row["final_loss_mean"] == math.inf and math.isnan(row["final_accuracy_mean"])
     assert main(["report", str(run)]) == 0
-    last = capsys.readouterr().out.splitlines()[-1].split()
+    last = capsys.readouterr().out.split("\n\n")[0].splitlines()[-1].split()  # the table's, above the summary
     assert last[:4] == ["2", "nan", "inf", "inf"]  # round, accuracy (NaN, not blank), loss, train_loss
     # a deployment's row lists the clients that dropped out
     (run / "metrics.jsonl").write_text('{"round": 1, "dropped": 2, "dropped_clients": [2, 5]}\n')
@@ -160,3 +164,45 @@ def test_resume_still_names_the_rounds_it_lacks_or_repeats(tmp_path):
     (run / "metrics.jsonl").write_text('{"round": 1, "loss": "inf"}\n{"round": 2, "x": 1}\n')
     truncate_metrics(run / "metrics.jsonl", 1)
     assert (run / "metrics.jsonl").read_text() == '{"round": 1, "loss": "inf"}\n'  # kept as the writer spells it
+
+
+def _rows(rounds, accuracy=0.5):
+    return [{"round": r, "accuracy": accuracy + r / 100, "sim_time": float(r)} for r in rounds]
+
+
+def test_unfinished_runs_are_left_out_of_compare_and_listed(tmp_path, capsys):
+    # round 2 of 4 was averaged with round 4 of 4 as a finished seed
+    runs = [_run(tmp_path / "s0", _rows(range(1, 5)), seed=0),
+            _run(tmp_path / "s1", _rows((1, 2)), seed=1, rounds=4, done=False),  # running, or killed
+            _run(tmp_path / "s2", _rows((1, 2)), seed=2, rounds=4),  # stopped early (stop_after)
+            _run(tmp_path / "s3", _rows(range(1, 5), 0.7), seed=3)]
+    result = compare_runs(runs, write=False)
+    (row,) = result.rows
+    assert row["n"] == 2 and row["seeds"] == [0, 3] and row["final_accuracy_mean"] == pytest.approx(0.64)
+    assert result.unfinished == [f"{runs[1]} (round 2 of 4, no summary.json)", f"{runs[2]} (round 2 of 4)"]
+    assert main(["compare", *map(str, runs), "--out", str(tmp_path / "cmp"), "--no-plots"]) == 0
+    assert f"left out (unfinished): {runs[1]} (round 2 of 4, no summary.json); {runs[2]}" in capsys.readouterr().out
+    assert f"- left out, unfinished: {runs[2]} (round 2 of 4)" in (tmp_path / "cmp" / "compare.md").read_text()
+    err = _refused(capsys, ["compare", str(runs[1]), str(runs[2]), "--out", str(tmp_path / "cmp")])
+    assert f"nothing to compare: no run has finished ({runs[1]} (round 2 of 4" in err
+    # a run that stopped at its engine.time_limit (the last row's sim_time) has finished
+    timed = _run(tmp_path / "timed", _rows((1, 2)), seed=5, rounds=4)
+    (timed / "config.toml").write_text((timed / "config.toml").read_text() + "[engine]\ntime_limit = 2.0\n")
+    assert compare_runs([runs[0], timed], write=False, ignore=["engine.time_limit"]).rows[0]["n"] == 2
+
+
+def test_a_group_repeating_a_seed_and_a_curve_cut_short_are_said(tmp_path, capsys):
+    # copies of one run counted as independent seeds (n = 2, std 0); the plot silently drew shared rounds only
+    first = _run(tmp_path / "a", _rows(range(1, 5)))
+    copy = _run(tmp_path / "copy", _rows(range(1, 5)))
+    other = _run(tmp_path / "b", _rows((2, 4), 0.6), seed=1, rounds=4)
+    assert main(["compare", str(first), str(copy), "--out", str(tmp_path / "cmp"), "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: group 'all runs' holds seed 0 more than once ({first}, {copy}): copies of one run" in err
+    assert "holds seed 0 more than once" in (tmp_path / "cmp" / "compare.md").read_text()
+    result = compare_runs([first, other], out=tmp_path / "cmp2", metric="accuracy")
+    assert not any("more than once" in n for n in result.notices)
+    assert ("compare_accuracy_vs_round.png: group 'all runs' is drawn at the 2 round(s) where all its runs have "
+            "accuracy and round; 2 other round(s) are left out.") in result.notices
+    assert (tmp_path / "cmp2" / "compare_accuracy_vs_round.png").is_file()
+    assert "2 other round(s) are left out" in (tmp_path / "cmp2" / "compare.md").read_text()

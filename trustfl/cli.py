@@ -155,6 +155,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(result.markdown)
     if result.skipped:
         print(f"\nleft out (no metrics yet): {', '.join(result.skipped)}")
+    if result.unfinished:
+        print(f"\nleft out (unfinished): {'; '.join(result.unfinished)}")
+    for notice in result.notices:
+        print(f"warning: {notice}", file=sys.stderr)
     where = sorted({str(f.parent) for f in result.files})
     print(f"\nwrote {', '.join(f.name for f in result.files)} to {', '.join(where)}")
     return 0

@@ -4,7 +4,10 @@ metric's final and best value as mean ± std over the seeds of each group, and o
 Groups: every key of the runs' ``config.toml`` (flattened: ``client.lr``, ``aggregator.name``) whose value differs
 between the runs is a varied key, except ``seed`` (what a group averages over), ``name`` (a label, not a setting)
 and ``data.data_dir`` (where the data lives); runs with equal varied keys form one group. The std is the sample
-std (n − 1); a group of one run has none ("–").
+std (n − 1); a group of one run has none ("–"). Only finished runs are compared (``summary.json`` for all planned
+rounds, or up to ``engine.time_limit``): an unfinished one is left out and listed (:attr:`Comparison.unfinished`).
+A group that holds a seed twice (copies of one run) and a curve cut to the rounds all its runs evaluated are said
+in :attr:`Comparison.notices` (printed, and listed under the table in ``compare.md``).
 
 Outputs, into ``out``: ``compare.md`` (the Markdown table), ``compare.csv`` (one row per group: the varied keys,
 ``n``, ``seeds``, ``final_<metric>_mean`` / ``_std``, ``best_<metric>_mean`` / ``_std``) and
@@ -25,12 +28,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.config.load import read_toml
+from trustfl.config.schema import ExperimentConfig
 from trustfl.core.paths import looked_up
 from trustfl.core.runfiles import SUMMARY_TYPES, read_json_object, writing
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
-from trustfl.report.sweep import MANIFEST, load_manifest
+from trustfl.report.sweep import MANIFEST, finished, load_manifest
 from trustfl.report.sweep_points import flatten_config
 
 __all__ = ["AXES", "Comparison", "IGNORED_KEYS", "RunRecord", "compare", "compare_runs", "expand_runs",
@@ -93,6 +97,10 @@ class Comparison:
     files: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     """Run directories (of a sweep) with no metrics yet, left out."""
+    unfinished: list[str] = field(default_factory=list)
+    """Runs left out because they have not finished: ``<dir> (round k of N)``."""
+    notices: list[str] = field(default_factory=list)
+    """What the table and plots alone would hide: a group repeating a seed, a curve cut short."""
 
 
 def _num(value: Any) -> float:
@@ -154,6 +162,30 @@ def load_run(path: str | Path) -> RunRecord:
     metrics = summary.get("metrics") or info.get("evaluators") or [
         m for m in ("accuracy", "loss") if any(m in r for r in rows)]
     return RunRecord(path, config, rows, summary, [str(m) for m in metrics])
+
+
+def _unfinished(run: RunRecord) -> str | None:
+    """``None`` for a finished run, else how far it got: ``<dir> (round 2 of 4, no summary.json)``."""
+    rounds = run.config.get("rounds", ExperimentConfig.rounds)
+    planned = run.summary.get("rounds_planned", rounds if isinstance(rounds, int) else None)
+    limit = run.config.get("engine.time_limit")
+    limit = limit if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None
+    if finished({**run.summary, "rounds_planned": planned}, run.rows, limit):
+        return None
+    last = run.rows[-1]["round"] if run.rows else 0
+    return f"{run.path} (round {last} of {planned if planned is not None else '?'}" + (
+        ")" if run.summary else ", no summary.json)")
+
+
+def _repeated_seeds(label: str, members: list[RunRecord]) -> str | None:
+    """A notice when the group ``label`` holds a seed more than once (copies of one run), else ``None``."""
+    seeds = [m.seed for m in members]
+    twice = [m for m in members if seeds.count(m.seed) > 1]
+    if not twice:
+        return None
+    return (f"group {label!r} holds seed {', '.join(sorted({str(m.seed) for m in twice}))} more than once "
+            f"({', '.join(str(m.path) for m in twice)}): copies of one run, not independent seeds, yet its n, mean "
+            f"and std count each.")
 
 
 # ------------------------------------------------------------------------------------------------ grouping
@@ -228,11 +260,18 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
       ignore: more config keys that never define a group.
 
     Raises:
-      UsageError: no runs, a path that is not a run or sweep directory, an unknown ``metric``, an ``ignore`` key
-        that no run's config holds.
+      UsageError: no runs, or none finished; a path that is not a run or sweep directory, an unknown ``metric``,
+        an ``ignore`` key that no run's config holds.
     """
     run_dirs, skipped = expand_runs(paths)
-    runs = [load_run(p) for p in run_dirs]
+    runs, unfinished = [], []
+    for run in map(load_run, run_dirs):
+        reason = _unfinished(run)
+        runs += [run] if reason is None else []
+        unfinished += [] if reason is None else [reason]
+    if not runs:
+        shown = "; ".join(unfinished[:5]) + ("; ..." if len(unfinished) > 5 else "")
+        raise UsageError(f"nothing to compare: no run has finished ({shown}).")
     _check_ignored(runs, ignore)
     varied = _varied_keys(runs, IGNORED_KEYS | frozenset(ignore))
     metrics: list[str] = []
@@ -247,10 +286,11 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
     groups: dict[tuple[str, ...], list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(tuple(_value_text(run.config.get(k, _ABSENT)) for k in varied), []).append(run)
-    rows = []
+    rows, notices = [], []
     for key, members in groups.items():
         label = ", ".join(f"{k}={v}" for k, v in zip(varied, key) if v != DASH)  # absent keys left out
         row: dict[str, Any] = {"group": label or "all runs"}
+        notices += filter(None, [_repeated_seeds(row["group"], members)])
         row.update({k: members[0].config.get(k) for k in varied})
         row.update({"n": len(members), "seeds": [m.seed for m in members], "runs": [str(m.path) for m in members]})
         for column in columns:
@@ -261,7 +301,8 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
         rows.append(row)
 
     markdown = format_markdown(rows, varied, columns)
-    result = Comparison(rows, varied, metrics, columns, primary, markdown, skipped=skipped)
+    result = Comparison(rows, varied, metrics, columns, primary, markdown, skipped=skipped, unfinished=unfinished,
+                        notices=notices)
     if write:
         target = Path(out) if out is not None else _default_out(paths)
         try:
@@ -269,11 +310,12 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
         except OSError as err:
             raise UsageError(f"--out: cannot create {str(target)!r}: {err.strerror or err}.") from None
         with writing(target):
-            (target / "compare.md").write_text(markdown + "\n")
+            drawn = plot_groups(rows, groups, primary, target, result.notices) if plots else []
+            notes = [f"left out, unfinished: {u}" for u in unfinished] + result.notices
+            (target / "compare.md").write_text(markdown + "\n" + "".join(f"\n- {n}" for n in notes) +
+                                               ("\n" if notes else ""))
             (target / "compare.csv").write_text(format_csv(rows, varied, columns))
-            result.files = [target / "compare.md", target / "compare.csv"]
-            if plots:
-                result.files += plot_groups(rows, groups, primary, target)
+            result.files = [target / "compare.md", target / "compare.csv", *drawn]
     return result
 
 
@@ -334,31 +376,39 @@ def format_csv(rows: list[dict[str, Any]], varied: list[str], columns: list[str]
     return buf.getvalue()
 
 
-def _curve(members: list[RunRecord], metric: str, axis: str) -> list[tuple[float, float]]:
-    """(mean x, mean y) over the group's runs at each round every run evaluated with both values."""
+def _curve(members: list[RunRecord], metric: str, axis: str) -> tuple[list[tuple[float, float]], int]:
+    """(mean x, mean y) over the group's runs at each round every run evaluated with both values, and the number
+    of rounds some run evaluated that are not drawn (not evaluated by all its runs, or a NaN value)."""
     per_run = [{r["round"]: (_num(r.get(axis)) if axis != "round" else float(r["round"]), _num(r.get(metric)))
                 for r in m.rows if "round" in r and metric in r} for m in members]
+    every = set().union(*per_run)
     rounds = sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []
     points = []
     for rnd in rounds:
         xs, ys = zip(*(d[rnd] for d in per_run))
         if not any(math.isnan(v) for v in xs + ys):
             points.append((statistics.mean(xs), statistics.mean(ys)))
-    return points
+    return points, len(every) - len(points)
 
 
 def plot_groups(rows: list[dict[str, Any]], groups: dict[tuple[str, ...], list[RunRecord]], metric: str,
-                out: Path) -> list[Path]:
-    """``compare_<metric>_vs_<axis>.png``: one line per group (mean over seeds) for every axis the runs record."""
+                out: Path, notices: list[str] | None = None) -> list[Path]:
+    """``compare_<metric>_vs_<axis>.png``: one line per group (mean over seeds) for every axis the runs record;
+    a curve cut short is said in ``notices``."""
     from trustfl.report.plots import plot_comparison  # matplotlib only when plotting
 
     paths = []
     members = list(groups.values())
     for axis, label in AXES.items():
-        series = {row["group"]: _curve(group, metric, axis) for row, group in zip(rows, members)}
+        curves = {row["group"]: _curve(group, metric, axis) for row, group in zip(rows, members)}
+        series = {group: points for group, (points, _) in curves.items()}
         if not any(series.values()):
             continue
         path = out / f"compare_{metric.replace('/', '_')}_vs_{axis}.png"
         plot_comparison(series, f"test {metric} (mean over seeds)", f"{metric} vs {label}", path, xlabel=label)
         paths.append(path)
+        for group, (points, cut) in curves.items():
+            if cut and notices is not None:
+                notices.append(f"{path.name}: group {group!r} is drawn at the {len(points)} round(s) where all its "
+                               f"runs have {metric} and {axis}; {cut} other round(s) are left out.")
     return paths

@@ -42,7 +42,7 @@ from trustfl.errors import CheckpointError, ConfigError, TrustFLError, UsageErro
 from trustfl.report.sweep_points import (_MAX_NAME, MAX_POINTS, _digest, _grids, flatten_config, parse_seeds,
                                         point_name)
 
-__all__ = ["MANIFEST", "SweepPoint", "SweepResult", "load_manifest", "run_finished", "run_sweep"]
+__all__ = ["MANIFEST", "SweepPoint", "SweepResult", "finished", "load_manifest", "run_finished", "run_sweep"]
 
 MANIFEST = "sweep.json"
 
@@ -58,16 +58,26 @@ def run_finished(run_dir: str | Path) -> bool:
         return False
     if not isinstance(summary.get("rounds"), int):
         return False
-    planned = summary.get("rounds_planned")
-    if summary["rounds"] >= (math.inf if planned is None else planned):
+    if finished(summary, [], None):  # all planned rounds: no need to read further
         return True
     try:
         limit = load_config(run_dir / "config.toml").engine.time_limit
         rows = read_metrics(run_dir)
     except (TrustFLError, OSError):
         return False
+    return finished(summary, rows, limit)
+
+
+def finished(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], time_limit: float | None) -> bool:
+    """Whether a run whose ``summary.json`` is ``summary`` (``{}``: none) and whose last metrics row is
+    ``rows[-1]`` finished: its summary covers all planned rounds, or the rounds up to ``engine.time_limit``."""
+    rounds, planned = summary.get("rounds"), summary.get("rounds_planned")
+    if isinstance(rounds, bool) or not isinstance(rounds, int):
+        return False
+    if rounds >= (math.inf if planned is None else planned):
+        return True
     last = rows[-1] if rows else {}
-    return bool(limit) and last.get("round") == summary["rounds"] and (last.get("sim_time") or 0) >= limit
+    return bool(time_limit) and last.get("round") == rounds and (last.get("sim_time") or 0) >= time_limit
 
 
 def _difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
