@@ -126,7 +126,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     progress and calls ``on_eval``, and every rank returns rank 0's result.
 
     Raises:
-      ConfigError: under torchrun, a vertical engine (it does not split across processes).
+      ConfigError: ``cfg`` or ``out`` given with ``resume``; under torchrun, a vertical engine (it does not split
+        across processes).
       CheckpointError, UsageError: with ``resume``, a run directory that cannot be resumed as it is (a damaged or
         foreign checkpoint, rows lost from ``metrics.jsonl``, an ``engine.eval_initial`` run without its
         ``run_info.json``).
@@ -149,6 +150,10 @@ def _check_arguments(cfg: Any, out: Any, resume: Any, data_dir: Any, checkpoint_
 
     if resume is None and not isinstance(cfg, ExperimentConfig):
         fail("cfg", cfg, "an ExperimentConfig (e.g. from trustfl.config.load.load_config), or None with `resume`")
+    given = [name for name, value in (("cfg", cfg), ("out", out)) if value is not None]
+    if resume is not None and given:  # they would be ignored: the run's own config.toml and directory are used
+        raise ConfigError(f"run_experiment: `resume` continues the run in {str(resume)!r} with its own config.toml "
+                          f"and directory; pass {' and '.join(f'`{n}`' for n in given)} as None with it.")
     for name, value in (("out", out), ("resume", resume), ("data_dir", data_dir)):
         if value is not None and not isinstance(value, (str, os.PathLike)):
             fail(name, value, "a path (a string or os.PathLike) or None")

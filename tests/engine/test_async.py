@@ -261,7 +261,7 @@ def test_resume_mid_run_reproduces_the_uninterrupted_run(tmp_path, algorithm, ex
     cfg = _cfg(algorithm=algorithm, rounds=6, engine__checkpoint_every=1, **extra)
     whole = run_experiment(cfg, tmp_path / "whole", progress=False)
     run_experiment(cfg, tmp_path / "part", progress=False, stop_after=3)
-    resumed = run_experiment(cfg, resume=tmp_path / "part", progress=False)
+    resumed = run_experiment(None, resume=tmp_path / "part", progress=False)
     assert torch.equal(whole.params, resumed.params)
     assert whole.rows[-1]["sim_time"] == resumed.rows[-1]["sim_time"]
     assert whole.rows[-1]["bits_up_total"] == resumed.rows[-1]["bits_up_total"]

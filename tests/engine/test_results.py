@@ -295,6 +295,10 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path, monkeypatc
     ({"on_eval": 5}, "`on_eval` must be a function"),
     ({"engine": 5}, "`engine` must be a function"),
     ({"cfg": None}, "`cfg` must be an ExperimentConfig"),
+    # with `resume` both were silently ignored: the run's own config.toml and directory were used
+    ({"resume": "old"}, "`resume` continues the run in 'old' with its own config.toml and directory; pass `cfg` "
+                        "and `out` as None with it"),
+    ({"resume": "old", "out": None}, "`resume` continues the run in 'old' .*; pass `cfg` as None with it"),
 ])
 def test_run_experiment_refuses_arguments_of_the_wrong_kind_before_writing(kwargs, fragment, tmp_path):
     args = {"cfg": _cfg(), "out": tmp_path / "run", **kwargs}
