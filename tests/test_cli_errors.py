@@ -88,6 +88,9 @@ def test_run_dir_problems(small, tmp_path, capsys):
     assert "does not exist" in _one_line(capsys)
     assert main(["run", str(small), "--resume", str(tmp_path)]) == 2
     assert "--resume" in _one_line(capsys)
+    # --import was ignored (rc 0), even a file that does not exist: the run's plugins are in its config.toml
+    assert main(["run", "--resume", str(tmp_path), "--import", str(tmp_path / "nowhere.py")]) == 2
+    assert "--resume takes its config (and the plugins it imports) from RUN_DIR/config.toml" in _one_line(capsys)
     assert main(["run"]) == 2
     assert "needs a CONFIG" in _one_line(capsys)
 

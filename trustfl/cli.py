@@ -50,9 +50,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from trustfl.experiment import run_experiment
 
     if args.resume:
-        if args.config or args.set or args.out or args.overwrite:
-            raise UsageError("--resume takes its config from RUN_DIR/config.toml and writes to RUN_DIR; drop "
-                             "CONFIG, --set, --out and --overwrite.")
+        if args.config or args.set or args.out or args.overwrite or args.imports:
+            raise UsageError("--resume takes its config (and the plugins it imports) from RUN_DIR/config.toml and "
+                             "writes to RUN_DIR; drop CONFIG, --set, --out, --overwrite and --import.")
         if not looked_up(args.resume, "--resume: run directory", UsageError).is_dir():
             raise UsageError(f"--resume: run directory {args.resume!r} does not exist.")
         result = run_experiment(None, resume=args.resume, data_dir=args.data_dir, progress=not args.quiet,
@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress output")
     run.add_argument("--device", help=_DEVICE_HELP + "; with --resume, where the resumed run continues")
     run.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                     help="import a module (name or .py path) that registers your parts, like `plugins`")
+                     help="import a module (name or .py path) that registers your parts, like `plugins` (kept "
+                          "in the run's config.toml, so --resume imports it again)")
     run.set_defaults(func=_cmd_run)
     swp = sub.add_parser("sweep", help="run a config over a grid of values x seeds, one run directory per point")
     swp.add_argument("config", help="experiment TOML file")
