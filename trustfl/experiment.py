@@ -210,7 +210,8 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
     digest = data_digest(fed.dataset) if main and (every or resume) else None
     if resume:
-        state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device, data=digest)
+        state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device, data=digest,
+                                like=fed.initial_params)
         if fed.eval_initial:
             fed.info["initial_evaluation"] = _initial_evaluation(run_dir)
         if fed.ledger is not None and state.ledger is not None:

@@ -76,6 +76,33 @@ def test_a_checkpoint_cut_short_is_refused(half):
         _resume(half)
 
 
+def _extra_field(saved):
+    saved["state"]["momentum"] = torch.zeros(1)
+
+
+def _other_shape(saved):
+    saved["state"]["params"] = saved["state"]["params"][:-1].clone()
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (_extra_field, "its state has fields an engine state lacks ('momentum')"),  # TypeError in EngineState()
+    (_other_shape, "its parameters are ("),  # RuntimeError: shape invalid, deep in the first round
+    (lambda saved: saved.pop("state"), "it holds no engine state"),  # KeyError
+    (lambda saved: saved["state"].pop("aggregator"), "its state lacks aggregator"),
+    (lambda saved: saved["state"].update(round=-1), "its round is -1"),
+    (lambda saved: saved["state"].update(params=[1.0]), "its parameters are a list"),
+])
+def test_a_checkpoint_of_this_config_with_wrong_contents_is_refused_in_one_line(half, change, fragment):
+    saved = torch.load(half / CHECKPOINT, weights_only=True)
+    change(saved)
+    torch.save(saved, half / CHECKPOINT)
+    with pytest.raises(CheckpointError) as err:
+        _resume(half)
+    message = str(err.value)
+    assert message.startswith(f"{half / CHECKPOINT} is not a checkpoint of this run, or was written by another "
+                              f"trustfl version: ") and fragment in message and "\n" not in message
+
+
 def test_a_checkpoint_is_written_with_crcs_even_where_the_process_turned_them_off(tmp_path):
     state = run_experiment(_cfg(rounds=1), tmp_path / "one", progress=False, plots=False)
     loaded = load_checkpoint(state.run_dir, _hash(state.run_dir))

@@ -2,8 +2,9 @@
 
 A checkpoint is stamped with the configuration's hash and a digest of the data the run trained on
 (:func:`data_digest`). Resuming refuses a file whose zip records fail their CRC-32 (damaged after it was written),
-one of another configuration, and one whose run started on other data: an edited data file, or a fallback data set
-where the real one has since been fetched, would otherwise continue the run on different data without a word.
+one of another configuration, one whose run started on other data (an edited data file, or a fallback data set
+where the real one has since been fetched, would otherwise continue the run on different data without a word), and
+one whose contents are not an :class:`EngineState` with parameters of this run's shape and dtype.
 """
 from __future__ import annotations
 
@@ -89,15 +90,17 @@ def _replace_atomically(path: Path, private: bool, write: Callable[[BinaryIO], o
 
 
 def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | str | None = None,
-                    data: str | None = None) -> EngineState:
+                    data: str | None = None, like: torch.Tensor | None = None) -> EngineState:
     """The :class:`EngineState` saved in ``run_dir``, its tensors on ``map_location`` (the resuming run's device;
     ``None``: where they were saved), so a run checkpointed on a GPU resumes on the CPU and vice versa.
 
     The virtual clock (``EngineState.clock``: the asynchronous engine's host-side schedule) stays on the CPU.
 
     Raises:
-      CheckpointError: no checkpoint, an unreadable or damaged file, one of another configuration, or one whose run
-        trained on other data than ``data`` (a :func:`data_digest`; checked when both it and the file have one).
+      CheckpointError: no checkpoint, an unreadable or damaged file, one of another configuration, one whose run
+        trained on other data than ``data`` (a :func:`data_digest`; checked when both it and the file have one), or
+        one that holds no :class:`EngineState` whose parameters have the shape and dtype of ``like`` (the run's
+        initial parameters; ``None``: unchecked).
     """
     path = run_dir / CHECKPOINT
     if not path.is_file():
@@ -114,10 +117,39 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
                               f"data set's contents differ: an edited `data.path` file, another `--data-dir`, or a "
                               f"fallback data set where the real one is now present); resuming would continue on "
                               f"different data. Restore the data, or start afresh with --overwrite.")
-    state = saved["state"]
+    state = _checked_state(path, saved, like)
     if map_location is not None and state.get("clock"):
         state["clock"] = _to_cpu(state["clock"])
     return EngineState(**state)
+
+
+_REQUIRED = ("round", "params", "server_optimizer", "client_stages", "aggregator", "server_stages")
+"""The :class:`EngineState` fields without a default: every checkpoint holds them."""
+
+
+def _checked_state(path: Path, saved: dict[str, Any], like: torch.Tensor | None) -> dict[str, Any]:
+    """``saved["state"]``, refused unless it holds an :class:`EngineState`'s fields (no others), a round >= 0 and
+    parameters shaped like ``like``: a file of another run or trustfl version whose config hash matches."""
+    state = saved.get("state")
+    fields = {f.name for f in dataclasses.fields(EngineState)}
+    params = state.get("params") if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        problem = "it holds no engine state"
+    elif extra := sorted(repr(k)[:40] for k in state if k not in fields):
+        problem = f"its state has fields an engine state lacks ({', '.join(extra[:5])})"
+    elif missing := [k for k in _REQUIRED if k not in state]:
+        problem = f"its state lacks {', '.join(missing)}"
+    elif isinstance(state["round"], bool) or not isinstance(state["round"], int) or state["round"] < 0:
+        problem = f"its round is {repr(state['round'])[:40]}, not an integer >= 0"
+    elif not isinstance(params, torch.Tensor):
+        problem = f"its parameters are a {type(params).__name__}, not a tensor"
+    elif like is not None and (params.shape != like.shape or params.dtype != like.dtype):
+        problem = (f"its parameters are {tuple(params.shape)} {params.dtype}, this run's model has "
+                   f"{tuple(like.shape)} {like.dtype}")
+    else:
+        return state
+    raise CheckpointError(f"{path} is not a checkpoint of this run, or was written by another trustfl version: "
+                          f"{problem}. Start afresh with --overwrite.")
 
 
 def _check_records(path: Path) -> None:
