@@ -206,3 +206,19 @@ def test_a_group_repeating_a_seed_and_a_curve_cut_short_are_said(tmp_path, capsy
             "accuracy and round; 2 other round(s) are left out.") in result.notices
     assert (tmp_path / "cmp2" / "compare_accuracy_vs_round.png").is_file()
     assert "2 other round(s) are left out" in (tmp_path / "cmp2" / "compare.md").read_text()
+
+
+@pytest.mark.parametrize("points, found", [
+    ("[1]", "found 1."), ('["a"]', 'found "a".'), ('[{"dir": "x\\u0000y"}]', 'found `dir` "x\\u0000y".'),
+    ('[{"dir": ""}]', 'found `dir` "".'), ('[{"seed": 0}]', "found `dir` null."),
+    ('[{"dir": "../elsewhere"}]', 'found `dir` "../elsewhere".'),
+])
+def test_a_manifest_with_a_malformed_point_is_refused_naming_it(tmp_path, capsys, points, found):
+    # AttributeError ('int' object has no attribute 'get'), ValueError (embedded null byte), or the sweep directory
+    # itself taken for a point
+    sweep = tmp_path / "sweep"
+    _run(sweep / "ok", [{"round": 1, "accuracy": 0.5}])
+    (sweep / MANIFEST).write_text('{"points": [{"dir": "ok"}, %s]}' % points[1:-1])
+    err = _refused(capsys, ["compare", str(sweep), "--out", str(tmp_path / "cmp")])
+    assert err.endswith(f"{sweep / MANIFEST} is not a sweep manifest: `points[1]` must be an object whose `dir` names "
+                        f"a directory inside {sweep}, {found}"), err

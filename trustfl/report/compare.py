@@ -127,7 +127,7 @@ def expand_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
     for raw in paths:
         path = looked_up(raw, "run directory", UsageError)
         if (path / MANIFEST).is_file() and not (path / "metrics.jsonl").is_file():
-            found = [path / str(p.get("dir", p.get("name", ""))) for p in load_manifest(path)["points"]]
+            found = [path / p["dir"] for p in load_manifest(path)["points"]]
         elif (path / "metrics.jsonl").is_file() or (path / "config.toml").is_file():
             found = [path]
         elif path.is_dir():

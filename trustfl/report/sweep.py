@@ -423,10 +423,11 @@ def _validate(points: list[SweepPoint], data_dir: str | None) -> None:
 
 
 def load_manifest(sweep_dir: str | Path) -> dict[str, Any]:
-    """``<sweep_dir>/sweep.json`` as a mapping.
+    """``<sweep_dir>/sweep.json`` as a mapping; every point's ``dir`` (or, in older manifests, ``name``) is set
+    and checked: a directory name inside ``sweep_dir``.
 
     Raises:
-      UsageError: the file is missing or not a sweep manifest.
+      UsageError: the file is missing or not a sweep manifest, naming the point whose entry is malformed.
     """
     path = Path(sweep_dir) / MANIFEST
     try:
@@ -437,5 +438,13 @@ def load_manifest(sweep_dir: str | Path) -> dict[str, Any]:
         raise UsageError(f"{path} is not a sweep manifest ({err}).") from None
     if not isinstance(data, dict) or not isinstance(data.get("points"), list):
         raise UsageError(f"{path} is not a sweep manifest (no `points` list).")
+    for i, point in enumerate(data["points"]):
+        where = point.get("dir", point.get("name")) if isinstance(point, dict) else None
+        if not (isinstance(where, str) and where.strip() and "\0" not in where and not Path(where).is_absolute()
+                and ".." not in Path(where).parts):
+            found = f"`dir` {json.dumps(where)[:40]}" if isinstance(point, dict) else json.dumps(point)[:40]
+            raise UsageError(f"{path} is not a sweep manifest: `points[{i}]` must be an object whose `dir` names a "
+                             f"directory inside {path.parent}, found {found}.")
+        point["dir"] = where
     return data
 
