@@ -223,6 +223,16 @@ def test_an_evaluator_of_your_own_must_give_one_number_per_declared_metric(monke
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
 
 
+@pytest.mark.parametrize("name", ["acc\x00uracy", "", "two\nlines", "x" * 101])
+def test_an_evaluators_metric_name_that_cannot_name_a_file_is_refused_when_built(monkeypatch, name):
+    # a NUL ran every round, then failed the run's plot: ValueError: embedded null byte
+    base = _evaluator(lambda n: {name: float(n)})
+    _register(monkeypatch, "evaluator", "contract_test_eval", type("Named", (base,), {"metrics": {name: True}}))
+    with pytest.raises(ConfigError, match=r"^evaluators\[0\] \(Named\): metric name .* must be printable text of 1 "
+                                          r"to 100 characters"):
+        build_federation(_cfg(evaluators=[{"name": "contract_test_eval"}]))
+
+
 def test_an_evaluators_one_number_tensor_is_written_as_a_number(monkeypatch, tmp_path):
     _register(monkeypatch, "evaluator", "contract_test_eval", _evaluator(lambda n: {"seen": torch.tensor(n)}))
     cfg = _cfg(evaluators=[{"name": "contract_test_eval"}])

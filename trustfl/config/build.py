@@ -121,6 +121,11 @@ def build_evaluators(cfg: ExperimentConfig, objective: AbstractObjective) -> tup
     comps = cfg.evaluators or [Component(n) for n in default_evaluators(objective.task)]
     path = "evaluators" if cfg.evaluators else f"evaluators (defaults of the {objective.task} task)"
     evaluators = tuple(build_component("evaluator", c, f"{path}[{i}]") for i, c in enumerate(comps))
+    for i, evaluator in enumerate(evaluators):  # a name is a metrics.jsonl key and names a .png file
+        for m in evaluator.metrics:
+            if not (isinstance(m, str) and m.isprintable() and 0 < len(m) <= 100):
+                raise ConfigError(f"{path}[{i}] ({type(evaluator).__name__}): metric name {repr(m)[:60]} must be "
+                                  f"printable text of 1 to 100 characters (no control character such as NUL).")
     names = [m for e in evaluators for m in e.metrics]
     if len(set(names)) != len(names):
         raise ConfigError(f"`evaluators` report the same metric twice: {names}.")
