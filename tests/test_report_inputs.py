@@ -203,7 +203,7 @@ def test_a_group_repeating_a_seed_and_a_curve_cut_short_are_said(tmp_path, capsy
     result = compare_runs([first, other], out=tmp_path / "cmp2", metric="accuracy")
     assert not any("more than once" in n for n in result.notices)
     assert ("compare_accuracy_vs_round.png: group 'all runs' is drawn at the 2 round(s) where all its runs have "
-            "accuracy and round; 2 other round(s) are left out.") in result.notices
+            "accuracy and round (finite, within ±1e300); 2 other round(s) are left out.") in result.notices
     assert (tmp_path / "cmp2" / "compare_accuracy_vs_round.png").is_file()
     assert "2 other round(s) are left out" in (tmp_path / "cmp2" / "compare.md").read_text()
 
@@ -222,3 +222,37 @@ def test_a_manifest_with_a_malformed_point_is_refused_naming_it(tmp_path, capsys
     err = _refused(capsys, ["compare", str(sweep), "--out", str(tmp_path / "cmp")])
     assert err.endswith(f"{sweep / MANIFEST} is not a sweep manifest: `points[1]` must be an object whose `dir` names "
                         f"a directory inside {sweep}, {found}"), err
+
+
+def test_report_plots_bits_of_rows_that_record_only_one_direction(tmp_path, capsys):
+    # KeyError 'bits_down_total' in the plot of an asynchronous run
+    rows = [{"round": r, "accuracy": 0.5, "sim_time": float(r), "bits_up_total": 100 * r} for r in (1, 2)]
+    run = _run(tmp_path / "run", rows)
+    assert main(["report", str(run)]) == 0
+    assert (run / "accuracy_vs_bits.png").stat().st_size > 1000 and "notice" not in capsys.readouterr().out
+
+
+def test_values_a_plot_cannot_draw_are_left_out_with_a_notice(tmp_path, capsys):
+    # matplotlib's "arange: cannot compute length" failed report, compare and the run's own end
+    rows = [{"round": 1, "accuracy": 0.5, "loss": 1.0}, {"round": 2, "accuracy": 0.6, "loss": 1.7e308},
+            {"round": 3, "accuracy": 0.7, "loss": -1.7e308}, {"round": 4, "accuracy": None, "loss": 0.5}]
+    run = _run(tmp_path / "run", rows)
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert ("notice: loss.png leaves out 2 value(s) it cannot draw (NaN, ±inf or beyond ±1e+300), in round(s) 2, 3."
+            in out and "notice: accuracy.png leaves out 1 value(s)" in out)
+    assert (run / "loss.png").stat().st_size > 1000
+    result = compare_runs([run], out=tmp_path / "cmp", metric="loss")
+    assert (tmp_path / "cmp" / "compare_loss_vs_round.png").is_file()
+    assert any(n.startswith("compare_loss_vs_round.png: group 'all runs' is drawn at the 2 round(s)")
+               for n in result.notices)
+
+
+def test_a_metric_name_holding_a_nul_gets_a_file_name_it_can_have(tmp_path, capsys):
+    # ValueError: embedded null byte, naming the png
+    run = _run(tmp_path / "run", [{"round": 1, "acc\u0000uracy": 0.5}, {"round": 2, "acc\u0000uracy": 0.6}])
+    (run / "summary.json").write_text(json.dumps({"rounds": 2, "rounds_planned": 2, "metrics": ["acc\u0000uracy"]}))
+    assert main(["report", str(run)]) == 0
+    assert (run / "acc_uracy.png").is_file()
+    compare_runs([run], out=tmp_path / "cmp")
+    assert (tmp_path / "cmp" / "compare_acc_uracy_vs_round.png").is_file()

@@ -18,6 +18,7 @@ import datetime as _dt
 import hashlib
 import math
 import os
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,7 +246,10 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
         write_json(run_dir / "summary.json", summary)
         save_model(run_dir, fed, state.params)
         if plots:
-            plot_run(run_dir, rows, cfg.name, metric_names(fed))
+            notices: list[str] = []
+            plot_run(run_dir, rows, cfg.name, metric_names(fed), notices)
+            for notice in notices if progress else ():
+                print(f"notice: {notice}", file=sys.stderr)
     summary, rows = from_main(ranks, (summary, rows))
     return RunResult(run_dir, summary, rows, state.params)
 

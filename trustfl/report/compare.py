@@ -34,6 +34,7 @@ from trustfl.core.runfiles import SUMMARY_TYPES, read_json_object, writing
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
+from trustfl.report.plots import drawable
 from trustfl.report.sweep import MANIFEST, finished, load_manifest
 from trustfl.report.sweep_points import flatten_config
 
@@ -378,7 +379,8 @@ def format_csv(rows: list[dict[str, Any]], varied: list[str], columns: list[str]
 
 def _curve(members: list[RunRecord], metric: str, axis: str) -> tuple[list[tuple[float, float]], int]:
     """(mean x, mean y) over the group's runs at each round every run evaluated with both values, and the number
-    of rounds some run evaluated that are not drawn (not evaluated by all its runs, or a NaN value)."""
+    of rounds some run evaluated that are not drawn (not evaluated by all its runs, or a value a plot cannot draw:
+    NaN, ±inf, beyond ±1e300)."""
     per_run = [{r["round"]: (_num(r.get(axis)) if axis != "round" else float(r["round"]), _num(r.get(metric)))
                 for r in m.rows if "round" in r and metric in r} for m in members]
     every = set().union(*per_run)
@@ -386,7 +388,7 @@ def _curve(members: list[RunRecord], metric: str, axis: str) -> tuple[list[tuple
     points = []
     for rnd in rounds:
         xs, ys = zip(*(d[rnd] for d in per_run))
-        if not any(math.isnan(v) for v in xs + ys):
+        if all(map(drawable, xs + ys)):
             points.append((statistics.mean(xs), statistics.mean(ys)))
     return points, len(every) - len(points)
 
@@ -395,7 +397,7 @@ def plot_groups(rows: list[dict[str, Any]], groups: dict[tuple[str, ...], list[R
                 out: Path, notices: list[str] | None = None) -> list[Path]:
     """``compare_<metric>_vs_<axis>.png``: one line per group (mean over seeds) for every axis the runs record;
     a curve cut short is said in ``notices``."""
-    from trustfl.report.plots import plot_comparison  # matplotlib only when plotting
+    from trustfl.report.plots import file_stem, plot_comparison  # matplotlib only when plotting
 
     paths = []
     members = list(groups.values())
@@ -404,11 +406,12 @@ def plot_groups(rows: list[dict[str, Any]], groups: dict[tuple[str, ...], list[R
         series = {group: points for group, (points, _) in curves.items()}
         if not any(series.values()):
             continue
-        path = out / f"compare_{metric.replace('/', '_')}_vs_{axis}.png"
+        path = out / f"compare_{file_stem(metric)}_vs_{axis}.png"
         plot_comparison(series, f"test {metric} (mean over seeds)", f"{metric} vs {label}", path, xlabel=label)
         paths.append(path)
         for group, (points, cut) in curves.items():
             if cut and notices is not None:
                 notices.append(f"{path.name}: group {group!r} is drawn at the {len(points)} round(s) where all its "
-                               f"runs have {metric} and {axis}; {cut} other round(s) are left out.")
+                               f"runs have {metric} and {axis} (finite, within ±1e300); {cut} other round(s) are "
+                               f"left out.")
     return paths

@@ -2,9 +2,13 @@
 ``mse.png``, ``r2.png``, ...); an asynchronous run adds ``<metric>_vs_sim_time.png`` and ``<metric>_vs_bits.png``.
 
 ``metrics.jsonl`` has a row per round and the evaluation metrics only in evaluated rounds: a metric's curve is
-drawn through the rows that carry it."""
+drawn through the rows that carry it. A value matplotlib cannot draw (NaN, ±inf, or beyond ±1e300, where it cannot
+lay out the axis) is left out, and the plot and a notice say how many and in which rounds. A metric's file name is
+the metric with ``/``, ``\\`` and control characters (a NUL) as ``_``."""
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,26 +26,58 @@ def _pyplot():
 _AXES = {"round": "round", "sim_time": "simulated time", "bits": "bits sent (up + down)"}
 
 
+LIMIT = 1e300
+"""The largest magnitude drawn: matplotlib cannot lay out an axis that spans values near ±1.8e308."""
+
+
+def drawable(value: Any) -> bool:
+    """Whether ``value`` is a number a plot can draw: finite and within ±:data:`LIMIT`."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+        abs(value) <= LIMIT
+
+
+def file_stem(metric: str) -> str:
+    """``metric`` as (part of) a file name: ``/``, ``\\`` and control characters become ``_``; at most 150
+    bytes."""
+    return re.sub(r"[/\\\x00-\x1f\x7f]", "_", metric).encode()[:150].decode(errors="ignore") or "_"
+
+
+def _text(text: str) -> str:
+    """``text`` as a plot shows it: control characters (which no font draws) as ``_``."""
+    return re.sub(r"[\x00-\x1f\x7f]", "_", text)
+
+
 def _x(row: dict[str, Any], axis: str) -> float | None:
-    if axis == "bits":
-        return row["bits_up_total"] + row["bits_down_total"] if "bits_up_total" in row else None
-    return row.get(axis)
+    """The row's value on ``axis`` (``bits``: up + down, those it records); ``None`` where it records none."""
+    present = [row[k] for k in (("bits_up_total", "bits_down_total") if axis == "bits" else (axis,)) if k in row]
+    if not present:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return math.nan
+    return float(sum(present))
 
 
-def _plot(rows: list[dict[str, Any]], key: str, label: str, title: str, path: Path, axis: str = "round") -> None:
-    """``key`` against ``axis`` over the rows that carry a number under ``key`` (the evaluated rounds)."""
-    pts = [(_x(r, axis), r[key]) for r in rows if isinstance(r.get(key), (int, float)) and _x(r, axis) is not None]
+def _plot(rows: list[dict[str, Any]], key: str, label: str, title: str, path: Path, axis: str = "round") -> list[int]:
+    """``key`` against ``axis`` over the rows that carry ``key`` (the evaluated rounds); returns the rounds whose
+    value could not be drawn (:func:`drawable`), which the plot also counts."""
+    carrying = [(r["round"], _x(r, axis), r[key]) for r in rows if key in r and _x(r, axis) is not None]
+    pts = [(x, y) for _, x, y in carrying if drawable(x) and drawable(y)]
+    left = [rnd for rnd, x, y in carrying if not (drawable(x) and drawable(y))]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
+    if left:
+        ax.text(0.01, 0.01, f"{len(left)} value(s) not drawn: NaN, ±inf or beyond ±{LIMIT:.0e}",
+                transform=ax.transAxes, fontsize=7)
     ax.set_xlabel(_AXES[axis])
-    ax.set_ylabel(label)
-    ax.set_title(title)
+    ax.set_ylabel(_text(label))
+    ax.set_title(_text(title))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return left
 
 
 _LABELS = {"accuracy": "test accuracy", "loss": "test loss", "mse": "test MSE", "mae": "test MAE",
@@ -49,20 +85,22 @@ _LABELS = {"accuracy": "test accuracy", "loss": "test loss", "mse": "test MSE", 
 
 
 def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "",
-             metrics: Sequence[str] = ("accuracy", "loss")) -> list[Path]:
-    """Write ``<metric>.png`` for every metric of the run from its ``metrics.jsonl`` rows; return the paths."""
+             metrics: Sequence[str] = ("accuracy", "loss"), notices: list[str] | None = None) -> list[Path]:
+    """Write ``<metric>.png`` for every metric of the run from its ``metrics.jsonl`` rows; return the paths.
+    ``notices`` gets a line for every plot that leaves values out."""
     run_dir = Path(run_dir)
     paths = []
+    axes = ("round", "sim_time", "bits") if any("sim_time" in r for r in rows) else ("round",)  # async: 3 plots
     for metric in metrics:
         label = _LABELS.get(metric, f"test {metric}")
-        path = run_dir / f"{metric.replace('/', '_')}.png"
-        _plot(rows, metric, label, f"{name} — {label}", path)
-        paths.append(path)
-        if any("sim_time" in r for r in rows):  # an asynchronous run: also against simulated time and bits
-            for axis in ("sim_time", "bits"):
-                path = run_dir / f"{metric.replace('/', '_')}_vs_{axis}.png"
-                _plot(rows, metric, label, f"{name} — {label}", path, axis)
-                paths.append(path)
+        for axis in axes:
+            path = run_dir / (f"{file_stem(metric)}.png" if axis == "round" else f"{file_stem(metric)}_vs_{axis}.png")
+            left = _plot(rows, metric, label, f"{name} — {label}", path, axis)
+            paths.append(path)
+            if left and notices is not None:
+                rounds = ", ".join(map(str, left[:5])) + (", ..." if len(left) > 5 else "")
+                notices.append(f"{path.name} leaves out {len(left)} value(s) it cannot draw (NaN, ±inf or beyond "
+                               f"±{LIMIT:.0e}), in round(s) {rounds}.")
     return paths
 
 
@@ -72,13 +110,13 @@ def plot_comparison(series: dict[str, list[tuple[float, float]]], ylabel: str, t
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=100)
     for i, (label, pts) in enumerate(series.items()):  # beyond the 10 default colours, dashed lines
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label,
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=_text(label),
                 linestyle="-" if i < 10 else "--")
     if log_x:
         ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_xlabel(_text(xlabel))
+    ax.set_ylabel(_text(ylabel))
+    ax.set_title(_text(title))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -33,15 +33,16 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = _COLUM
 
 def report_run(run_dir: str | Path) -> str:
     """Re-plot a run directory and return its metrics table (the evaluated rounds; every round when none is
-    evaluated yet) and summary as text."""
+    evaluated yet), summary and the plots' notices (values they cannot draw) as text."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     if not rows:
         raise TrustFLError(f"{run_dir} holds no metrics.jsonl rows: is it a trustfl run directory?")
     summary = read_json_object(run_dir / "summary.json", SUMMARY_TYPES)
     metrics = summary.get("metrics") or [m for m in ("accuracy", "loss") if any(m in r for r in rows)]
+    notices: list[str] = []
     with writing(run_dir):
-        plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics)
+        plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics, notices)
     text = format_table(metric_rows(rows, metrics) or rows, ("round", *metrics, *_TAIL))
     if summary:
         primary = summary.get("primary_metric", "accuracy")
@@ -49,4 +50,4 @@ def report_run(run_dir: str | Path) -> str:
         said = ("rounds_all_rejected", "rounds_skipped", "rounds_diverged")
         keys += tuple(k for k in said if summary.get(k))  # said when any
         text += "\n\n" + "  ".join(f"{k}={_fmt(summary.get(k))}" for k in keys if k in summary)
-    return text
+    return text + "".join(f"\nnotice: {n}" for n in notices)
