@@ -2,6 +2,7 @@
 line and 130 (SIGTERM: 143); anything else is a bug and keeps its traceback (issue #16)."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -115,6 +116,25 @@ def test_out_holding_a_run_is_kept_unless_overwrite(small, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["run", str(small), "--quiet", "--out", str(empty)]) == 0  # an empty directory is no run
+
+
+def test_overwrite_removes_every_file_the_old_run_wrote_and_no_other(small, tmp_path, capsys):
+    # only checkpoint.pt went: a regression run's mse.png and its tensorboard/ stayed beside the new run's files
+    out = tmp_path / "run"
+    assert main(["run", str(small), "--quiet", "--out", str(out), "--set", "engine.checkpoint_every=1"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "metrics": ["mse", "probe/r2"]}))  # the old run's
+    old = ["mse.png", "mse_vs_sim_time.png", "probe_r2_vs_bits.png", "error.log", "checkpoint.pt.tmp",
+           "deployment.jsonl"]
+    for name in old + ["notes.txt", "figure.png"]:
+        (out / name).write_text("x")
+    (out / "tensorboard" / "sub").mkdir(parents=True)
+    (out / "tensorboard" / "sub" / "events.out").write_text("x")
+    assert main(["run", str(small), "--quiet", "--out", str(out), "--set", "rounds=2", "--overwrite"]) == 0
+    left = sorted(p.name for p in out.iterdir())
+    assert not set(old) & set(left) and "tensorboard" not in left
+    assert {"notes.txt", "figure.png", "accuracy.png", "loss.png", "model.pt", "summary.json"} <= set(left)
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
 
 
 def test_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):

@@ -118,20 +118,44 @@ def _with_imports(cfg, imports: list[str]):
 def _make_run_dir(out: str, overwrite: bool = False) -> None:
     """Create ``--out`` now, so that an unusable path, or one that holds another run (unless ``overwrite``), is a
     one-line error before the experiment is built."""
-    from trustfl.core.runfiles import check_out_dir, hold_run_dir, run_files_in
+    from trustfl.core.runfiles import check_out_dir, hold_run_dir, run_files_in, writing
 
     path = check_out_dir(out)
     held = run_files_in(path)
     if held and not overwrite:
         raise UsageError(f"--out {out!r} already holds a run ({', '.join(held)}): continue it with `trustfl run "
                          f"--resume {out}`, or pass --overwrite to start afresh there.")
-    if held:  # the old checkpoint goes: a later --resume must not continue the run this one replaces
-        with hold_run_dir(path):  # unless a running process writes the run there
-            (path / "checkpoint.pt").unlink(missing_ok=True)
+    if held:  # the old run's files go (its checkpoint: a later --resume must not continue the run this one replaces)
+        with hold_run_dir(path), writing(path):  # unless a running process writes the run there
+            _remove_run(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"--out: cannot create run directory {out!r}: {err.strerror or err}.") from None
+
+
+def _remove_run(path: Path) -> None:
+    """Remove what a trustfl run wrote in ``path`` (:data:`~trustfl.core.runfiles.WRITTEN`, the plots of the metrics
+    its summary.json or run_info.json names, ``tensorboard/``); other files stay."""
+    import shutil
+
+    from trustfl.core.runfiles import WRITTEN, read_json_object
+    from trustfl.errors import TrustFLError
+    from trustfl.report.plots import plot_files
+
+    metrics: list[str] = []
+    for name, key in (("summary.json", "metrics"), ("run_info.json", "evaluators")):
+        try:  # a damaged file is removed all the same
+            metrics += read_json_object(path / name, {key: list}).get(key) or []
+        except TrustFLError:
+            pass
+    for name in [*WRITTEN, *plot_files(metrics)]:
+        (path / name).unlink(missing_ok=True)
+    board = path / "tensorboard"
+    if board.is_dir() and not board.is_symlink():
+        shutil.rmtree(board)
+    else:
+        board.unlink(missing_ok=True)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -209,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument("--out", help="run directory (default: runs/<name>-<dataset>-seed<seed>-<time>)")
     run.add_argument("--overwrite", action="store_true",
-                     help="with --out: start afresh in a directory that already holds a run (its files are replaced)")
+                     help="with --out: start afresh in a directory that already holds a run (the files trustfl "
+                          "wrote there are removed first; other files stay)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
     run.add_argument("--data-dir", help="directory of IDX data sets (default: $TRUSTFL_DATA or ~/.cache/trustfl)")
     run.add_argument("--quiet", action="store_true", help="no progress output")

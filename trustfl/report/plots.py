@@ -84,6 +84,11 @@ _LABELS = {"accuracy": "test accuracy", "loss": "test loss", "mse": "test MSE", 
            "r2": "test R²"}
 
 
+def plot_files(metrics: Sequence[str]) -> list[str]:
+    """The names of the files :func:`plot_run` may write for ``metrics`` (those of an asynchronous run too)."""
+    return [f"{file_stem(m)}{end}.png" for m in metrics for end in ("", "_vs_sim_time", "_vs_bits")]
+
+
 def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "",
              metrics: Sequence[str] = ("accuracy", "loss"), notices: list[str] | None = None) -> list[Path]:
     """Write ``<metric>.png`` for every metric of the run from its ``metrics.jsonl`` rows; return the paths.
