@@ -87,6 +87,8 @@ def test_run_dir_problems(small, tmp_path, capsys):
     assert "is a file" in _one_line(capsys)
     assert main(["run", "--resume", str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in _one_line(capsys)
+    assert main(["run", "--resume", str(small)]) == 2  # it said "does not exist"
+    assert f"--resume: run directory {str(small)!r} is a file, not a directory." in _one_line(capsys)
     assert main(["run", str(small), "--resume", str(tmp_path)]) == 2
     assert "--resume" in _one_line(capsys)
     # --import was ignored (rc 0), even a file that does not exist: the run's plugins are in its config.toml

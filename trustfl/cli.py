@@ -53,8 +53,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.config or args.set or args.out or args.overwrite or args.imports:
             raise UsageError("--resume takes its config (and the plugins it imports) from RUN_DIR/config.toml and "
                              "writes to RUN_DIR; drop CONFIG, --set, --out, --overwrite and --import.")
-        if not looked_up(args.resume, "--resume: run directory", UsageError).is_dir():
-            raise UsageError(f"--resume: run directory {args.resume!r} does not exist.")
+        resume = looked_up(args.resume, "--resume: run directory", UsageError)
+        if not resume.is_dir():
+            raise UsageError(f"--resume: run directory {args.resume!r} "
+                             f"{'is a file, not a directory' if resume.exists() else 'does not exist'}.")
         result = run_experiment(None, resume=args.resume, data_dir=args.data_dir, progress=not args.quiet,
                                 device=args.device)
     else:
