@@ -13,6 +13,7 @@ from trustfl.core.runfiles import append_metrics, read_metrics, truncate_metrics
 from trustfl.errors import ConfigError, UsageError
 from trustfl.report.compare import compare_runs
 from trustfl.report.sweep import MANIFEST, run_finished
+from trustfl.report.table import report_run
 
 CONFIG = 'name = "r"\nseed = {seed}\n[aggregator]\nname = "{rule}"\n[client]\nlr = 0.1\n'
 
@@ -256,3 +257,19 @@ def test_a_metric_name_holding_a_nul_gets_a_file_name_it_can_have(tmp_path, caps
     assert (run / "acc_uracy.png").is_file()
     compare_runs([run], out=tmp_path / "cmp")
     assert (tmp_path / "cmp" / "compare_acc_uracy_vs_round.png").is_file()
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda run: compare_runs(str(run)), "`paths` must be a list of run or sweep directories, found the one path"),
+    (lambda run: compare_runs(5), "`paths` must be a list of run or sweep directories (strings or os.PathLike)"),
+    (lambda run: compare_runs([run, 3]), "`paths` must be a list"),
+    (lambda run: compare_runs([run], out=3), "`out` must be a path"),
+    (lambda run: compare_runs([run], out="x\x00y"), "--out 'x\\x00y' cannot be looked up: embedded null byte"),
+    (lambda run: report_run(5), "report_run: `run_dir` must be a path (a string or os.PathLike), found 5."),
+])
+def test_api_arguments_of_the_wrong_kind_are_one_line_usage_errors(tmp_path, call, fragment):
+    # a string was read a character at a time ("run directory 'b' does not exist"); bare ValueError / TypeError
+    run = _run(tmp_path / "run", [{"round": 1, "accuracy": 0.5}])
+    with pytest.raises(UsageError) as err:
+        call(run)
+    assert fragment in str(err.value) and "\n" not in str(err.value)

@@ -22,6 +22,7 @@ import difflib
 import io
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any, Sequence
 from trustfl.config.load import read_toml
 from trustfl.config.schema import ExperimentConfig
 from trustfl.core.paths import looked_up
-from trustfl.core.runfiles import SUMMARY_TYPES, read_json_object, writing
+from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, read_json_object, writing
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
@@ -261,9 +262,11 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
       ignore: more config keys that never define a group.
 
     Raises:
-      UsageError: no runs, or none finished; a path that is not a run or sweep directory, an unknown ``metric``,
-        an ``ignore`` key that no run's config holds.
+      UsageError: ``paths`` not a list of paths (a single string); no runs, or none finished; a path that is not a
+        run or sweep directory, an unusable ``out``, an unknown ``metric``, an ``ignore`` key that no run's config
+        holds.
     """
+    _check_paths(paths, out)
     run_dirs, skipped = expand_runs(paths)
     runs, unfinished = [], []
     for run in map(load_run, run_dirs):
@@ -305,7 +308,7 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
     result = Comparison(rows, varied, metrics, columns, primary, markdown, skipped=skipped, unfinished=unfinished,
                         notices=notices)
     if write:
-        target = Path(out) if out is not None else _default_out(paths)
+        target = check_out_dir(out) if out is not None else _default_out(paths)
         try:
             target.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -318,6 +321,20 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
             (target / "compare.csv").write_text(format_csv(rows, varied, columns))
             result.files = [target / "compare.md", target / "compare.csv", *drawn]
     return result
+
+
+def _check_paths(paths: Any, out: Any) -> None:
+    """Refuse (UsageError) ``paths`` that is not a list of paths (a string would be read a character at a time)
+    and an ``out`` that is not a path."""
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        raise UsageError(f"compare_runs: `paths` must be a list of run or sweep directories, found the one path "
+                         f"{repr(paths)[:60]}; write [{repr(paths)[:60]}].")
+    if not isinstance(paths, Sequence) or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise UsageError(f"compare_runs: `paths` must be a list of run or sweep directories (strings or "
+                         f"os.PathLike), found {repr(paths)[:60]}.")
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise UsageError(f"compare_runs: `out` must be a path (a string or os.PathLike) or None, found "
+                         f"{repr(out)[:60]}.")
 
 
 def compare(paths: Sequence[str | Path], **kwargs: Any) -> list[dict[str, Any]]:

@@ -1,10 +1,11 @@
 """Text tables of run metrics (``trustfl report RUN_DIR``): one line per evaluated round."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from trustfl.errors import TrustFLError
+from trustfl.errors import TrustFLError, UsageError
 from trustfl.core.runfiles import SUMMARY_TYPES, metric_rows, read_json_object, read_metrics, writing
 from trustfl.report.plots import plot_run
 
@@ -33,7 +34,13 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = _COLUM
 
 def report_run(run_dir: str | Path) -> str:
     """Re-plot a run directory and return its metrics table (the evaluated rounds; every round when none is
-    evaluated yet), summary and the plots' notices (values they cannot draw) as text."""
+    evaluated yet), summary and the plots' notices (values they cannot draw) as text.
+
+    Raises:
+      UsageError: ``run_dir`` is not a path, or holds unreadable run files (naming the file).
+    """
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise UsageError(f"report_run: `run_dir` must be a path (a string or os.PathLike), found {repr(run_dir)[:60]}.")
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     if not rows:
