@@ -289,6 +289,9 @@ def test_existing_stages_run_under_the_async_schedule():
     ({"client": {"epochs": 1, "batch_size": 16, "lr": 0.1}}, "client.steps"),
     ({"engine__interaction_time": -1.0}, "engine.interaction_time"),
     ({"recipe": {"decode_key": "mine"}}, "recipe.decode_key"),
+    # deadline 0 ran the synchronous schedule's plain FedAvg, bitwise, under the name FedNova
+    ({"algorithm": "fednova", "recipe": {"deadline": 0}}, "recipe.deadline"),
+    ({"algorithm": "fednova", "recipe": {"deadline": -1.0}}, "recipe.deadline"),
 ])
 def test_bad_async_input_is_refused_before_training_naming_the_key(over, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):

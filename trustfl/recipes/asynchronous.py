@@ -28,7 +28,7 @@ from typing import Any
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
+from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys, recipe_number
 
 
 def _on_async(cfg: ExperimentConfig, algorithm: str, schedule: str, params: dict[str, Any],
@@ -94,7 +94,10 @@ class FedNova(AbstractRecipe):
         if "deadline" not in rec:
             raise ConfigError("algorithm \"fednova\" needs `recipe.deadline` (simulated time each client trains "
                               "per round).")
-        return _on_async(cfg, "fednova", "synchronous", {"deadline": rec["deadline"]})
+        # deadline 0 is the synchronous schedule's FedAvg: FedNova without its normalisation
+        deadline = recipe_number(rec, "deadline", None, low=0, low_open=True, finite=True,
+                                 note="simulated time each client trains per round; 0 would be plain FedAvg")
+        return _on_async(cfg, "fednova", "synchronous", {"deadline": deadline})
 
 
 register("algorithm", "quafl")(QuAFL)
