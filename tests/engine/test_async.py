@@ -292,6 +292,14 @@ def test_existing_stages_run_under_the_async_schedule():
     # deadline 0 ran the synchronous schedule's plain FedAvg, bitwise, under the name FedNova
     ({"algorithm": "fednova", "recipe": {"deadline": 0}}, "recipe.deadline"),
     ({"algorithm": "fednova", "recipe": {"deadline": -1.0}}, "recipe.deadline"),
+    # FedAsync's α lies in (0, 1]: 1e300 made every message non-finite, 1.5 was accepted
+    ({"algorithm": "fedasync", "cohort__size": 1, "recipe": {"alpha": 1e300}}, "recipe.alpha"),
+    ({"algorithm": "fedasync", "cohort__size": 1, "recipe": {"alpha": 1.5}}, "recipe.alpha"),
+    ({"algorithm": "fedavg", "engine__schedule": {"name": "buffered", "mixing": "fedasync", "alpha": 1.5}},
+     "engine.schedule"),
+    # named by the recipe's key, not by the schedule's parameter the recipe fills
+    ({"algorithm": "fedasync", "cohort__size": 1, "recipe": {"a": -1.0}}, "recipe.a`"),
+    ({"algorithm": "fedbuff", "recipe": {"server_lr": 0}}, "recipe.server_lr"),
 ])
 def test_bad_async_input_is_refused_before_training_naming_the_key(over, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):

@@ -30,6 +30,7 @@ import torch
 
 from trustfl.client.state import ClientStateStore
 from trustfl.client.transforms import SGD
+from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.executors import ClientResults, LocalJob
@@ -125,7 +126,7 @@ class Buffered:
         ``x_i`` and ``x ← x + α (1+τ)^{−a} (x_i − x)`` (Xie et al. 2019, polynomial staleness).
       staleness: FedBuff's weight ``w(τ) = 1/√(1+τ)`` (``"sqrt"``, Nguyen et al. 2022) or ``"none"`` (the QuAFL
         authors' simplification).
-      server_lr: ``η_g``; ``alpha``, ``a``: FedAsync's mixing weight and staleness exponent.
+      server_lr: ``η_g``; ``alpha``, ``a``: FedAsync's mixing weight (in (0, 1]) and staleness exponent.
       refresh: the model a reporting client restarts from: ``"updated"`` (the new server model) or ``"current"``
         (the model from before this step's update, the QuAFL authors' FedBuff).
       lr_scale: multiply the local learning rate (the authors' FedBuff uses ``s/n``).
@@ -143,8 +144,9 @@ class Buffered:
         _one_of("mixing", self.mixing, ("fedbuff", "fedasync"))
         _one_of("staleness", self.staleness, ("sqrt", "none"))
         _one_of("refresh", self.refresh, ("updated", "current"))
-        for name in ("server_lr", "alpha", "lr_scale"):
+        for name in ("server_lr", "lr_scale"):
             _positive(name, getattr(self, name))
+        check_number("alpha", self.alpha, low=0, high=1, low_open=True, note="FedAsync's mixing weight")
         _positive("a", self.a, zero=True)
 
 

@@ -15,7 +15,7 @@ aggregators and attacks come from the rest of the config, as for every algorithm
   restart from the pre-update model, local lr × s/n), ``server_lr`` (default 1).
 - ``fedasync`` (Xie, Koyejo, Gupta 2019, "Asynchronous federated optimization"): the ``buffered`` schedule with
   one client per step and ``x ← (1 − α_τ) x + α_τ x_i``, ``α_τ = α (1+τ)^{−a}``. ``[recipe]``: ``alpha``
-  (default 0.6), ``a`` (default 0.5).
+  (default 0.6, in (0, 1]), ``a`` (default 0.5, >= 0).
 - ``fednova`` (Wang et al. 2020, "Tackling the objective inconsistency problem in heterogeneous federated
   optimization"): the ``synchronous`` schedule; each client runs the steps it completes before ``deadline``
   (at least one) and the update is normalised by the steps. ``[recipe]``: ``deadline`` (simulated time).
@@ -69,7 +69,7 @@ class FedBuff(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, "fedbuff", ("variant", "server_lr"))
         variant = recipe_choice(rec, "variant", "original", ("original", "code"))
-        server_lr = rec.get("server_lr", 1.0)
+        server_lr = recipe_number(rec, "server_lr", 1.0, low=0, low_open=True, finite=True)
         params: dict[str, Any] = {"mixing": "fedbuff", "server_lr": server_lr}
         if variant == "code":
             params.update(staleness="none", refresh="current",
@@ -78,13 +78,17 @@ class FedBuff(AbstractRecipe):
                          server=dataclasses.replace(cfg.server, weighting="uniform"))
 
 
+_ALPHA = "the mixing weight of x ← (1 − α) x + α x_i; above 1 the model moves past the client's"
+
+
 class FedAsync(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, "fedasync", ("alpha", "a"))
         if cfg.cohort.sampler != "uniform" or cfg.cohort.size != 1:
             raise ConfigError("FedAsync updates the model at every client report: set `cohort.sampler` = "
                               "\"uniform\" and `cohort.size` = 1.")
-        params = {"mixing": "fedasync", "alpha": rec.get("alpha", 0.6), "a": rec.get("a", 0.5)}
+        params = {"mixing": "fedasync", "a": recipe_number(rec, "a", 0.5, low=0, finite=True),
+                  "alpha": recipe_number(rec, "alpha", 0.6, low=0, high=1, low_open=True, note=_ALPHA)}
         return _on_async(cfg, "fedasync", "buffered", params)
 
 
