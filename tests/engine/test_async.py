@@ -306,6 +306,45 @@ def test_bad_async_input_is_refused_before_training_naming_the_key(over, needle)
         build_federation(_cfg(**over), quiet=True)
 
 
+QSGD_LINKS = {"uplink": {"name": "qsgd", "levels": 7}, "downlink": {"name": "qsgd_minmax", "levels": 16}}
+
+
+@pytest.mark.parametrize("over,key", [
+    # the code's lr factor makes up for server averaging: without it, the same bits as lr_scaling = "none"
+    ({"recipe": {"lr_scaling": "code", "server_averaging": False}}, "recipe.lr_scaling"),
+    # only a keyed (lattice) downlink decodes against the client's model
+    ({"recipe": {"decode_key": "current"}}, "recipe.decode_key"),
+    ({"recipe": {"decode_key": "current"}, "compress": QSGD_LINKS}, "recipe.decode_key"),
+    ({"algorithm": "fedavg", "engine__schedule": {"name": "polling", "decode_key": "current"}},
+     "engine.schedule.decode_key"),
+    # equal speeds: every η_i = H_min/H_i is 1
+    ({"recipe": {"speed_weights": True}, "engine__speed": {"name": "deterministic", "duration": 2.0}},
+     "recipe.speed_weights"),
+    # one client reporting at every step: its staleness is always 0
+    ({"algorithm": "fedasync", "cohort__size": 1, "data__num_clients": 1, "recipe": {"a": 2.0}}, "recipe.a"),
+    ({"algorithm": "fedavg", "cohort__size": 8, "engine__schedule": {"name": "buffered", "staleness": "none"}},
+     "engine.schedule.staleness"),
+    # the other mixing's parameters
+    ({"algorithm": "fedavg", "engine__schedule": {"name": "buffered", "alpha": 0.3}}, "engine.schedule.alpha"),
+    ({"algorithm": "fedavg", "engine__schedule": {"name": "buffered", "mixing": "fedasync", "server_lr": 0.3}},
+     "engine.schedule.server_lr"),
+])
+def test_a_schedule_setting_that_does_nothing_is_refused_naming_its_key(over, key):
+    """Each of these ran bitwise the same as without the key (checked on the code before the refusal)."""
+    with pytest.raises(ConfigError, match=f"^`{key}` is set but does nothing: .*; remove it\\.$"):
+        build_federation(_cfg(**over), quiet=True)
+
+
+def test_the_same_schedule_settings_are_taken_where_they_act():
+    lattice = {"name": "lattice", "bits": 14, "step": 1e-4}
+    for over in [{"recipe": {"decode_key": "current"}, "compress": {"uplink": lattice, "downlink": lattice}},
+                 {"recipe": {"speed_weights": True}},  # exponential_groups: slow and fast clients
+                 {"recipe": {"lr_scaling": "code"}},
+                 {"algorithm": "fedasync", "cohort__size": 1, "recipe": {"a": 2.0}},
+                 {"algorithm": "fedavg", "engine__schedule": {"name": "buffered", "staleness": "none"}}]:
+        build_federation(_cfg(**over), quiet=True)
+
+
 def test_a_trace_with_a_negative_duration_names_the_file_and_row(tmp_path):
     trace = tmp_path / "speeds.csv"
     trace.write_text("client,duration\n" + "".join(f"{i},1\n" for i in range(8)) + "3,-2\n")

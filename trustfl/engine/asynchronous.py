@@ -31,7 +31,7 @@ import torch
 from trustfl.client.state import ClientStateStore
 from trustfl.client.transforms import SGD
 from trustfl.core.checks import check_number
-from trustfl.core.registry import register
+from trustfl.core.registry import component_name, register
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.executors import ClientResults, LocalJob
 from trustfl.engine.federation import EngineState, Federation
@@ -242,6 +242,39 @@ def _check(fed: Federation) -> None:
         if fed.training.steps < 1:
             raise ConfigError("`client.steps` (K, the most local steps between two contacts) must be >= 1 for "
                               f"the {type(fed.schedule).__name__.lower()} schedule.")
+    idle = idle_schedule_params(fed)
+    if idle:
+        raise ConfigError(f"`engine.schedule.{idle[0][0]}` is set but does nothing: {idle[0][1]}; remove it.")
+
+
+def idle_schedule_params(fed: Federation) -> list[tuple[str, str]]:
+    """``(parameter, why)`` of each parameter of ``fed.schedule``, set away from its default, that this federation
+    makes do nothing (the run's bits and metrics stay the same): a key to refuse, as ``config/inert.py`` does."""
+    sched, idle = fed.schedule, []
+    if isinstance(sched, Polling):
+        down = None if fed.links is None else fed.links.downlink
+        if sched.decode_key != "base" and (down is None or not down.needs_key):
+            sent = "the model reaches the clients uncompressed" if down is None else \
+                f"`compress.downlink`, {component_name('compressor', down)}, decodes without a reference point"
+            idle.append(("decode_key", f"{sent}; only a keyed downlink (\"lattice\") decodes against the client's "
+                                       "model"))
+        if sched.speed_weights:
+            means = fed.timing.speed.mean_step(torch.arange(fed.num_clients))
+            if bool((means == means[0]).all()):
+                idle.append(("speed_weights", "every client has the same mean step time, so every weight "
+                                              "η_i = H_min/H_i is 1"))
+    elif isinstance(sched, Buffered):
+        default = Buffered()
+        theirs, other = (("fedasync", ("alpha", "a")) if sched.mixing == "fedbuff"
+                         else ("fedbuff", ("server_lr", "staleness")))
+        idle += [(k, f'`mixing` is "{sched.mixing}" ({" and ".join(other)} are "{theirs}"\'s)') for k in other
+                 if getattr(sched, k) != getattr(default, k)]
+        stale = "a" if sched.mixing == "fedasync" else "staleness"
+        if sched.refresh == "updated" and fed.cohort.size == fed.num_clients and \
+                getattr(sched, stale) != getattr(default, stale):
+            idle.append((stale, "every client reports at every step and restarts from the updated model, so the "
+                                "staleness τ is always 0"))
+    return idle
 
 
 def _speed_weights(fed: Federation) -> torch.Tensor:

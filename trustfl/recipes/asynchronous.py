@@ -5,10 +5,10 @@ aggregators and attacks come from the rest of the config, as for every algorithm
 
 - ``quafl`` (Zakerinia et al., "Communication-Efficient Federated Learning With Data and Client Heterogeneity",
   Alg. 1): the ``polling`` schedule. ``[recipe]``: ``client_averaging``, ``server_averaging`` (default true),
-  ``decode_key`` (``"base"``: the paper's ``X^i``; ``"current"``: the authors' code), ``speed_weights``
-  (default false), ``lr_scaling`` (``"none"``, the paper; ``"code"``: local lr × (s+1)/s, the authors' code,
-  only with server averaging). Models are averaged with equal weights ``1/(s+1)`` (``server.weighting`` is set
-  to ``uniform``).
+  ``decode_key`` (``"base"``: the paper's ``X^i``; ``"current"``: the authors' code; only with a keyed downlink),
+  ``speed_weights`` (default false), ``lr_scaling`` (``"none"``, the paper; ``"code"``: local lr × (s+1)/s, the
+  authors' code, only with server averaging). Models are averaged with equal weights ``1/(s+1)``
+  (``server.weighting`` is set to ``uniform``).
 - ``fedbuff`` (Nguyen et al. 2022, "Federated learning with buffered asynchronous aggregation"): the
   ``buffered`` schedule. ``[recipe]``: ``variant`` (``"original"``: staleness weight 1/√(1+τ), the client
   restarts from the updated model; ``"code"``: the QuAFL authors' simplification — no staleness weight,
@@ -18,7 +18,10 @@ aggregators and attacks come from the rest of the config, as for every algorithm
   (default 0.6, in (0, 1]), ``a`` (default 0.5, >= 0).
 - ``fednova`` (Wang et al. 2020, "Tackling the objective inconsistency problem in heterogeneous federated
   optimization"): the ``synchronous`` schedule; each client runs the steps it completes before ``deadline``
-  (at least one) and the update is normalised by the steps. ``[recipe]``: ``deadline`` (simulated time).
+  (at least one) and the update is normalised by the steps. ``[recipe]``: ``deadline`` (simulated time, > 0).
+
+A ``[recipe]`` key that the rest of the config makes do nothing is refused by name (``decode_key`` without a
+lattice downlink, ``speed_weights`` with equal speeds, ``a`` when every step's staleness is 0).
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from typing import Any
 
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
+from trustfl.engine.asynchronous import idle_schedule_params
+from trustfl.engine.federation import Federation
 from trustfl.errors import ConfigError
 from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys, recipe_number
 
@@ -50,19 +55,34 @@ def _flag(rec: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def _refuse_idle(fed: Federation) -> None:
+    """Refuse a ``[recipe]`` key whose schedule parameter this federation makes do nothing (the recipe's keys
+    bear the parameters' names)."""
+    idle = idle_schedule_params(fed)
+    if idle:
+        raise ConfigError(f"`recipe.{idle[0][0]}` is set but does nothing: {idle[0][1]}; remove it.")
+
+
 class QuAFL(AbstractRecipe):
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, "quafl", ("client_averaging", "server_averaging", "decode_key", "speed_weights",
                                          "lr_scaling"))
         server_avg = _flag(rec, "server_averaging", True)
         scaling = recipe_choice(rec, "lr_scaling", "none", ("none", "code"))
+        if scaling != "none" and not server_avg:
+            raise ConfigError("`recipe.lr_scaling` is set but does nothing: the code's factor (s+1)/s makes up for "
+                              "the server keeping 1/(s+1) of its model, and `recipe.server_averaging` is false; "
+                              "remove it.")
         s = max(cfg.cohort.size, 1)
         params = {"client_averaging": _flag(rec, "client_averaging", True), "server_averaging": server_avg,
                   "decode_key": recipe_choice(rec, "decode_key", "base", ("base", "current")),
                   "speed_weights": _flag(rec, "speed_weights", False),
-                  "lr_scale": (s + 1) / s if scaling == "code" and server_avg else 1.0}
+                  "lr_scale": (s + 1) / s if scaling == "code" else 1.0}
         return _on_async(cfg, "quafl", "polling", params,
                          server=dataclasses.replace(cfg.server, weighting="uniform"))
+
+    def finalize(self, fed: Federation, cfg: ExperimentConfig) -> None:
+        _refuse_idle(fed)
 
 
 class FedBuff(AbstractRecipe):
@@ -90,6 +110,9 @@ class FedAsync(AbstractRecipe):
         params = {"mixing": "fedasync", "a": recipe_number(rec, "a", 0.5, low=0, finite=True),
                   "alpha": recipe_number(rec, "alpha", 0.6, low=0, high=1, low_open=True, note=_ALPHA)}
         return _on_async(cfg, "fedasync", "buffered", params)
+
+    def finalize(self, fed: Federation, cfg: ExperimentConfig) -> None:
+        _refuse_idle(fed)
 
 
 class FedNova(AbstractRecipe):
