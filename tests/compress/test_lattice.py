@@ -208,7 +208,7 @@ def test_modes_and_overrides_resolve():
 
 def test_a_step_below_float32s_normal_range_is_refused():
     """step = 1e-45 (a float32 denormal) was accepted and decoded ones(1, 4) to NaN with 0 failures."""
-    with pytest.raises(ConfigError, match=r"`step` must be a finite number >= 1\.17549e-38 \(.*float32.*found 1e-45"):
+    with pytest.raises(ConfigError, match=r"`step` must be a number in \[1\.17549e-38, .*float32.*found 1e-45"):
         Lattice(step=1e-45)
     with pytest.raises(ConfigError, match="`step`"):
         Lattice(step=1e-39)
@@ -217,3 +217,19 @@ def test_a_step_below_float32s_normal_range_is_refused():
         x = torch.full((1, 4), 3e-37)
         dec, failures = lat.decode(lat.encode(x, _gen(0), 0), x, 0)
         assert failures.tolist() == [0] and (dec - x).abs().max() <= 16 * tiny
+
+
+def test_a_step_whose_window_passes_half_of_float32s_range_is_refused():
+    """step = 1e308 was accepted: inf in float32, so every message decoded to NaN and was rejected (3 of 3 every
+    round, and the run's warning blamed `client.lr`). The largest step, 2**(127 − bits), decodes finite values."""
+    with pytest.raises(ConfigError, match=r"`step` must be a number in \[1\.17549e-38, 1\.03846e\+34\] .*1e\+308"):
+        Lattice(bits=14, step=1e308)
+    for bits in (1, 14, 32):
+        big = 2.0 ** (127 - bits)
+        with pytest.raises(ConfigError, match="`step`"):
+            Lattice(bits=bits, step=big * (1 + 2 ** -52))
+        for lat in (Lattice(bits, big, mode="code"), Lattice(bits, big)):
+            x = torch.tensor([[1.0, -3e37, 1e38, 0.0]])
+            key = torch.tensor([0.0, 1.7e38, -1.7e38, 1e30])
+            dec, _ = lat.decode(lat.encode(x, _gen(0), 0), key, 0)
+            assert torch.isfinite(dec).all(), (bits, lat.mode)

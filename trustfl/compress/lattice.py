@@ -28,6 +28,9 @@ from trustfl.errors import ConfigError
 
 _MODES = ("paper", "code")
 _MIN_STEP = torch.finfo(torch.float32).tiny  # 2**-126, float32's smallest normal number
+_MAX_WINDOW_EXP = 127
+"""The window ``2**bits·step`` is at most ``2**127``: a decoded value lies within half of it from the key, so it stays
+finite in float32 (largest ``≈ 2**128``) for every key up to ``2**127 ≈ 1.7e38``."""
 
 
 @register("compressor", "lattice")
@@ -39,7 +42,9 @@ class Lattice(AbstractCompressor):
       bits: ``b``, bits per coordinate, 1..32 (``q = 2**b`` residues). ``b = 32`` makes the modulo the
         identity on the int32 range.
       step: the lattice side ``s``, at least float32's smallest normal number ``2**-126 ≈ 1.2e-38`` (below it
-        ``1/s`` overflows float32 or ``s`` has no exact float32 value, and every message would decode to NaN).
+        ``1/s`` overflows float32 or ``s`` has no exact float32 value, and every message would decode to NaN) and
+        at most ``2**(127 − b)`` (``≈ 1.0e34`` at ``b = 14``: beyond, the window ``q·s`` passes half of float32's
+        range, and at ``1e308`` every message decoded to NaN).
       mode: ``"paper"`` (default): shared-seed random rotation and dithered, unbiased rounding, as the QuAFL
         paper describes (its Lemma 3.1 assumes an unbiased quantizer). ``"code"``: the authors' released code —
         no rotation, round to nearest (deterministic, biased by up to ``step/2`` per coordinate).
@@ -98,9 +103,11 @@ class Lattice(AbstractCompressor):
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
-        check_number("step", self.step, low=_MIN_STEP, finite=True,
-                     note="the lattice side; the quantizer computes x/step and step·z in float32, and below float32's "
-                          "smallest normal number 1/step overflows to inf or step loses its exact value")
+        check_number("step", self.step, low=_MIN_STEP, high=2.0 ** (_MAX_WINDOW_EXP - self.bits),
+                     note=f"the lattice side, with bits = {self.bits}: the quantizer computes x/step and step·z in "
+                          "float32; below float32's smallest normal number 1/step overflows to inf or step loses "
+                          f"its exact value, and above 2**({_MAX_WINDOW_EXP} - bits) the window 2**bits·step of "
+                          "decoded values around the key passes half of float32's range")
         if self.mode not in _MODES:
             raise ConfigError(f"`mode` must be one of {list(_MODES)}, found {self.mode!r}.")
         for name in ("rotate", "dither"):
