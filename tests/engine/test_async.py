@@ -288,6 +288,13 @@ def test_existing_stages_run_under_the_async_schedule():
     ({"cohort__size": 9}, "cohort.size"),
     ({"client": {"epochs": 1, "batch_size": 16, "lr": 0.1}}, "client.steps"),
     ({"engine__interaction_time": -1.0}, "engine.interaction_time"),
+    # at 1e308 the clock overflowed after a round, and the error named the internal `dt`
+    ({"engine__interaction_time": 1e308}, "engine.interaction_time"),
+    ({"engine__interaction_time": 1e308, "compress": {"uplink": {"name": "lattice", "bits": 14, "step": 1e-4}}},
+     "engine.interaction_time"),
+    ({"engine__wait_time": 1e308}, "engine.wait_time"),
+    # no time passes in a polling step: the clock stays at 0 and no client ever completes a step
+    ({"engine__interaction_time": 0.0}, "engine.interaction_time` and `engine.wait_time` are both 0"),
     ({"recipe": {"decode_key": "mine"}}, "recipe.decode_key"),
     # deadline 0 ran the synchronous schedule's plain FedAvg, bitwise, under the name FedNova
     ({"algorithm": "fednova", "recipe": {"deadline": 0}}, "recipe.deadline"),
@@ -350,6 +357,18 @@ def test_a_trace_with_a_negative_duration_names_the_file_and_row(tmp_path):
     trace.write_text("client,duration\n" + "".join(f"{i},1\n" for i in range(8)) + "3,-2\n")
     with pytest.raises(ConfigError, match=r"speeds\.csv.*row 9"):
         build_federation(_cfg(engine__speed={"name": "trace", "path": str(trace)}), quiet=True)
+
+
+@pytest.mark.parametrize("algorithm", ["quafl", "fedavg", "fedbuff"])
+def test_the_largest_simulated_times_keep_the_clock_finite(algorithm):
+    """Every time at MAX_TIME = 1e100: the clock's sums stay finite (near 1e308 they overflowed after a round)."""
+    big = 1e100
+    fed, engine, state = _engine(_cfg(algorithm=algorithm, engine__interaction_time=big, engine__wait_time=big,
+                                      engine__speed={"name": "exponential_groups", "fast_mean": big,
+                                                     "slow_mean": big}))
+    for _ in range(4):
+        state, m = engine.run_round(fed, state)
+    assert math.isfinite(m["sim_time"]) and m["sim_time"] >= 4 * big
 
 
 def test_time_limit_ends_the_run(tmp_path):

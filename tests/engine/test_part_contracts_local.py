@@ -162,7 +162,10 @@ BROKEN_SPEED = {
                 r"\(2,\) on cpu from _draw\(\); its step times must be a float64 tensor of shape \(2, 2\) on cpu"),
     "float32": (TWOS, lambda ids, k: torch.ones(ids.numel(), k), "gave a float32 tensor"),
     "zero mean": (lambda n: torch.zeros(n, dtype=torch.float64), lambda ids, k: torch.ones(ids.numel(), k),
-                  r"gave 0.0 at \(0,\) from _bind_means\(\); its step times must be finite and > 0"),
+                  r"gave 0.0 at \(0,\) from _bind_means\(\); its step times must be in \(0, 1e\+100\]"),
+    # beyond MAX_TIME the clock's sums overflow
+    "huge": (TWOS, lambda ids, k: torch.full((ids.numel(), k), 1e308, dtype=torch.float64),
+             r"gave 1e\+308 at \(0, 0\) from _draw\(\); its step times must be in \[0, 1e\+100\]"),
 }
 
 

@@ -100,6 +100,11 @@ def test_calls_are_checked():
     (ExponentialGroups, dict(slow_mean=-1), "slow_mean"),
     (ExponentialGroups, dict(slow_mean="8"), "slow_mean"),
     (ExponentialGroups, dict(slow_mean=True), "slow_mean"),
+    # step times above MAX_TIME = 1e100 overflowed the clock after a round (synchronous and buffered schedules)
+    (ExponentialGroups, dict(slow_mean=1e308), "slow_mean"),
+    (ExponentialUniformMeans, dict(high=1e101), "high"),
+    (Deterministic, dict(duration=1e308), "duration"),
+    (Deterministic, dict(slow=1e200), "slow"),
     (ExponentialUniformMeans, dict(low=0.0), "low"),
     (ExponentialUniformMeans, dict(low=float("nan")), "low"),
     (ExponentialUniformMeans, dict(high=float("inf")), "high"),
@@ -118,7 +123,9 @@ def test_invalid_parameters_name_the_key(cls, params, key):
 
 
 @pytest.mark.parametrize("body, where, what", [
-    ("client,duration\n0,1.0\n1,abc\n", "row 2 (line 3)", "`duration` must be a finite number >= 0, found 'abc'"),
+    ("client,duration\n0,1.0\n1,abc\n", "row 2 (line 3)", "`duration` must be a finite number in [0, 1e+100]"),
+    # beyond MAX_TIME the clock's sums overflowed after a round
+    ("client,duration\n0,1.0\n1,1e308\n", "row 2 (line 3)", "in [0, 1e+100] (simulated time; larger ones overflow"),
     ("client,duration\n0,1.0\n1,-0.5\n", "row 2 (line 3)", "found '-0.5'"),
     ("client,duration\n0,nan\n1,1\n", "row 1 (line 2)", "found 'nan'"),
     ("client,duration\n0,1\n1,1\n0,inf\n", "row 3 (line 4)", "found 'inf'"),

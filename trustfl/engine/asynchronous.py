@@ -41,7 +41,7 @@ from trustfl.engine.round_parts import (Uplink, admit, broadcast, cohort_context
                                         sample_cohort, weights)
 from trustfl.engine.sync import initial_state as sync_initial_state
 from trustfl.errors import ConfigError
-from trustfl.simtime.clock import ClockState, completed_steps, expected_steps, finish_times
+from trustfl.simtime.clock import MAX_TIME, TIME_NOTE, ClockState, completed_steps, expected_steps, finish_times
 from trustfl.simtime.speed import AbstractSpeedModel
 
 BASE = "async/base"
@@ -63,12 +63,17 @@ def _positive(name: str, value: object, zero: bool = False) -> None:
 @dataclass(frozen=True)
 class Timing:
     """Simulated time: client speeds, the server interaction time ``sit`` (for 32-bit messages; scaled by the
-    links' bits, ``sit(b) = sit·b/32``), the server waiting time ``swt`` and an optional time limit."""
+    links' bits, ``sit(b) = sit·b/32``), the server waiting time ``swt`` and an optional time limit. ``sit`` and
+    ``swt`` (``engine.interaction_time``, ``engine.wait_time``) lie in ``[0, MAX_TIME]``."""
 
     speed: AbstractSpeedModel
     interaction_time: float = 1.0
     wait_time: float = 0.0
     time_limit: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("interaction_time", "wait_time"):  # added at every server step
+            check_number(f"engine.{name}", getattr(self, name), low=0, high=MAX_TIME, note=TIME_NOTE)
 
     def interaction(self, fed: Federation) -> float:
         if fed.links is None:
@@ -242,6 +247,10 @@ def _check(fed: Federation) -> None:
         if fed.training.steps < 1:
             raise ConfigError("`client.steps` (K, the most local steps between two contacts) must be >= 1 for "
                               f"the {type(fed.schedule).__name__.lower()} schedule.")
+    if isinstance(fed.schedule, Polling) and fed.timing.interaction(fed) + fed.timing.wait_time == 0:
+        raise ConfigError("`engine.interaction_time` and `engine.wait_time` are both 0: a polling (QuAFL) server step "
+                          "would take no simulated time, so the clock would stay at 0 and no client ever complete a "
+                          "local step; set either > 0.")
     idle = idle_schedule_params(fed)
     if idle:
         raise ConfigError(f"`engine.schedule.{idle[0][0]}` is set but does nothing: {idle[0][1]}; remove it.")

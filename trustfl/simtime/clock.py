@@ -24,14 +24,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import torch
 
 from trustfl.core.checks import check_number, describe_value
 from trustfl.errors import CheckpointError, ConfigError
-from trustfl.simtime.speed import AbstractSpeedModel
+
+if TYPE_CHECKING:  # speed.py imports MAX_TIME from here
+    from trustfl.simtime.speed import AbstractSpeedModel
+
+MAX_TIME = 1e100
+"""The largest simulated time a setting may give: a step's duration or mean (``engine.speed``), the server's
+interaction and waiting times. Far beyond any run's time scale, and small enough that the clock's sums over a run
+(at most 10^7 server steps of up to K local steps each) stay far inside float64 (up to 1.8e308): near it they
+overflowed to inf after a round."""
+TIME_NOTE = "simulated time; larger ones overflow the clock's sums over a run"
 
 
 def _prefix_times(start: torch.Tensor, durations: torch.Tensor) -> torch.Tensor:

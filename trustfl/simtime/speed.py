@@ -49,6 +49,7 @@ from trustfl.core.memory import out_of_memory_as_error, refuse_beyond_free
 from trustfl.core.registry import component_name, of_trustfl, register
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
+from trustfl.simtime.clock import MAX_TIME, TIME_NOTE
 
 _KEY = "engine.speed"
 STEP_STREAM = "step_times"
@@ -62,15 +63,14 @@ _CHECKED_BYTES = 1 << 28
 
 
 def _number(key: str, value: object, *, minimum: float = 0.0, strict: bool = True,
-            maximum: float | None = None) -> float:
-    """``value`` as a float, refused unless finite and in the allowed range (``ConfigError`` naming the key)."""
-    rule = f"> {minimum:g}" if strict else f">= {minimum:g}"
-    if maximum is not None:
-        rule = f"in [{minimum:g}, {maximum:g}]"
+            maximum: float = MAX_TIME) -> float:
+    """``value`` as a float, refused unless finite and in the allowed range (``ConfigError`` naming the key); by
+    default a step time, in ``(0, MAX_TIME]``."""
+    rule = f"in {'(' if strict else '['}{minimum:g}, {maximum:g}]" + (f" ({TIME_NOTE})" if maximum == MAX_TIME else "")
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if ok:
         x = float(value)  # type: ignore[arg-type]
-        ok = math.isfinite(x) and (x > minimum if strict else x >= minimum) and (maximum is None or x <= maximum)
+        ok = math.isfinite(x) and (x > minimum if strict else x >= minimum) and x <= maximum
     if not ok:
         raise ConfigError(f"`{_KEY}.{key}` must be a finite number {rule}, found {value!r}.")
     return float(value)  # type: ignore[arg-type]
@@ -79,15 +79,16 @@ def _number(key: str, value: object, *, minimum: float = 0.0, strict: bool = Tru
 def _check_drawn(model: "AbstractSpeedModel", method: str, x: object, shape: tuple[int, ...], rule: str, *,
                  positive: bool, device: torch.device | None = None) -> None:
     """Refuse (ConfigError naming the model) what a speed model of your own returned unless it is a float64 tensor
-    of ``shape`` (on ``device``) whose entries are finite and ``> 0`` (``positive``) or ``>= 0``: a negative or NaN
-    step time would otherwise run the clock backwards or stop it without a word."""
+    of ``shape`` (on ``device``) whose entries are ``> 0`` (``positive``) or ``>= 0`` and at most ``MAX_TIME``: a
+    negative or NaN step time would otherwise run the clock backwards or stop it without a word, a huge one
+    overflow it."""
     problem = None
     if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != torch.float64 or \
             (device is not None and x.device != device):
         problem = f"gave {describe_value(x)}"
         rule = f"a float64 tensor of shape {shape}" + ("" if device is None else f" on {device}") + f", {rule}"
     else:
-        bad = ~torch.isfinite(x) | ((x <= 0) if positive else (x < 0))
+        bad = ~torch.isfinite(x) | ((x <= 0) if positive else (x < 0)) | (x > MAX_TIME)
         if bool(bad.any()):
             problem = f"gave {x[bad].flatten()[0].item()!r} at {tuple(torch.nonzero(bad)[0].tolist())}"
     if problem is not None:
@@ -130,7 +131,7 @@ class AbstractSpeedModel:
         bound = copy.copy(self)
         means = self._bind_means(int(num_clients), int(seed))
         if not of_trustfl(self):
-            _check_drawn(self, "_bind_means", means, (int(num_clients),), "finite and > 0", positive=True)
+            _check_drawn(self, "_bind_means", means, (int(num_clients),), f"in (0, {MAX_TIME:g}]", positive=True)
         object.__setattr__(bound, "_num_clients", int(num_clients))
         object.__setattr__(bound, "_seed", int(seed))
         object.__setattr__(bound, "_means", means)
@@ -164,7 +165,7 @@ class AbstractSpeedModel:
           steps: K >= 0, the number of steps to draw per client.
 
         Returns:
-          float64 tensor ``(m, steps)`` on the device of ``client_ids``, every entry finite and >= 0.
+          float64 tensor ``(m, steps)`` on the device of ``client_ids``, every entry in ``[0, MAX_TIME]``.
 
         Raises:
           ConfigError: the model is unbound, ``seed`` differs from the bound seed, or an argument is malformed.
@@ -187,7 +188,7 @@ class AbstractSpeedModel:
                 refuse_beyond_free(nbytes, ids.device)
             drawn = self._draw(ids, last_round.to(device=ids.device, dtype=torch.int64), int(seed), int(steps))
         if not of_trustfl(self):
-            _check_drawn(self, "_draw", drawn, (ids.numel(), int(steps)), "finite and >= 0", positive=False,
+            _check_drawn(self, "_draw", drawn, (ids.numel(), int(steps)), f"in [0, {MAX_TIME:g}]", positive=False,
                          device=ids.device)
         return drawn
 
@@ -238,8 +239,8 @@ class ExponentialGroups(AbstractSpeedModel):
 
     Args:
       slow_share: share of slow clients, in [0, 1].
-      fast_mean: mean step time of a fast client, > 0.
-      slow_mean: mean step time of a slow client, > 0.
+      fast_mean: mean step time of a fast client, in (0, MAX_TIME].
+      slow_mean: mean step time of a slow client, in (0, MAX_TIME].
 
     Example:
       >>> ExponentialGroups(slow_share=0.3).bind(20, seed=1).mean_step(torch.arange(20)).eq(8.0).sum().item()
@@ -276,8 +277,8 @@ class ExponentialUniformMeans(AbstractSpeedModel):
     continuous uniform is our reading.
 
     Args:
-      low: smallest mean step time, > 0.
-      high: largest mean step time, >= low.
+      low: smallest mean step time, in (0, MAX_TIME].
+      high: largest mean step time, in [low, MAX_TIME].
 
     Example:
       >>> m = ExponentialUniformMeans().bind(1000, seed=0).mean_step(torch.arange(1000))
@@ -314,10 +315,10 @@ class Deterministic(AbstractSpeedModel):
     (default ``fast``) with ``slow_share``.
 
     Args:
-      duration: step time of every client, > 0; excludes ``fast`` and ``slow``.
+      duration: step time of every client, in (0, MAX_TIME]; excludes ``fast`` and ``slow``.
       slow_share: share of slow clients (the lowest ids), in [0, 1].
-      fast: step time of the other clients, > 0.
-      slow: step time of the slow clients, > 0.
+      fast: step time of the other clients, in (0, MAX_TIME].
+      slow: step time of the slow clients, in (0, MAX_TIME].
 
     Example:
       >>> Deterministic(slow_share=0.5, fast=1.0, slow=3.0).bind(4, seed=0).durations(
@@ -358,7 +359,7 @@ class Trace(AbstractSpeedModel):
         d_{i,k} = trace_i[(k − 1) mod L_i],   k = 1, 2, …  (restarting at the first row at every contact)
 
     where ``trace_i`` lists client i's rows in file order and ``L_i`` is their count. Rows of different clients may
-    interleave. Durations must be finite and >= 0, and each client's mean must be > 0. ``bind(n)`` requires rows
+    interleave. Durations must lie in ``[0, MAX_TIME]``, and each client's mean must be > 0. ``bind(n)`` requires rows
     for every client 0..n−1 and none beyond. The seed and rounds are not used.
 
     Args:
@@ -410,8 +411,9 @@ class Trace(AbstractSpeedModel):
                 value = float(row[1].strip())
             except ValueError:
                 value = float("nan")
-            if not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"{at}: `duration` must be a finite number >= 0, found {row[1]!r}.")
+            if not (math.isfinite(value) and 0 <= value <= MAX_TIME):
+                raise ConfigError(f"{at}: `duration` must be a finite number in [0, {MAX_TIME:g}] ({TIME_NOTE}), "
+                                  f"found {row[1]!r}.")
             clients.append(client)
             values.append(value)
             first_row.setdefault(client, number)
