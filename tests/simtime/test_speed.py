@@ -129,8 +129,11 @@ def test_invalid_parameters_name_the_key(cls, params, key):
     ("client,duration\n0,1.0\n1,-0.5\n", "row 2 (line 3)", "found '-0.5'"),
     ("client,duration\n0,nan\n1,1\n", "row 1 (line 2)", "found 'nan'"),
     ("client,duration\n0,1\n1,1\n0,inf\n", "row 3 (line 4)", "found 'inf'"),
-    ("client,duration\n0,1\nx,1\n", "row 2 (line 3)", "`client` must be an integer >= 0, found 'x'"),
+    ("client,duration\n0,1\nx,1\n", "row 2 (line 3)", "`client` must be an integer >= 0 and below 2**63, found 'x'"),
     ("client,duration\n0,1\n-1,1\n", "row 2 (line 3)", "`client` must be an integer >= 0"),
+    # beyond int64: "Overflow when unpacking long long", naming neither file nor row
+    ("client,duration\n0,1\n99999999999999999999999,1\n", "row 2 (line 3)",
+     "`client` must be an integer >= 0 and below 2**63, found '99999999999999999999999'"),
     ("client,duration\n0,1\n1,1,2\n", "row 2 (line 3)", "expected 2 columns"),
     ("client,duration\n1,1\n0,0\n0,0.0\n", "row 2 (line 3)", "client 0 has only zero durations"),
     ("id,duration\n0,1\n", "line 1", "header must be `client,duration`"),
@@ -155,6 +158,10 @@ def test_trace_must_cover_exactly_the_clients(tmp_path):
     assert str(path) in str(info.value)
     with pytest.raises(ConfigError, match=r"row 3 \(line 4\): client 3 is out of range for num_clients=3"):
         trace.bind(3, seed=0)
+    far = tmp_path / "far.csv"  # tables were sized by the largest id: 10^12 asked for 8 TB, a RuntimeError
+    far.write_text("client,duration\n0,1\n1000000000000,2\n")
+    with pytest.raises(ConfigError, match=r"row 2 \(line 3\): client 1000000000000 is out of range"):
+        Trace(path=far).bind(2, seed=0)
     with pytest.raises(ConfigError, match="cannot be read"):
         Trace(path=tmp_path / "absent.csv")
 

@@ -395,6 +395,7 @@ class Trace(AbstractSpeedModel):
         clients: list[int] = []
         values: list[float] = []
         first_row: dict[int, int] = {}
+        moving: set[int] = set()  # the clients with a duration > 0
         for number, row in enumerate(rows[1:], start=1):
             if not row or all(not c.strip() for c in row):
                 continue
@@ -405,8 +406,8 @@ class Trace(AbstractSpeedModel):
                 client = int(row[0].strip())
             except ValueError:
                 client = -1
-            if client < 0:
-                raise ConfigError(f"{at}: `client` must be an integer >= 0, found {row[0]!r}.")
+            if not 0 <= client < 2 ** 63:  # an int64 id (the file lists clients 0..n−1)
+                raise ConfigError(f"{at}: `client` must be an integer >= 0 and below 2**63, found {row[0]!r}.")
             try:
                 value = float(row[1].strip())
             except ValueError:
@@ -417,6 +418,8 @@ class Trace(AbstractSpeedModel):
             clients.append(client)
             values.append(value)
             first_row.setdefault(client, number)
+            if value > 0:
+                moving.add(client)
         if not clients:
             raise ConfigError(f"{where} has no data rows; add one `client,duration` row per step.")
         client_t = torch.tensor(clients, dtype=torch.int64)
@@ -425,11 +428,11 @@ class Trace(AbstractSpeedModel):
         object.__setattr__(self, "_clients", client_t[order])
         object.__setattr__(self, "_values", value_t[order])
         object.__setattr__(self, "_client_rows", first_row)
-        counts = torch.bincount(client_t)
+        # per distinct id, in order (nothing sized by the largest id): indexed by id once bind() finds 0..n−1
+        counts = torch.unique_consecutive(client_t[order], return_counts=True)[1]
         object.__setattr__(self, "_counts", counts)
         object.__setattr__(self, "_offsets", torch.cumsum(counts, 0) - counts)
-        totals = torch.zeros(max(first_row) + 1, dtype=torch.float64).index_add_(0, client_t, value_t)
-        zero = [c for c in sorted(first_row) if totals[c] <= 0]
+        zero = [c for c in sorted(first_row) if c not in moving]
         if zero:
             c = zero[0]
             raise ConfigError(f"{where}, row {first_row[c]} (line {first_row[c] + 1}): client {c} has only zero "
@@ -452,7 +455,7 @@ class Trace(AbstractSpeedModel):
         return totals / counts.to(torch.float64)
 
     def _draw(self, ids: torch.Tensor, last_round: torch.Tensor, seed: int, steps: int) -> torch.Tensor:
-        # bind() checked that the file lists exactly the clients 0..n-1, so _counts has n entries.
+        # bind() checked that the file lists exactly the clients 0..n-1, so _counts has n entries, one per id.
         cpu_ids = ids.cpu()
         lengths = self._counts[cpu_ids][:, None]
         index = self._offsets[cpu_ids][:, None] + torch.arange(steps, dtype=torch.int64)[None, :] % lengths
