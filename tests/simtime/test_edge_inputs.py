@@ -25,6 +25,14 @@ def test_closed_forms_at_vanishing_contact_probability():
         expected_steps(0.25, 4.0, 8.0, 10, tol=0.0)
 
 
+def test_closed_forms_when_c_over_m_overflows():
+    """c/m = 10/1e-320 is inf: H was NaN (inf·0 in the series), and weighted QuAFL's η = H_min/H_i NaN rejected every
+    message. Every contacted client has done its K steps."""
+    assert expected_steps(0.5, 10.0, 1e-320, 3) == 3.0
+    assert prob_zero_steps(0.5, 10.0, 1e-320) == 0.0
+    assert expected_steps(0.5, 0.0, 1e-320, 3) == 0.0  # c = 0: no time passes
+
+
 def test_completed_steps_refuses_a_now_of_the_wrong_shape_or_nan():
     start, durations = torch.zeros(2, dtype=F64), torch.ones(2, 3, dtype=F64)
     for now in (torch.tensor([1.0, 2.0, 3.0]), torch.ones(2, 1, dtype=F64), float("nan"), "soon"):

@@ -330,6 +330,8 @@ def expected_steps(p: float, c: float, mean: float, max_steps: int, *, tol: floa
     k = int(max_steps)
     if k == 0 or lam == 0.0:
         return 0.0
+    if math.isinf(lam):  # c/m beyond float64: every gap holds infinitely many steps, so K are done
+        return float(k)
     p, q = float(p), 1.0 - float(p)
     g_geo = 1
     power = lambda g: q ** g  # noqa: E731  (1−p)^g
