@@ -293,6 +293,11 @@ def test_existing_stages_run_under_the_async_schedule():
     ({"engine__interaction_time": 1e308, "compress": {"uplink": {"name": "lattice", "bits": 14, "step": 1e-4}}},
      "engine.interaction_time"),
     ({"engine__wait_time": 1e308}, "engine.wait_time"),
+    # a keyed downlink outside polling failed in round 1 naming the compressor's internal `key`
+    ({"algorithm": "fedbuff", "compress": {"downlink": {"name": "lattice", "bits": 14, "step": 1e-4}}},
+     "compress.downlink"),
+    ({"algorithm": "fedavg", "compress": {"downlink": {"name": "lattice", "bits": 14, "step": 1e-4}}},
+     "compress.downlink"),
     # no time passes in a polling step: the clock stays at 0 and no client ever completes a step
     ({"engine__interaction_time": 0.0}, "engine.interaction_time` and `engine.wait_time` are both 0"),
     ({"recipe": {"decode_key": "mine"}}, "recipe.decode_key"),

@@ -247,6 +247,12 @@ def _check(fed: Federation) -> None:
         if fed.training.steps < 1:
             raise ConfigError("`client.steps` (K, the most local steps between two contacts) must be >= 1 for "
                               f"the {type(fed.schedule).__name__.lower()} schedule.")
+    down = None if fed.links is None else fed.links.downlink
+    if down is not None and down.needs_key and not isinstance(fed.schedule, Polling):
+        raise ConfigError(f"`compress.downlink`: {component_name('compressor', down)} decodes against a reference "
+                          f"point the clients of the {type(fed.schedule).__name__.lower()} schedule do not hold; use "
+                          "it with the polling schedule (QuAFL) or pick a compressor without a key (qsgd, "
+                          "qsgd_minmax).")
     if isinstance(fed.schedule, Polling) and fed.timing.interaction(fed) + fed.timing.wait_time == 0:
         raise ConfigError("`engine.interaction_time` and `engine.wait_time` are both 0: a polling (QuAFL) server step "
                           "would take no simulated time, so the clock would stay at 0 and no client ever complete a "
