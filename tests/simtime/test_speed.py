@@ -1,5 +1,6 @@
 """Speed models: keyed determinism, group assignment, moments, validation of parameters and trace files."""
 import math
+import re
 
 import pytest
 import torch
@@ -147,6 +148,29 @@ def test_malformed_trace_names_file_and_row(tmp_path, body, where, what):
         Trace(path=str(path))
     message = str(info.value)
     assert "`engine.speed.path`" in message and str(path) in message and where in message and what in message
+
+
+ALL_SLOW = "`slow_share` makes every one of the 6 clients slow"
+
+
+@pytest.mark.parametrize("model, key, why", [
+    (Deterministic(fast=1.0, slow=3.0), "slow", "`slow_share` is 0"),  # every client ran at `fast`
+    (Deterministic(duration=1.0, slow_share=0.5), "slow_share", "`duration` gives every client"),
+    (Deterministic(slow_share=0.5), "slow_share", "no `slow` is given"),
+    (Deterministic(slow_share=0.5, fast=2.0, slow=2.0), "slow_share", "`slow` and `fast` are equal"),
+    (Deterministic(slow_share=0.9, fast=3.0, slow=2.0), "fast", ALL_SLOW),
+    (ExponentialGroups(slow_share=0.0, slow_mean=5.0), "slow_mean", "`slow_share` is 0"),
+    (ExponentialGroups(slow_share=1.0, fast_mean=3.0), "fast_mean", ALL_SLOW),
+    (ExponentialGroups(slow_share=0.5, slow_mean=2.0), "slow_share", "`fast_mean` and `slow_mean` are equal"),
+])
+def test_a_group_setting_the_groups_make_do_nothing_is_refused(model, key, why):
+    """Each drew the same step times as without the key (e.g. `slow` without `slow_share`: every client fast)."""
+    with pytest.raises(ConfigError, match=f"^`engine.speed.{key}` is set but does nothing: {re.escape(why)}.*; "
+                                          "remove it\\.$"):
+        model.bind(6, seed=0)
+    for acting in (Deterministic(slow_share=0.5, slow=2.0), Deterministic(slow_share=0.5, fast=3.0, slow=2.0),
+                   ExponentialGroups(slow_share=0.5, fast_mean=3.0), Deterministic(duration=1.0)):
+        acting.bind(6, seed=0)
 
 
 def test_trace_must_cover_exactly_the_clients(tmp_path):

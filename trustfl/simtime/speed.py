@@ -102,6 +102,20 @@ def _slow_count(slow_share: float, num_clients: int) -> int:
     return min(math.ceil(slow_share * num_clients), num_clients)
 
 
+def _refuse_idle(model: "ExponentialGroups | Deterministic", num_clients: int, fast: str, slow: str,
+                 same: str | None) -> None:
+    """Refuse a parameter of a two-group model, set away from its default, that the groups make do nothing: the
+    slow time without slow clients, the fast time without fast ones, ``slow_share`` with one time for both
+    (``same``: why they are one)."""
+    default, count = type(model)(), _slow_count(float(model.slow_share), num_clients)
+    idle = [(slow, "`slow_share` is 0 (no client is slow)") if count == 0 else None,
+            (fast, f"`slow_share` makes every one of the {num_clients} clients slow") if count == num_clients
+            else None, ("slow_share", same) if same else None]
+    for key, why in filter(None, idle):
+        if getattr(model, key) != getattr(default, key):
+            raise ConfigError(f"`{_KEY}.{key}` is set but does nothing: {why}; remove it.")
+
+
 @dataclass(frozen=True)
 class AbstractSpeedModel:
     """Base of the speed models: validation of calls, binding, and the per-client mean step time.
@@ -235,7 +249,9 @@ class ExponentialGroups(AbstractSpeedModel):
         slow = {0, …, ⌈slow_share·n⌉ − 1},   d_{i,k} ~ Exp(mean slow_mean if i ∈ slow else fast_mean)
 
     The slow clients are the lowest ids, as in the authors' trainer (``math.ceil(ratio * n)``). The paper uses
-    means 8 and 2; its slow share is 30 % (§4) or one fourth (App. A.2), the code's default 0.3.
+    means 8 and 2; its slow share is 30 % (§4) or one fourth (App. A.2), the code's default 0.3. A mean or share
+    the groups make do nothing is refused when the model is bound (``slow_mean`` with no slow client,
+    ``slow_share`` with equal means).
 
     Args:
       slow_share: share of slow clients, in [0, 1].
@@ -257,6 +273,8 @@ class ExponentialGroups(AbstractSpeedModel):
         _number("slow_mean", self.slow_mean)
 
     def _bind_means(self, num_clients: int, seed: int) -> torch.Tensor:
+        _refuse_idle(self, num_clients, "fast_mean", "slow_mean",
+                     "`fast_mean` and `slow_mean` are equal" if self.fast_mean == self.slow_mean else None)
         means = torch.full((num_clients,), float(self.fast_mean), dtype=torch.float64)
         means[:_slow_count(float(self.slow_share), num_clients)] = float(self.slow_mean)
         return means
@@ -312,7 +330,8 @@ class Deterministic(AbstractSpeedModel):
         d_{i,k} = slow if i < ⌈slow_share·n⌉ else fast
 
     Give either ``duration`` (every client; 1.0 when nothing is given) or ``fast`` (default 1.0) and ``slow``
-    (default ``fast``) with ``slow_share``.
+    (default ``fast``) with ``slow_share``. A time or share the groups make do nothing is refused when the model is
+    bound (``slow`` without ``slow_share``, ``slow_share`` with one time for both).
 
     Args:
       duration: step time of every client, in (0, MAX_TIME]; excludes ``fast`` and ``slow``.
@@ -343,6 +362,10 @@ class Deterministic(AbstractSpeedModel):
     def _bind_means(self, num_clients: int, seed: int) -> torch.Tensor:
         fast = float(self.fast if self.fast is not None else self.duration if self.duration is not None else 1.0)
         slow = float(self.slow) if self.slow is not None else fast
+        same = ("`duration` gives every client the same step time" if self.duration is not None
+                else "no `slow` is given, so slow clients take `fast`" if self.slow is None
+                else "`slow` and `fast` are equal" if slow == fast else None)
+        _refuse_idle(self, num_clients, "fast", "slow", same)
         means = torch.full((num_clients,), fast, dtype=torch.float64)
         means[:_slow_count(float(self.slow_share), num_clients)] = slow
         return means
