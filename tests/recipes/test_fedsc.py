@@ -127,12 +127,23 @@ def test_budget_the_schedule_cannot_meet_is_refused_before_training():
         build_federation(_cfg(recipe={"epsilon": 0.5, "sigma": 1e-4}), quiet=True)
 
 
+@pytest.mark.parametrize("mu", [1e-75, 1e76])
+def test_calibrated_sigma_float32_cannot_draw_is_refused_before_training(mu):
+    """σ_j ∝ μ: at μ's extremes the σ that spends ε lies beyond float32 (its noise was inf or 0)."""
+    with pytest.raises(ConfigError, match=r"recipe\.epsilon.*calibrated σ = .* outside \[1e-30, 1e\+30\]"):
+        build_federation(_cfg(recipe={"share_views": 2, "epsilon": 1.0, "mu": mu}), quiet=True)
+
+
 @pytest.mark.parametrize("key, value, path", [
     ("recipe__mu", -1.0, "recipe.mu"), ("recipe__share_views", 0, "recipe.share_views"),
     ("recipe__sigma", -0.1, "recipe.sigma"), ("recipe__share_every", 0, "recipe.share_every"),
     ("recipe__alpha_end", 1.5, "recipe.alpha_end"), ("recipe__views", 0, "recipe.views"),
     ("recipe__alpha", "linear", "recipe.alpha"),
     ("recipe__delta", 1.0, "recipe.delta"), ("recipe__epsilon", 0.0, "recipe.epsilon"),
+    # beyond what float32 / the accounting represent (σ² underflowed into a ZeroDivisionError, √μ overflowed float32)
+    ("recipe__sigma", 1e-300, "recipe.sigma"), ("recipe__sigma", 1e300, "recipe.sigma"),
+    ("recipe__mu", 1e300, "recipe.mu"), ("recipe__mu", 1e-200, "recipe.mu"),
+    ("recipe__scale", 1e300, "recipe.scale"), ("recipe__scale", 1e-300, "recipe.scale"),
     ("model__dim", 0, "model"), ("data__num_clients", 1, "data.num_clients"),
     ("client__dp__mode", "per_example", "client.dp.mode"),
     ("client__dp__epsilon", 2.0, "client.dp.epsilon"),  # a budget here protected nothing: DP-CalR's is recipe.epsilon

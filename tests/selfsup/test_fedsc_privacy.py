@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trustfl.errors import PrivacyError
+from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.analysis.fedsc import (calibrate_fedsc_sigma, fedsc_epsilon, fedsc_rdp, fedsc_sensitivity,
                                             fedsc_sigma_closed_form, release_event)
 from trustfl.selfsup.share import FedSCCorrelation
@@ -79,7 +79,16 @@ def test_calibration_round_trips(conversion, eps, delta, t, neighboring):
         assert sigma == pytest.approx(fedsc_sigma_closed_form(eps, delta, 3.0, 5_000, t, neighboring), rel=1e-9)
 
 
+@pytest.mark.parametrize("conversion", ["closed_form", "rdp"])
+def test_epsilon_depends_on_sigma_over_delta_only(conversion):
+    """σ and μ scaled together leave ε as it was, even where σ² underflows (a ZeroDivisionError before)."""
+    base = fedsc_epsilon(0.01, 2.0, 100, 10, 1e-2, conversion=conversion)
+    assert fedsc_epsilon(1e-202, 2e-200, 100, 10, 1e-2, conversion=conversion) == pytest.approx(base, rel=1e-12)
+    assert fedsc_rdp(8.0, 1e-202, 2e-200, 100, 10) == pytest.approx(fedsc_rdp(8.0, 0.01, 2.0, 100, 10), rel=1e-12)
+
+
 @pytest.mark.parametrize("call, key", [
+    (lambda: fedsc_epsilon(1e-200, 2.0, 100, 10, 1e-2), "sigma"),   # σ/Δ = 3.5e-199: ε beyond float64
     (lambda: fedsc_epsilon(0.0, 2.0, 100, 10, 1e-2), "sigma"),
     (lambda: fedsc_epsilon(-1.0, 2.0, 100, 10, 1e-2), "sigma"),
     (lambda: fedsc_epsilon(0.1, 0.0, 100, 10, 1e-2), "mu"),
@@ -111,3 +120,11 @@ def test_release_count_is_the_number_of_sharing_rounds(rounds, share_from, share
     by_round = sum(1 for t in range(1, rounds + 1) if t >= share_from and (t - share_from) % share_every == 0)
     assert stat.releases() == by_round
     assert sum(stat.shares(r) for r in range(rounds)) == by_round
+
+
+@pytest.mark.parametrize("kwargs, key", [({"sigma": 1e-300}, "sigma"), ({"sigma": [0.1, 1e300]}, "sigma"),
+                                         ({"sigma": True}, "sigma"), ({"mu": 1e78}, "mu")])
+def test_statistic_refuses_numbers_its_float32_noise_and_clip_cannot_carry(kwargs, key):
+    with pytest.raises(ConfigError, match=f"`{key}` must be a number in"):
+        FedSCCorrelation(**kwargs)
+    assert FedSCCorrelation(sigma=[0, 0.0, 1e-30, 1e30]).sigma == (0.0, 0.0, 1e-30, 1e30)

@@ -200,7 +200,8 @@ def test_objective_gradient_reaches_the_model_but_not_the_reference():
 
 
 @pytest.mark.parametrize("kwargs, key", [({"alpha": 1.5}, "alpha"), ({"mu": 0.0}, "mu"), ({"scale": -1.0}, "scale"),
-                                         ({"reference": torch.zeros(3, 4)}, "reference")])
+                                         ({"reference": torch.zeros(3, 4)}, "reference"),
+                                         ({"mu": 1e78}, "mu"), ({"scale": 1e-300}, "scale")])  # beyond float32
 def test_objective_parameters_are_validated(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         SpectralContrastive(**kwargs)

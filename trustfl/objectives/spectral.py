@@ -37,7 +37,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 import torch
 from torch import nn
@@ -48,8 +48,26 @@ from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.objectives.base import AbstractObjective, Batch
 
-__all__ = ["SpectralContrastive", "alpha_schedule", "correlation_estimates", "fedsc_example_losses", "fedsc_loss",
-           "masked_fedsc_loss", "norm_clip", "spectral_contrastive_loss"]
+__all__ = ["MU_RANGE", "SCALE_RANGE", "SpectralContrastive", "alpha_schedule", "check_mu", "check_scale",
+           "correlation_estimates", "fedsc_example_losses", "fedsc_loss", "masked_fedsc_loss", "norm_clip",
+           "spectral_contrastive_loss"]
+
+MU_RANGE = (1e-75, 1e76)
+"""μ's range: √μ, the representations' norm bound, must be a normal float32 number (beyond 1e76 it overflows)."""
+SCALE_RANGE = (1e-30, 1e30)
+"""s's range: the float32 loss's factor, with room for the loss it multiplies (1e±39 rounds to 0 or inf there)."""
+
+
+def check_mu(name: str, value: Any, allow_none: bool = False) -> Any:
+    """``value`` if it is a number in :data:`MU_RANGE` (or None where allowed), else a ConfigError naming ``name``."""
+    return check_number(name, value, low=MU_RANGE[0], high=MU_RANGE[1], allow_none=allow_none,
+                        note="√μ, the representations' norm bound, must be a normal float32 number")
+
+
+def check_scale(name: str, value: Any) -> Any:
+    """``value`` if it is a number in :data:`SCALE_RANGE`, else a ConfigError naming ``name``."""
+    return check_number(name, value, low=SCALE_RANGE[0], high=SCALE_RANGE[1],
+                        note="the loss's factor, computed in float32")
 
 
 def norm_clip(z: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -206,8 +224,8 @@ class SpectralContrastive(AbstractObjective):
 
     def __post_init__(self) -> None:
         check_number("alpha", self.alpha, low=0, high=1)
-        check_number("mu", self.mu, low=0, low_open=True, finite=True, allow_none=True)
-        check_number("scale", self.scale, low=0, low_open=True, finite=True)
+        check_mu("mu", self.mu, allow_none=True)
+        check_scale("scale", self.scale)
         if self.reference is not None and not isinstance(self.reference, torch.Tensor):
             raise ConfigError(f"`reference` must be an (H, H) tensor or None, found {type(self.reference).__name__}.")
         if self.reference is not None and (self.reference.dim() != 2

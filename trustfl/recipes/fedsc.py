@@ -25,7 +25,8 @@ or ``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j
 T_j sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4), ``sigma`` (σ per matrix entry;
 0 = no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or ``"zero_out"``). Every release is charged to
 the client's ledger (RDP accountant); ε is reported per round and in ``summary.json``; a schedule that would
-overspend is refused before training.
+overspend is refused before training. Numbers float32 cannot carry are refused: ``mu`` must lie in [1e-75, 1e76]
+(√μ a normal float32), ``scale`` and a nonzero ``sigma`` (given or calibrated) in [1e-30, 1e30].
 
 References:
   Jing et al., *FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive Objective over
@@ -40,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 from trustfl.config.schema import Component, ExperimentConfig, keys_set
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, TrustFLError
+from trustfl.objectives.spectral import check_mu, check_scale
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.analysis.fedsc import calibrate_fedsc_sigma, fedsc_epsilon, release_event
 from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys, recipe_number
-from trustfl.selfsup.share import ALPHA_MODES
+from trustfl.selfsup.share import ALPHA_MODES, SIGMA_RANGE, check_sigma
 
 if TYPE_CHECKING:
     from trustfl.engine.federation import Federation
@@ -119,8 +121,8 @@ class SpectralRecipe(AbstractRecipe):
 
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, self.algorithm, FEDSC if self.share else COMMON)
-        mu = recipe_number(rec, "mu", 4.0, low=0, low_open=True, finite=True)
-        scale = recipe_number(rec, "scale", 1.0, low=0, low_open=True, finite=True)
+        mu = check_mu("recipe.mu", rec.get("mu", 4.0))
+        scale = check_scale("recipe.scale", rec.get("scale", 1.0))
         client = self_supervised_client(cfg, rec, self.algorithm, "spectral_contrastive",
                                         "FedSC's privacy is DP-CalR (`recipe.epsilon`)")
         data, cohort = cfg.data, cfg.cohort
@@ -144,7 +146,7 @@ class SpectralRecipe(AbstractRecipe):
                "share_every": recipe_number(rec, "share_every", 1, integer=True, low=1),
                "weighting": recipe_choice(rec, "weighting", "num_samples", ("num_samples", "uniform")),
                "neighboring": recipe_choice(rec, "neighboring", "replace_one", ("replace_one", "zero_out")),
-               "sigma": recipe_number(rec, "sigma", 0.0, low=0, finite=True)}
+               "sigma": check_sigma("recipe.sigma", rec.get("sigma", 0.0))}
         endpoint = rec.get("alpha_endpoint", False)
         if not isinstance(endpoint, bool):
             raise ConfigError(f"`recipe.alpha_endpoint` must be true or false, found {endpoint!r}.")
@@ -188,22 +190,26 @@ class SpectralRecipe(AbstractRecipe):
             if eps is not None and sigma == 0:
                 sigmas = [calibrate_fedsc_sigma(float(eps), delta, stat.mu, s, releases, stat.neighboring, "rdp")
                           for s in sizes]
+                off = [sg for sg in sigmas if not SIGMA_RANGE[0] <= sg <= SIGMA_RANGE[1]]
+                if off:  # σ_j ∝ μ: an extreme μ gives a σ the float32 noise cannot carry
+                    raise ConfigError(f"the calibrated σ = {off[0]:g} is outside [{SIGMA_RANGE[0]:g}, "
+                                      f"{SIGMA_RANGE[1]:g}], where float32 draws the noise; σ scales with "
+                                      f"`recipe.mu`.")
             else:
                 sigmas = [sigma] * len(sizes)
             budgets = {i: Budget(math.inf if eps is None else float(eps), delta) for i in range(len(sizes))}
             for i, s in enumerate(sizes):
                 if eps is not None:
                     check_schedule(i, budgets[i], release_event(sigmas[i], stat.mu, s, stat.neighboring), releases)
+            stat = dataclasses.replace(stat, sigma=tuple(sigmas))
+            closed_form = [fedsc_epsilon(sg, stat.mu, s, releases, delta, stat.neighboring)
+                           for sg, s in zip(sigmas, sizes)]
         except TrustFLError as err:
             raise ConfigError(f"`recipe.epsilon` / `recipe.sigma` (δ = {delta:g}, μ = {stat.mu:g}, {releases} "
                               f"sharing rounds): {err}") from None
-        stat = dataclasses.replace(stat, sigma=tuple(sigmas))
         fed.statistics = ((name, stat),)
         fed.ledger = LedgerBook(budgets, "rdp")
-        fed.info["fedsc"].update({"sigma": sigmas, "epsilon_budget": eps,
-                                  "epsilon_closed_form": [fedsc_epsilon(sg, stat.mu, s, releases, delta,
-                                                                        stat.neighboring) for sg, s in
-                                                          zip(sigmas, sizes)]})
+        fed.info["fedsc"].update({"sigma": sigmas, "epsilon_budget": eps, "epsilon_closed_form": closed_form})
 
 
 @register("algorithm", "fedsc")

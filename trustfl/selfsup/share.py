@@ -32,15 +32,26 @@ from trustfl.core.checks import check_number
 from trustfl.core.memory import refuse_beyond_free
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.objectives.spectral import alpha_schedule, norm_clip
+from trustfl.objectives.spectral import alpha_schedule, check_mu, norm_clip
 from trustfl.privacy.analysis.fedsc import NEIGHBORINGS, release_event
 from trustfl.selfsup.correlation import CorrelationStore, add_matrix_noise, client_weights
 from trustfl.selfsup.views import view_representations
 
-__all__ = ["FedSCCorrelation"]
+__all__ = ["FedSCCorrelation", "SIGMA_RANGE", "check_sigma"]
 
 WEIGHTINGS = ("num_samples", "uniform")
 ALPHA_MODES = ("schedule", "q")
+SIGMA_RANGE = (1e-30, 1e30)
+"""σ's range besides 0: the noise σ·N(0, 1) is drawn in float32, where σ beyond it rounds to 0 or its draws to inf
+(with μ in :data:`~trustfl.objectives.spectral.MU_RANGE`, σ/Δ stays within what the accountant computes)."""
+
+
+def check_sigma(name: str, value: Any) -> Any:
+    """``value`` if it is 0 (no noise) or a number in :data:`SIGMA_RANGE`, else a ConfigError naming ``name``."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and value == 0):
+        check_number(name, value, low=SIGMA_RANGE[0], high=SIGMA_RANGE[1],
+                     note="or 0: no noise; the noise is drawn in float32")
+    return value
 
 
 @register("client_statistic", "fedsc_correlation")
@@ -49,9 +60,10 @@ class FedSCCorrelation(AbstractClientStatistic):
     """DP-CalR uploads and R̃_{−j} downloads (see the module notes).
 
     Args:
-      mu: μ > 0 (representations clipped to √μ).
+      mu: μ in :data:`~trustfl.objectives.spectral.MU_RANGE` (representations clipped to √μ).
       views: V >= 1, views per sample in DP-CalR (the FedSC paper uses 5).
-      sigma: σ >= 0 per matrix entry, one number or one per client (0: no noise, no DP event).
+      sigma: σ per matrix entry, 0 or in :data:`SIGMA_RANGE`, one number or one per client (0: no noise, no DP
+        event).
       rounds: T, the run's rounds (the α schedule's length).
       share_from: t0 >= 1, the first sharing round. share_every: k >= 1.
       alpha_start, alpha_end: α's linear schedule (1 → 0.2 in the paper); ``alpha_endpoint``: reach the end.
@@ -79,11 +91,11 @@ class FedSCCorrelation(AbstractClientStatistic):
     """|D_j| of every client (set by the recipe from the partition; public, as in any weighted mean)."""
 
     def __post_init__(self) -> None:
-        check_number("mu", self.mu, low=0, low_open=True, finite=True)
+        check_mu("mu", self.mu)
         check_number("views", self.views, integer=True, low=1)
         sig = self.sigma if isinstance(self.sigma, (list, tuple)) else [self.sigma]
         for s in sig:
-            check_number("sigma", s, low=0, finite=True)
+            check_sigma("sigma", s)
         object.__setattr__(self, "sigma", tuple(float(s) for s in self.sigma)
                            if isinstance(self.sigma, (list, tuple)) else float(self.sigma))
         check_number("rounds", self.rounds, integer=True, low=1)

@@ -9,7 +9,8 @@ One release of client j is the Gaussian mechanism on the vectorised matrix (1/(|
 - ``"zero_out"``: Δ = μ/|D_j|, one sample's term removed with |D_j| fixed (the proof of Prop. 6.6).
 
 RDP of one release (Lemma 6.3): (α, αΔ²/(2σ²)); after client j's T_j releases (Lemma 6.4, t = 1 included):
-(α, T_j αΔ²/(2σ²)). Conversions to (ε, δ):
+(α, T_j αΔ²/(2σ²)), computed from the noise multiplier z = σ/Δ as T_j α/(2z²) (σ² alone underflows for σ below
+about 1e-154, where σ/Δ need not). Conversions to (ε, δ):
 
 - ``"closed_form"`` (Lemma 6.5 at the optimal real order, the proof of Prop. 6.6; the printed proposition omits
   |D_j|²): ε = T_jΔ²/(2σ²) + √(2T_jΔ² log(1/δ)/σ²). Inverse: with s = √(2 log(1/δ)) and a = −s + √(s² + 2ε),
@@ -28,6 +29,7 @@ import numbers
 from typing import TYPE_CHECKING
 
 from trustfl.errors import PrivacyError
+from trustfl.privacy.analysis.checked import checked
 from trustfl.privacy.analysis.gaussian import epsilon_subsampled_gaussian, solve_decreasing
 from trustfl.privacy.analysis.secldp import mironov_epsilon
 
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 
 NEIGHBORINGS = ("replace_one", "zero_out")
 CONVERSIONS = ("closed_form", "rdp")
+_MIN_Z = 1e-150
+"""The smallest σ/Δ whose closed-form ε float64 holds (1/(2z²) overflows below about 1e-154)."""
 
 __all__ = ["CONVERSIONS", "NEIGHBORINGS", "calibrate_fedsc_sigma", "fedsc_epsilon", "fedsc_rdp",
            "fedsc_sensitivity", "fedsc_sigma_closed_form", "release_event"]
@@ -70,6 +74,7 @@ def fedsc_sensitivity(mu: float, dataset_size: int, neighboring: str = "replace_
     return (math.sqrt(2.0) if neighboring == "replace_one" else 1.0) * m / n
 
 
+@checked
 def fedsc_rdp(order: float, sigma: float, mu: float, dataset_size: int, releases: int,
               neighboring: str = "replace_one") -> float:
     """RDP of ``releases`` = T_j releases at order α > 1: T_j·α·Δ²/(2σ²) (Lemmas 6.3-6.4)."""
@@ -78,7 +83,8 @@ def fedsc_rdp(order: float, sigma: float, mu: float, dataset_size: int, releases
         raise PrivacyError(f"`order` must be a finite number > 1, found {order!r}.")
     s = _positive("sigma", sigma)
     t = _count("releases", releases, 0)
-    return t * a * fedsc_sensitivity(mu, dataset_size, neighboring) ** 2 / (2.0 * s * s)
+    z = s / fedsc_sensitivity(mu, dataset_size, neighboring)
+    return t * a / (2.0 * z * z)
 
 
 def release_event(sigma: float, mu: float, dataset_size: int, neighboring: str = "replace_one") -> dp_event.DpEvent:
@@ -88,6 +94,7 @@ def release_event(sigma: float, mu: float, dataset_size: int, neighboring: str =
     return dp_event.GaussianDpEvent(_positive("sigma", sigma) / fedsc_sensitivity(mu, dataset_size, neighboring))
 
 
+@checked
 def fedsc_epsilon(sigma: float, mu: float, dataset_size: int, releases: int, delta: float,
                   neighboring: str = "replace_one", conversion: str = "closed_form") -> float:
     """ε at ``delta`` of a client's ``releases`` DP-CalR releases (T_j; 0 gives ε = 0).
@@ -102,21 +109,25 @@ def fedsc_epsilon(sigma: float, mu: float, dataset_size: int, releases: int, del
       conversion: ``"closed_form"`` (Lemma 6.5) or ``"rdp"`` (dp_accounting).
 
     Raises:
-      PrivacyError: an argument is out of range.
+      PrivacyError: an argument is out of range, or the closed form's ε is beyond float64 (σ/Δ < 1e-150).
     """
     s = _positive("sigma", sigma)
     d = _delta(delta)
     t = _count("releases", releases, 0)
-    delta_2 = fedsc_sensitivity(mu, dataset_size, neighboring)
+    z = s / fedsc_sensitivity(mu, dataset_size, neighboring)
     if conversion not in CONVERSIONS:
         raise PrivacyError(f"`conversion` must be one of {CONVERSIONS}, found {conversion!r}.")
     if t == 0:
         return 0.0
     if conversion == "closed_form":
-        return mironov_epsilon(delta_2 ** 2 / (2.0 * s * s), t, d)
-    return epsilon_subsampled_gaussian(s / delta_2, 1.0, t, d, "rdp")
+        if z < _MIN_Z:
+            raise PrivacyError(f"`sigma` = {sigma!r} is {z:g} times Δ: the closed form's ε is beyond float64 (σ/Δ "
+                               f"must be >= {_MIN_Z:g}).")
+        return mironov_epsilon(1.0 / (2.0 * z * z), t, d)
+    return epsilon_subsampled_gaussian(z, 1.0, t, d, "rdp")
 
 
+@checked
 def fedsc_sigma_closed_form(epsilon: float, delta: float, mu: float, dataset_size: int, releases: int,
                             neighboring: str = "replace_one") -> float:
     """σ = √T_j·Δ/a with a = −s + √(s² + 2ε), s = √(2 log(1/δ)): the exact inverse of the closed form."""
@@ -127,6 +138,7 @@ def fedsc_sigma_closed_form(epsilon: float, delta: float, mu: float, dataset_siz
     return math.sqrt(t) * fedsc_sensitivity(mu, dataset_size, neighboring) / a
 
 
+@checked
 def calibrate_fedsc_sigma(epsilon: float, delta: float, mu: float, dataset_size: int, releases: int,
                           neighboring: str = "replace_one", conversion: str = "closed_form",
                           rtol: float = 1e-12) -> float:
