@@ -157,6 +157,12 @@ def test_bad_input_is_refused_with_its_key(key, value, path):
         build_federation(_cfg(**over), quiet=True)
 
 
+def test_probe_penalty_float32_cannot_fit_is_refused_before_training():
+    """λ = 1e300 was a RuntimeError inside L-BFGS at the first evaluation."""
+    with pytest.raises(ConfigError, match=r"`evaluators\[0\]` \(evaluator 'linear_probe'\): `l2` must be"):
+        build_federation(_cfg(evaluators=[{"name": "linear_probe", "l2": 1e300}]), quiet=True)
+
+
 @register("partitioner", "test_one_empty_client")
 @dataclasses.dataclass(frozen=True)
 class OneEmpty(AbstractPartitioner):

@@ -2,6 +2,8 @@
 (separable → ~100%, random labels → chance), kNN against a per-query loop, and the chunked evaluation loop."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -9,7 +11,8 @@ from torch import nn
 import trustfl
 from trustfl.errors import ConfigError
 from trustfl.evaluate import evaluate_model
-from trustfl.evaluate.representation import KNN, LinearProbe, fit_linear_probe, knn_predict, predict_linear_probe
+from trustfl.evaluate.representation import (KNN, L2_MAX, LinearProbe, fit_linear_probe, knn_predict,
+                                             predict_linear_probe)
 from trustfl.objectives.spectral import SpectralContrastive
 
 
@@ -61,6 +64,29 @@ def test_knn_matches_a_per_query_loop():
         top = sorted(sims, reverse=True)[:k]
         votes = [sum(torch.exp(torch.tensor(s / tau)).item() for s, y in top if y == c) for c in range(3)]
         assert int(pred[n]) == max(range(3), key=lambda c: votes[c])
+
+
+def test_knn_weights_do_not_overflow_at_small_temperatures():
+    """The nearest point (s = 1, class 1) against two at s = 0.99 (class 0): 2e^{9.9} > e^{10} at τ = 0.1, and the
+    nearest point wins as τ shrinks. exp(s/τ) overflowed float32 below τ ≈ 0.0114: both classes' votes were inf
+    and the tie went to class 0."""
+    a = math.acos(0.99)
+    bank = torch.tensor([[1.0, 0.0], [math.cos(a), math.sin(a)], [math.cos(a), -math.sin(a)]])
+    labels, query = torch.tensor([1, 0, 0]), torch.tensor([[1.0, 0.0]])
+    assert knn_predict(bank, labels, query, k=3, temperature=0.1).tolist() == [0]
+    for tau in (1e-3, 1e-300):
+        assert knn_predict(bank, labels, query, k=3, temperature=tau).tolist() == [1]
+
+
+def test_probe_penalty_is_bounded_where_its_float32_fit_stays_finite():
+    """λ = 1e25 gave NaN weights, λ = 1e300 a RuntimeError inside L-BFGS; λ up to L2_MAX fits finite weights."""
+    x, y = _clusters(200, d=16)
+    assert bool(torch.isfinite(fit_linear_probe(x * 100, y, l2=L2_MAX).weight).all())
+    for l2 in (L2_MAX * 10, 1e300):
+        with pytest.raises(ConfigError, match=r"`l2` must be a number in \[0, 1e\+12\]"):
+            LinearProbe(l2=l2)
+        with pytest.raises(ConfigError, match="`l2`"):
+            fit_linear_probe(x, y, l2=l2)
 
 
 class _Identity(nn.Module):

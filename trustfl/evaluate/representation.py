@@ -47,8 +47,8 @@ from trustfl.objectives.builtin import CrossEntropy
 
 _CE = CrossEntropy()  # the probe's loss goes through the objective (the only place a loss is named)
 
-__all__ = ["KNN", "LinearProbe", "LinearProbeFit", "evaluate_representations", "fit_linear_probe", "knn_predict",
-           "predict_linear_probe", "representations"]
+__all__ = ["KNN", "L2_MAX", "LinearProbe", "LinearProbeFit", "evaluate_representations", "fit_linear_probe",
+           "knn_predict", "predict_linear_probe", "representations"]
 
 
 def _check_features(features: torch.Tensor, labels: Optional[torch.Tensor], name: str) -> None:
@@ -71,17 +71,26 @@ class LinearProbeFit:
     bias: torch.Tensor
 
 
+L2_MAX = 1e12
+"""The largest probe penalty λ: L-BFGS's float32 curvature products overflow into NaN weights from about 1e21."""
+
+
+def _check_l2(l2: Any) -> Any:
+    """``l2`` if it is a number in [0, :data:`L2_MAX`], else a ConfigError naming it."""
+    return check_number("l2", l2, low=0, high=L2_MAX, note="L-BFGS's float32 products overflow beyond it")
+
+
 def fit_linear_probe(features: torch.Tensor, labels: torch.Tensor, num_classes: Optional[int] = None, *,
                      l2: float = 1e-4, max_iter: int = 100) -> LinearProbeFit:
     """Fit multinomial logistic regression on frozen ``features`` ``(N, d)`` with integer ``labels`` ``(N,)``.
 
     Args:
       num_classes: K (default: ``max(labels) + 1``).
-      l2: λ >= 0, the weight penalty (on standardised features).
+      l2: λ in [0, :data:`L2_MAX`], the weight penalty (on standardised features).
       max_iter: L-BFGS iterations (one full-batch L-BFGS step of at most this many iterations).
     """
     _check_features(features, labels, "features")
-    check_number("l2", l2, low=0, finite=True)
+    _check_l2(l2)
     check_number("max_iter", max_iter, integer=True, low=1)
     k = int(labels.max()) + 1 if num_classes is None else check_number("num_classes", num_classes, integer=True,
                                                                        low=int(labels.max()) + 1)
@@ -131,9 +140,12 @@ def knn_predict(train_features: torch.Tensor, train_labels: torch.Tensor, featur
     classes = int(train_labels.max()) + 1 if num_classes is None else int(num_classes)
     bank = F.normalize(train_features, dim=1)
     query = F.normalize(features.to(device=bank.device, dtype=bank.dtype), dim=1)
-    sim, idx = (query @ bank.T).topk(min(int(k), bank.shape[0]), dim=1)
-    votes = torch.zeros(query.shape[0], classes, dtype=bank.dtype, device=bank.device)
-    votes.scatter_add_(1, train_labels.to(bank.device)[idx], (sim / temperature).exp())
+    sim, idx = (query @ bank.T).topk(min(int(k), bank.shape[0]), dim=1)   # sorted: column 0 is each row's max
+    # exp(s/τ) overflows float32 beyond s/τ ≈ 88 (τ < 0.0114 at s = 1), and two infinite votes tie: the weights
+    # exp((s − max s)/τ) in float64 have the same ratios and are at most 1, for every τ > 0
+    weights = (sim - sim[:, :1]).double().div(temperature).exp()
+    votes = torch.zeros(query.shape[0], classes, dtype=weights.dtype, device=bank.device)
+    votes.scatter_add_(1, train_labels.to(bank.device)[idx], weights)
     return votes.argmax(1)
 
 
@@ -177,7 +189,7 @@ class LinearProbe(AbstractEvaluator):
     train_labels: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
-        check_number("l2", self.l2, low=0, finite=True)
+        _check_l2(self.l2)
         check_number("max_iter", self.max_iter, integer=True, low=1)
         _check_output(self.output)
         if self.train_features is not None:
