@@ -157,6 +157,22 @@ def test_bad_input_is_refused_with_its_key(key, value, path):
         build_federation(_cfg(**over), quiet=True)
 
 
+@pytest.mark.parametrize("recipe, key", [
+    ({"alpha": "q", "alpha_start": 0.5}, "alpha_start"), ({"alpha": "q", "alpha_end": 0.5}, "alpha_end"),
+    ({"alpha": "q", "alpha_endpoint": True}, "alpha_endpoint"),
+    ({"delta": 1e-2}, "delta"), ({"neighboring": "zero_out"}, "neighboring"),
+    ({"sigma": 0.0, "delta": 1e-2}, "delta"),
+])
+def test_keys_other_keys_turn_off_are_refused(recipe, key):
+    """They left the models bitwise the same: the α schedule under α = q_j, δ and the neighbouring relation without
+    DP-CalR noise. At their defaults they change nothing and pass (a sweep may set them so)."""
+    with pytest.raises(ConfigError, match=rf"`recipe\.{key}` is set but does nothing"):
+        build_federation(_cfg(recipe={"share_views": 2, **recipe}), quiet=True)
+    default = {**recipe, key: {"alpha_start": 1.0, "alpha_end": 0.2, "alpha_endpoint": False, "delta": 1e-4,
+                               "neighboring": "replace_one"}[key]}
+    build_federation(_cfg(recipe={"share_views": 2, **default}), quiet=True)
+
+
 def test_probe_penalty_float32_cannot_fit_is_refused_before_training():
     """λ = 1e300 was a RuntimeError inside L-BFGS at the first evaluation."""
     with pytest.raises(ConfigError, match=r"`evaluators\[0\]` \(evaluator 'linear_probe'\): `l2` must be"):

@@ -25,8 +25,10 @@ or ``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j
 T_j sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4), ``sigma`` (σ per matrix entry;
 0 = no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or ``"zero_out"``). Every release is charged to
 the client's ledger (RDP accountant); ε is reported per round and in ``summary.json``; a schedule that would
-overspend is refused before training. Numbers float32 cannot carry are refused: ``mu`` must lie in [1e-75, 1e76]
-(√μ a normal float32), ``scale`` and a nonzero ``sigma`` (given or calibrated) in [1e-30, 1e30].
+overspend is refused before training. A key the others turn off is refused: the schedule's ``alpha_*`` with
+``alpha = "q"``, ``delta`` and ``neighboring`` without noise. Numbers float32 cannot carry are refused too: ``mu``
+must lie in [1e-75, 1e76] (√μ a normal float32), ``scale`` and a nonzero ``sigma`` (given or calibrated) in
+[1e-30, 1e30].
 
 References:
   Jing et al., *FedSC: Provable Federated Self-supervised Learning with Spectral Contrastive Objective over
@@ -113,6 +115,26 @@ def self_supervised_run(cfg: ExperimentConfig, objective: Component, client: Any
                                engine=dataclasses.replace(cfg.engine, eval_initial=True), **changes)
 
 
+SHARE_DEFAULTS = {"alpha_start": 1.0, "alpha_end": 0.2, "alpha_endpoint": False, "delta": 1e-4,
+                  "neighboring": "replace_one"}
+"""The defaults of the FedSC keys that another key can turn off (one left at its default is not refused)."""
+
+
+def _refuse_inert(rec: dict[str, Any], share: dict[str, Any]) -> None:
+    """Refuse a FedSC key set away from its default that the others make do nothing: the α schedule's keys with
+    ``alpha = "q"``, DP-CalR's δ and neighbouring relation without noise (no ``epsilon``, ``sigma`` 0)."""
+    inert = []
+    if share["alpha_mode"] == "q":
+        inert += [(k, '`recipe.alpha` is "q" (α = q_j every round; the schedule\'s keys are for `recipe.alpha` = '
+                      '"schedule")') for k in ("alpha_start", "alpha_end", "alpha_endpoint")]
+    if "epsilon" not in rec and share["sigma"] == 0:
+        inert += [(k, "DP-CalR adds no noise and nothing is accounted (set `recipe.epsilon` or a `recipe.sigma` > 0 "
+                      "for DP)") for k in ("delta", "neighboring")]
+    for key, why in inert:
+        if key in rec and rec[key] != SHARE_DEFAULTS[key]:
+            raise ConfigError(f"`recipe.{key}` is set but does nothing: {why}; remove it.")
+
+
 class SpectralRecipe(AbstractRecipe):
     """FedSC (``share = True``) or FedAvg+SC; ``centralized``: one client holding all the data."""
 
@@ -138,22 +160,24 @@ class SpectralRecipe(AbstractRecipe):
                                    data=data, cohort=cohort)
 
     def _share(self, rec: dict[str, Any], mu: float) -> dict[str, Any]:
+        d = SHARE_DEFAULTS
         out = {"mu": mu, "views": recipe_number(rec, "share_views", 5, integer=True, low=1),
                "alpha_mode": recipe_choice(rec, "alpha", "schedule", ALPHA_MODES),
-               "alpha_start": recipe_number(rec, "alpha_start", 1.0, low=0, high=1),
-               "alpha_end": recipe_number(rec, "alpha_end", 0.2, low=0, high=1),
+               "alpha_start": recipe_number(rec, "alpha_start", d["alpha_start"], low=0, high=1),
+               "alpha_end": recipe_number(rec, "alpha_end", d["alpha_end"], low=0, high=1),
                "share_from": recipe_number(rec, "share_from", 1, integer=True, low=1),
                "share_every": recipe_number(rec, "share_every", 1, integer=True, low=1),
                "weighting": recipe_choice(rec, "weighting", "num_samples", ("num_samples", "uniform")),
-               "neighboring": recipe_choice(rec, "neighboring", "replace_one", ("replace_one", "zero_out")),
+               "neighboring": recipe_choice(rec, "neighboring", d["neighboring"], ("replace_one", "zero_out")),
                "sigma": check_sigma("recipe.sigma", rec.get("sigma", 0.0))}
-        endpoint = rec.get("alpha_endpoint", False)
+        endpoint = rec.get("alpha_endpoint", d["alpha_endpoint"])
         if not isinstance(endpoint, bool):
             raise ConfigError(f"`recipe.alpha_endpoint` must be true or false, found {endpoint!r}.")
         out["alpha_endpoint"] = endpoint
         if "epsilon" in rec:
             recipe_number(rec, "epsilon", None, low=0, low_open=True, finite=True)
-        recipe_number(rec, "delta", 1e-4, low=0, high=1, low_open=True, high_open=True)
+        recipe_number(rec, "delta", d["delta"], low=0, high=1, low_open=True, high_open=True)
+        _refuse_inert(rec, out)
         return out
 
     def finalize(self, fed: "Federation", cfg: ExperimentConfig) -> None:
