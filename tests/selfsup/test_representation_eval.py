@@ -89,6 +89,23 @@ def test_probe_penalty_is_bounded_where_its_float32_fit_stays_finite():
             fit_linear_probe(x, y, l2=l2)
 
 
+@pytest.mark.parametrize("name", ["linear_probe", "knn"])
+@pytest.mark.parametrize("key", ["train_features", "train_labels"])
+def test_training_features_are_no_config_keys(name, key):
+    """The run computes them (a config's ``train_labels = "x"`` was accepted and left the result as it was)."""
+    from trustfl.config.build import build_component
+    from trustfl.config.schema import Component
+
+    with pytest.raises(ConfigError, match=rf"Unknown key `evaluators\[0\]\.{key}` for evaluator '{name}'; "
+                                          r"allowed: [a-z_, 0-9]*output\."):
+        build_component("evaluator", Component(name, {key: "x"}), "evaluators[0]")
+    with pytest.raises(ConfigError, match=key):
+        trustfl.build("evaluator", name, **{key: torch.zeros(2, 2)})
+    plain = trustfl.build("evaluator", name)
+    bound = plain.with_train(*_clusters(8))
+    assert plain.train_features is None and bound.train_features.shape == (8, 16)
+
+
 class _Identity(nn.Module):
     def __init__(self, d):
         super().__init__()

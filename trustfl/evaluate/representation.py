@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 import torch
@@ -167,6 +167,16 @@ def _need_train(name: str, features: Optional[torch.Tensor]) -> None:
                           f"labels) (features of the training split from the same model) before evaluating.")
 
 
+def _with_train(evaluator: Any, features: torch.Tensor, labels: torch.Tensor) -> Any:
+    """A copy of ``evaluator`` holding the training split's ``features`` and ``labels`` (checked), in the fields that
+    are no constructor arguments: the run computes them, so a config cannot set them."""
+    _check_features(features, labels, "train_features")
+    bound = replace(evaluator)
+    object.__setattr__(bound, "train_features", features.detach())
+    object.__setattr__(bound, "train_labels", labels)
+    return bound
+
+
 @register("evaluator", "linear_probe")
 @declare
 @dataclass(frozen=True, eq=False)
@@ -177,7 +187,7 @@ class LinearProbe(AbstractEvaluator):
       l2: λ, the weight penalty. max_iter: L-BFGS iterations.
       output: the model output probed: ``"backbone"`` (default, f(x), as in the FedSC paper), ``"projector"``, or
         ``"model"`` (the plain forward, for models without named outputs).
-      train_features, train_labels: set by :meth:`with_train`.
+      train_features, train_labels: set by :meth:`with_train` only (no constructor argument, so no config key).
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {"linear_probe_accuracy": True}
@@ -185,19 +195,17 @@ class LinearProbe(AbstractEvaluator):
     l2: float = 1e-4
     max_iter: int = 100
     output: str = "backbone"
-    train_features: Optional[torch.Tensor] = None
-    train_labels: Optional[torch.Tensor] = None
+    train_features: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
+    train_labels: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_l2(self.l2)
         check_number("max_iter", self.max_iter, integer=True, low=1)
         _check_output(self.output)
-        if self.train_features is not None:
-            _check_features(self.train_features, self.train_labels, "train_features")
 
     def with_train(self, features: torch.Tensor, labels: torch.Tensor) -> "LinearProbe":
         """This evaluator with the training split's features ``(M, d)`` and labels ``(M,)``."""
-        return replace(self, train_features=features.detach(), train_labels=labels)
+        return _with_train(self, features, labels)
 
     def init(self) -> Any:
         _need_train("linear_probe", self.train_features)
@@ -219,7 +227,7 @@ class KNN(AbstractEvaluator):
     Args:
       k: neighbours (20). temperature: τ (0.1).
       output: the model output used (default ``"projector"``, as the FedSC paper's kNN monitor).
-      train_features, train_labels: the memory bank, set by :meth:`with_train`.
+      train_features, train_labels: the memory bank, set by :meth:`with_train` only (no config key).
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {"knn_accuracy": True}
@@ -227,19 +235,17 @@ class KNN(AbstractEvaluator):
     k: int = 20
     temperature: float = 0.1
     output: str = "projector"
-    train_features: Optional[torch.Tensor] = None
-    train_labels: Optional[torch.Tensor] = None
+    train_features: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
+    train_labels: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_number("k", self.k, integer=True, low=1)
         check_number("temperature", self.temperature, low=0, low_open=True, finite=True)
         _check_output(self.output)
-        if self.train_features is not None:
-            _check_features(self.train_features, self.train_labels, "train_features")
 
     def with_train(self, features: torch.Tensor, labels: torch.Tensor) -> "KNN":
         """This evaluator with the memory bank: training features ``(M, d)`` and labels ``(M,)``."""
-        return replace(self, train_features=features.detach(), train_labels=labels)
+        return _with_train(self, features, labels)
 
     def init(self) -> Any:
         _need_train("knn", self.train_features)
