@@ -211,6 +211,25 @@ def test_baselines_share_nothing(one_torch_thread):
     assert central.num_clients == 1 and len(central.client_rows[0]) == len(central.train_data.tensors["x"])
 
 
+@pytest.mark.parametrize("cohort", [{"sampler": "uniform", "size": 2}, {"sampler": "poisson", "rate": 0.5}])
+def test_centralized_refuses_a_cohort_sampler_instead_of_replacing_it(cohort):
+    """The recipe replaced the user's sampler by "all"; the error then blamed `cohort.size` on a sampler 'all' that
+    the config never named."""
+    with pytest.raises(ConfigError, match=r'^`cohort\.sampler` must be "all" with algorithm \'centralized_sc\' .* '
+                                          rf"found '{cohort['sampler']}'\.$"):
+        build_federation(_cfg(algorithm="centralized_sc", recipe={}, cohort=cohort), quiet=True)
+
+
+def test_centralized_says_which_data_settings_it_replaced():
+    """One client with all the data, as documented, and the run's notice names what the config had instead."""
+    fed = build_federation(_cfg(algorithm="centralized_sc", recipe={}), quiet=True)
+    assert fed.num_clients == 1
+    assert fed.info["notice"].endswith("`data.num_clients` = 5 and `data.partition` 'classes_per_client' are not used.")
+    fed = build_federation(_cfg(algorithm="centralized_sc", recipe={},
+                                data={"dataset": "digits_canvas", "num_clients": 1}), quiet=True)
+    assert fed.num_clients == 1 and "notice" not in fed.info
+
+
 @pytest.mark.slow
 def test_small_setting_end_to_end_records_the_floor_and_learns(tmp_path, one_torch_thread):
     """The small setting (10 clients × 1 digit): every method records the random network's probe (the floor);

@@ -14,7 +14,8 @@
 
 ``algorithm = "fedavg_sc"``: the same without matrices (α ≡ 1: the plain SC loss, FedAvg+SC).
 ``algorithm = "centralized_sc"``: FedAvg+SC with one client holding all the training data (the upper bound);
-``data.num_clients`` becomes 1 and ``data.partition`` ``iid``.
+``data.num_clients`` becomes 1 and ``data.partition`` ``iid`` (the run's notice names those it replaced);
+``cohort.sampler`` must be ``"all"``.
 
 ``[recipe]`` keys (all optional): ``mu`` (4.0), ``scale`` (1: the paper's loss; 2: the code's), ``views`` (training
 V, 1), ``augment`` (the ``views`` augmentation's kernel: ``shift``, ``shift_mode``, ``brightness``, ``contrast``,
@@ -140,6 +141,7 @@ class SpectralRecipe(AbstractRecipe):
 
     def __init__(self, algorithm: str, share: bool, centralized: bool = False) -> None:
         self.algorithm, self.share, self.centralized = algorithm, share, centralized
+        self._notice = ""  # what ``configure`` replaced, said by ``finalize`` (the same instance builds the run)
 
     def configure(self, cfg: ExperimentConfig) -> ExperimentConfig:
         rec = recipe_keys(cfg, self.algorithm, FEDSC if self.share else COMMON)
@@ -147,17 +149,33 @@ class SpectralRecipe(AbstractRecipe):
         scale = check_scale("recipe.scale", rec.get("scale", 1.0))
         client = self_supervised_client(cfg, rec, self.algorithm, "spectral_contrastive",
                                         "FedSC's privacy is DP-CalR (`recipe.epsilon`)")
-        data, cohort = cfg.data, cfg.cohort
+        data = cfg.data
         if self.centralized:
-            data = dataclasses.replace(cfg.data, num_clients=1, partition=Component("iid"))
-            cohort = dataclasses.replace(cfg.cohort, sampler="all")
+            data = self._centralized_data(cfg)
         elif self.share:
             if cfg.data.num_clients < 2:
                 raise ConfigError(f"`data.num_clients` must be >= 2 for FedSC (R̃_(-j) averages the other "
                                   f"clients), found {cfg.data.num_clients}; use algorithm = \"centralized_sc\".")
             client = dataclasses.replace(client, statistics=[Component("fedsc_correlation", self._share(rec, mu))])
         return self_supervised_run(cfg, Component("spectral_contrastive", {"mu": mu, "scale": scale}), client,
-                                   data=data, cohort=cohort)
+                                   data=data)
+
+    def _centralized_data(self, cfg: ExperimentConfig) -> Any:
+        """One client holding the whole training split (documented: the shipped configs' ``--set
+        algorithm=centralized_sc`` replaces their clients and partition, which the run's notice says). A cohort
+        sampler is the user's own choice and is refused, not replaced: the one client trains every round."""
+        if cfg.cohort.sampler != "all":
+            raise ConfigError(f"`cohort.sampler` must be \"all\" with algorithm {self.algorithm!r} (its one client, "
+                              f"holding all the training data, trains every round), found {cfg.cohort.sampler!r}.")
+        given, replaced = keys_set(cfg.data, ("num_clients", "partition")), []  # set away from their defaults
+        if "num_clients" in given and cfg.data.num_clients != 1:
+            replaced.append(f"`data.num_clients` = {cfg.data.num_clients}")
+        if "partition" in given:  # its default is "iid"
+            replaced.append(f"`data.partition` {cfg.data.partition.name!r}")
+        if replaced:
+            self._notice = (f"NOTICE: algorithm {self.algorithm!r} gives one client all the training data; "
+                            f"{' and '.join(replaced)} {'is' if len(replaced) == 1 else 'are'} not used.")
+        return dataclasses.replace(cfg.data, num_clients=1, partition=Component("iid"))
 
     def _share(self, rec: dict[str, Any], mu: float) -> dict[str, Any]:
         d = SHARE_DEFAULTS
@@ -192,6 +210,8 @@ class SpectralRecipe(AbstractRecipe):
             fed.info["notice_small_clients"] = (f"clients {small} hold fewer examples than a batch: each of their "
                                                 f"steps uses all their examples (B = |D_j|).")
         fed.info["fedsc"] = {"algorithm": self.algorithm, "sizes": sizes}
+        if self._notice:
+            fed.info["notice"] = f"{fed.info['notice']} {self._notice}" if "notice" in fed.info else self._notice
         if not self.share:
             return
         rec = dict(cfg.recipe)
