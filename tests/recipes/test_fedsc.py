@@ -173,6 +173,19 @@ def test_keys_other_keys_turn_off_are_refused(recipe, key):
     build_federation(_cfg(recipe={"share_views": 2, **default}), quiet=True)
 
 
+@pytest.mark.parametrize("algorithm, recipe", [("fedsc", {"augment": {"shift": 1}}), ("fedsc", {"views": 3}),
+                                               ("fedavg_byol", {"augment": {"shift": 1}}),
+                                               ("fedca", {"augment": {"dropout": 0.5}})])
+def test_recipe_views_are_refused_beside_the_users_own_augmentation(algorithm, recipe):
+    """`client.augment` makes the views: `recipe.augment` / `recipe.views` were dropped (the models bitwise the
+    same); `recipe.views` at its default passes."""
+    with pytest.raises(ConfigError, match=rf"`recipe\.{next(iter(recipe))}` is set but does nothing: `client\.augment` "
+                                          r"is set \('views'\) and makes the views itself"):
+        build_federation(_cfg(algorithm=algorithm, recipe=recipe, client__augment={"name": "views", "num_views": 1}),
+                         quiet=True)
+    build_federation(_cfg(recipe={"views": 1}, client__augment={"name": "views", "num_views": 1}), quiet=True)
+
+
 def test_probe_penalty_float32_cannot_fit_is_refused_before_training():
     """λ = 1e300 was a RuntimeError inside L-BFGS at the first evaluation."""
     with pytest.raises(ConfigError, match=r"`evaluators\[0\]` \(evaluator 'linear_probe'\): `l2` must be"):

@@ -19,10 +19,11 @@
 
 ``[recipe]`` keys (all optional): ``mu`` (4.0), ``scale`` (1: the paper's loss; 2: the code's), ``views`` (training
 V, 1), ``augment`` (the ``views`` augmentation's kernel: ``shift``, ``shift_mode``, ``brightness``, ``contrast``,
-``dropout``, ``noise_std``, ``flip``); FedSC only: ``share_views`` (V of DP-CalR, 5), ``alpha`` (``"schedule"``:
-App. C's linear decay from ``alpha_start`` (1.0) to ``alpha_end`` (0.2), ``alpha_endpoint`` (false); ``"q"``: α =
-q_j, Eq. 5's provable form), ``share_from`` (t0, 1), ``share_every`` (k, 1), ``weighting`` (q_j: ``"num_samples"``
-or ``"uniform"``), and DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j is calibrated to spend it over the
+``dropout``, ``noise_std``, ``flip``; both refused where ``client.augment`` names an augmentation of the user's);
+FedSC only: ``share_views`` (V of DP-CalR, 5), ``alpha`` (``"schedule"``: App. C's linear decay from
+``alpha_start`` (1.0) to ``alpha_end`` (0.2), ``alpha_endpoint`` (false); ``"q"``: α = q_j, Eq. 5's provable form),
+``share_from`` (t0, 1), ``share_every`` (k, 1), ``weighting`` (q_j: ``"num_samples"`` or ``"uniform"``), and
+DP-CalR's privacy: ``epsilon`` (a per-client budget; σ_j is calibrated to spend it over the
 T_j sharing rounds, or checked against it when ``sigma`` is given), ``delta`` (1e-4), ``sigma`` (σ per matrix entry;
 0 = no noise), ``neighboring`` (``"replace_one"``: Δ = √2μ/|D_j|, or ``"zero_out"``). Every release is charged to
 the client's ledger (RDP accountant); ε is reported per round and in ``summary.json``; a schedule that would
@@ -62,8 +63,9 @@ AUGMENT_KEYS = ("shift", "brightness", "contrast", "dropout", "noise_std", "flip
 def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm: str, objective: str,
                            privacy: str) -> Any:
     """The client table of a self-supervised recipe: ``recipe.views`` / ``recipe.augment`` as the ``views``
-    augmentation, checked: no other objective and no parameters of the user's for it, no DP-SGD (``privacy`` says
-    what protects the run instead), no client statistics of the user's."""
+    augmentation (refused where ``client.augment`` names the user's own), checked: no other objective and no
+    parameters of the user's for it, no DP-SGD (``privacy`` says what protects the run instead), no client statistics
+    of the user's."""
     views = recipe_number(rec, "views", 1, integer=True, low=1)
     augment = rec.get("augment", {})
     if not isinstance(augment, dict) or set(augment) - set(AUGMENT_KEYS):
@@ -85,7 +87,11 @@ def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm
         raise ConfigError(f"`client.statistics` is set by algorithm {algorithm!r}; remove it.")
     client = dataclasses.replace(cfg.client, statistics=[])
     if cfg.client.augment.name == "none":
-        client = dataclasses.replace(client, augment=Component("views", {"num_views": views, **augment}))
+        return dataclasses.replace(client, augment=Component("views", {"num_views": views, **augment}))
+    given = [k for k, unset in (("views", 1), ("augment", {})) if rec.get(k, unset) != unset]
+    if given:  # the user's own augmentation makes the views: these would be dropped
+        raise ConfigError(f"`recipe.{given[0]}` is set but does nothing: `client.augment` is set "
+                          f"({cfg.client.augment.name!r}) and makes the views itself; remove one of them.")
     return client
 
 
