@@ -144,6 +144,7 @@ def test_calibrated_sigma_float32_cannot_draw_is_refused_before_training(mu):
     ("recipe__sigma", 1e-300, "recipe.sigma"), ("recipe__sigma", 1e300, "recipe.sigma"),
     ("recipe__mu", 1e300, "recipe.mu"), ("recipe__mu", 1e-200, "recipe.mu"),
     ("recipe__scale", 1e300, "recipe.scale"), ("recipe__scale", 1e-300, "recipe.scale"),
+    ("recipe__augment", {"noise_std": 1e300}, "recipe.augment"),   # was inf in the views: every message rejected
     ("model__dim", 0, "model"), ("data__num_clients", 1, "data.num_clients"),
     ("client__dp__mode", "per_example", "client.dp.mode"),
     ("client__dp__epsilon", 2.0, "client.dp.epsilon"),  # a budget here protected nothing: DP-CalR's is recipe.epsilon

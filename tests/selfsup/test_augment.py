@@ -151,6 +151,22 @@ def test_bad_parameters_are_config_errors_naming_the_argument(kwargs, key):
         Augmentation(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, key", [({"noise_std": 1e300}, "noise_std"),
+                                         ({"brightness": (1.0, 1e39)}, "brightness"),
+                                         ({"contrast": (1e31, 1e31)}, "contrast")])
+def test_factors_float32_cannot_carry_are_refused(kwargs, key):
+    """1e300 was inf in the float32 views: every client's loss NaN, every message rejected."""
+    with pytest.raises(ConfigError, match=rf"`{key}` must be a number in \[0, 1e\+30\] \(the views are float32\)"):
+        Augmentation(**kwargs)
+
+
+def test_largest_factors_give_finite_views():
+    x = torch.rand(4, 1, 8, 8)
+    for kwargs in ({"noise_std": 1e30}, {"brightness": (1e30, 1e30)}, {"contrast": (1e30, 1e30)}):
+        aug = Augmentation(**kwargs)
+        assert bool(torch.isfinite(make_views(x, 2, view_generator(0, 0, 0), aug)).all()), kwargs
+
+
 def test_bad_inputs_are_config_errors():
     with pytest.raises(ConfigError, match="`x`"):
         make_views(torch.zeros(2, 8, 8), 2, torch.Generator())

@@ -49,6 +49,7 @@ from trustfl.objectives.spectral import check_mu, check_scale
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.analysis.fedsc import calibrate_fedsc_sigma, fedsc_epsilon, release_event
 from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys, recipe_number
+from trustfl.selfsup.augment import Augmentation
 from trustfl.selfsup.share import ALPHA_MODES, SIGMA_RANGE, check_sigma
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ def self_supervised_client(cfg: ExperimentConfig, rec: dict[str, Any], algorithm
     if not isinstance(augment, dict) or set(augment) - set(AUGMENT_KEYS):
         bad = sorted(set(augment) - set(AUGMENT_KEYS)) if isinstance(augment, dict) else [augment]
         raise ConfigError(f"`recipe.augment` must be a table of {', '.join(AUGMENT_KEYS)}; found {bad[0]!r}.")
+    try:  # its values, named as the user wrote them (the run builds them as `client.augment`)
+        Augmentation(**augment)
+    except (TrustFLError, TypeError, ValueError) as err:
+        raise ConfigError(f"`recipe.augment`: {err}") from None
     if cfg.objective.name not in ("auto", objective):
         raise ConfigError(f"`objective.name` is {cfg.objective.name!r}; algorithm {algorithm!r} trains the "
                           f"{objective!r} objective (set its `recipe.*` keys instead).")

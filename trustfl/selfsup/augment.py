@@ -35,7 +35,7 @@ from trustfl.core.checks import check_number, describe_value
 from trustfl.core.rng import make_generator
 from trustfl.errors import ConfigError
 
-__all__ = ["Augmentation", "SHIFT_MODES", "make_views", "make_views_cohort", "view_generator"]
+__all__ = ["Augmentation", "FACTOR_MAX", "SHIFT_MODES", "make_views", "make_views_cohort", "view_generator"]
 
 SHIFT_MODES = ("crop", "keep")
 """How ``shift`` translates: ``"crop"`` any offset within ±s (content may leave the image), ``"keep"`` only offsets
@@ -50,10 +50,14 @@ def view_generator(seed: int, round: int, client: int, device: torch.device | st
     return make_generator(seed, round, client, stage, device=device)
 
 
+FACTOR_MAX = 1e30
+"""The largest brightness or contrast factor and noise std: the views are float32 (1e39 is inf there)."""
+
+
 def _range(name: str, value: Sequence[float], low: float) -> tuple[float, float]:
     if len(tuple(value)) != 2:
         raise ConfigError(f"`{name}` must be a pair (low, high), found {value!r}.")
-    lo, hi = (check_number(name, float(v), low=low, finite=True) for v in value)
+    lo, hi = (check_number(name, float(v), low=low, high=FACTOR_MAX, note="the views are float32") for v in value)
     if lo > hi:
         raise ConfigError(f"`{name}` must be a pair (low, high) with low <= high, found {value!r}.")
     return lo, hi
@@ -71,6 +75,8 @@ class Augmentation:
       dropout: probability ``p in [0, 1)`` that a pixel (all its channels) is set to zero.
       noise_std: std ``s_n >= 0`` of the additive Gaussian noise.
       flip: mirror each image horizontally with probability 1/2.
+
+    The factors and ``noise_std`` are at most :data:`FACTOR_MAX` (the views are float32).
 
     Raises:
       ConfigError: a parameter out of range (the message names it).
@@ -91,7 +97,7 @@ class Augmentation:
         object.__setattr__(self, "brightness", _range("brightness", self.brightness, 0.0))
         object.__setattr__(self, "contrast", _range("contrast", self.contrast, 0.0))
         check_number("dropout", self.dropout, low=0, high=1, high_open=True)
-        check_number("noise_std", self.noise_std, low=0, finite=True)
+        check_number("noise_std", self.noise_std, low=0, high=FACTOR_MAX, note="the views are float32")
         if not isinstance(self.flip, bool):
             raise ConfigError(f"`flip` must be a bool, found {self.flip!r}.")
 
