@@ -153,9 +153,12 @@ def test_bad_parameters_are_config_errors_naming_the_argument(kwargs, key):
 
 @pytest.mark.parametrize("kwargs, key", [({"noise_std": 1e300}, "noise_std"),
                                          ({"brightness": (1.0, 1e39)}, "brightness"),
-                                         ({"contrast": (1e31, 1e31)}, "contrast")])
+                                         ({"contrast": (1e31, 1e31)}, "contrast"),
+                                         ({"brightness": (True, True)}, "brightness"),
+                                         ({"contrast": ("1", "2")}, "contrast")])
 def test_factors_float32_cannot_carry_are_refused(kwargs, key):
-    """1e300 was inf in the float32 views: every client's loss NaN, every message rejected."""
+    """1e300 was inf in the float32 views: every client's loss NaN, every message rejected; a bool or a string was
+    taken through float()."""
     with pytest.raises(ConfigError, match=rf"`{key}` must be a number in \[0, 1e\+30\] \(the views are float32\)"):
         Augmentation(**kwargs)
 

@@ -57,7 +57,7 @@ FACTOR_MAX = 1e30
 def _range(name: str, value: Sequence[float], low: float) -> tuple[float, float]:
     if len(tuple(value)) != 2:
         raise ConfigError(f"`{name}` must be a pair (low, high), found {value!r}.")
-    lo, hi = (check_number(name, float(v), low=low, high=FACTOR_MAX, note="the views are float32") for v in value)
+    lo, hi = (float(check_number(name, v, low=low, high=FACTOR_MAX, note="the views are float32")) for v in value)
     if lo > hi:
         raise ConfigError(f"`{name}` must be a pair (low, high) with low <= high, found {value!r}.")
     return lo, hi
