@@ -42,7 +42,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from trustfl.config.schema import Component, ExperimentConfig, keys_set
+from trustfl.config.schema import Component, DataConfig, ExperimentConfig, keys_set
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.objectives.spectral import check_mu, check_scale
@@ -171,7 +171,7 @@ class SpectralRecipe(AbstractRecipe):
         return self_supervised_run(cfg, Component("spectral_contrastive", {"mu": mu, "scale": scale}), client,
                                    data=data)
 
-    def _centralized_data(self, cfg: ExperimentConfig) -> Any:
+    def _centralized_data(self, cfg: ExperimentConfig) -> DataConfig:
         """One client holding the whole training split (documented: the shipped configs' ``--set
         algorithm=centralized_sc`` replaces their clients and partition, which the run's notice says). A cohort
         sampler is the user's own choice and is refused, not replaced: the one client trains every round."""
