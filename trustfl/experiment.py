@@ -45,6 +45,7 @@ from trustfl.evaluate.base import higher_is_better
 from trustfl.core.runfiles import (hold_run_dir, metric_rows, read_json_object, read_metrics, truncate_metrics,
                                    write_json, writing)
 from trustfl.report.plots import plot_run
+from trustfl.report.sweep_points import flatten_config
 
 __all__ = ["CHECKPOINT", "MODEL", "RunResult", "default_run_dir", "load_checkpoint", "run_config_file",
            "run_experiment", "save_checkpoint"]
@@ -115,6 +116,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     """Run ``cfg`` (or resume the run in ``resume``) and return the run directory, summary, rows and model.
 
     Args:
+      cfg: the run's config; with ``resume``, ``None`` or the run's own (its ``config.toml``), which it goes on with.
       stop_after: stop after this many rounds in total (simulates an interruption; tests use it).
       on_eval: called with the row of every evaluated round.
       plots: write the ``<metric>.png`` plots (False: skip them, e.g. in sweeps).
@@ -127,7 +129,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     progress and calls ``on_eval``, and every rank returns rank 0's result.
 
     Raises:
-      ConfigError: ``cfg`` or ``out`` given with ``resume``; under torchrun, a vertical engine (it does not split
+      ConfigError: ``out``, or a ``cfg`` other than the run's own config, given with ``resume``; under torchrun, a vertical engine (it does not split
         across processes).
       CheckpointError, UsageError: with ``resume``, a run directory that cannot be resumed as it is (a damaged or
         foreign checkpoint, rows lost from ``metrics.jsonl``, an ``engine.eval_initial`` run without its
@@ -151,10 +153,11 @@ def _check_arguments(cfg: Any, out: Any, resume: Any, data_dir: Any, checkpoint_
 
     if resume is None and not isinstance(cfg, ExperimentConfig):
         fail("cfg", cfg, "an ExperimentConfig (e.g. from trustfl.config.load.load_config), or None with `resume`")
-    given = [name for name, value in (("cfg", cfg), ("out", out)) if value is not None]
-    if resume is not None and given:  # they would be ignored: the run's own config.toml and directory are used
-        raise ConfigError(f"run_experiment: `resume` continues the run in {str(resume)!r} with its own config.toml "
-                          f"and directory; pass {' and '.join(f'`{n}`' for n in given)} as None with it.")
+    if resume is not None and out is not None:  # it would be ignored: the run goes on in its own directory
+        raise ConfigError(f"run_experiment: `resume` continues the run in its own directory {str(resume)!r}; pass "
+                          f"`out` as None with it.")
+    if resume is not None and cfg is not None and not isinstance(cfg, ExperimentConfig):
+        fail("cfg", cfg, "None or the run's own config with `resume`")
     for name, value in (("out", out), ("resume", resume), ("data_dir", data_dir)):
         if value is not None and not isinstance(value, (str, os.PathLike)):
             fail(name, value, "a path (a string or os.PathLike) or None")
@@ -176,7 +179,13 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
     main = ranks is None or ranks.main
     if resume is not None:  # under torchrun every rank reads the run directory: one machine or a shared file system
         run_dir = Path(resume)
-        cfg = load_config(run_dir / "config.toml")
+        given, cfg = cfg, load_config(run_dir / "config.toml")
+        if given is not None and given != cfg:  # it would be ignored: the run goes on with its own config
+            mine, theirs = flatten_config(config_to_dict(given)), flatten_config(config_to_dict(cfg))
+            differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, None) != theirs.get(k, None))
+            raise ConfigError(f"run_experiment: `cfg` differs from the config.toml of the run it resumes in "
+                              f"{str(resume)!r} (at {', '.join(f'`{k}`' for k in differ[:5]) or 'a key it lacks'}); "
+                              f"pass None, or that config, with `resume`.")
     if device is not None:
         cfg = with_device(cfg, device)
     if cfg.report.tensorboard and main:

@@ -9,7 +9,7 @@ import torch
 
 import trustfl
 from trustfl.config.build import build_federation, resolve_engine
-from trustfl.config.load import config_from_dict
+from trustfl.config.load import config_from_dict, config_to_dict
 from trustfl.core.runfiles import metric_rows, read_metrics
 from trustfl.errors import ConfigError, DataError, TrustFLError
 from trustfl.experiment import run_experiment
@@ -295,13 +295,24 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path, monkeypatc
     ({"on_eval": 5}, "`on_eval` must be a function"),
     ({"engine": 5}, "`engine` must be a function"),
     ({"cfg": None}, "`cfg` must be an ExperimentConfig"),
-    # with `resume` both were silently ignored: the run's own config.toml and directory were used
-    ({"resume": "old"}, "`resume` continues the run in 'old' with its own config.toml and directory; pass `cfg` "
-                        "and `out` as None with it"),
-    ({"resume": "old", "out": None}, "`resume` continues the run in 'old' .*; pass `cfg` as None with it"),
+    # with `resume` it was silently ignored: the run goes on in its own directory
+    ({"resume": "old"}, "`resume` continues the run in its own directory 'old'; pass `out` as None with it"),
+    ({"resume": "old", "out": None, "cfg": 5}, "`cfg` must be None or the run's own config with `resume`"),
 ])
 def test_run_experiment_refuses_arguments_of_the_wrong_kind_before_writing(kwargs, fragment, tmp_path):
     args = {"cfg": _cfg(), "out": tmp_path / "run", **kwargs}
     with pytest.raises(ConfigError, match=f"^run_experiment: {fragment}"):
         run_experiment(args.pop("cfg"), args.pop("out"), progress=False, plots=False, **args)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_config_given_with_resume_must_be_the_runs_own(tmp_path):
+    """A config other than the run's config.toml was silently ignored; the same config (or None) resumes."""
+    cfg = _cfg(engine={"checkpoint_every": 1, "eval_every": 2})
+    run_experiment(cfg, tmp_path / "run", progress=False, plots=False, stop_after=1)
+    other = config_from_dict({**config_to_dict(cfg), "seed": cfg.seed + 1})
+    with pytest.raises(ConfigError, match=r"^run_experiment: `cfg` differs from the config.toml of the run it resumes "
+                                          r"in '.*run' \(at `seed`\); pass None, or that config, with `resume`\.$"):
+        run_experiment(other, resume=tmp_path / "run", progress=False, plots=False)
+    resumed = run_experiment(cfg, resume=tmp_path / "run", progress=False, plots=False)
+    assert resumed.summary["rounds"] == cfg.rounds
