@@ -129,8 +129,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
     progress and calls ``on_eval``, and every rank returns rank 0's result.
 
     Raises:
-      ConfigError: ``out``, or a ``cfg`` other than the run's own config, given with ``resume``; under torchrun, a vertical engine (it does not split
-        across processes).
+      ConfigError: ``out``, or a ``cfg`` other than the run's own config, given with ``resume``; under torchrun,
+        a vertical engine (it does not split across processes).
       CheckpointError, UsageError: with ``resume``, a run directory that cannot be resumed as it is (a damaged or
         foreign checkpoint, rows lost from ``metrics.jsonl``, an ``engine.eval_initial`` run without its
         ``run_info.json``).
