@@ -233,6 +233,28 @@ def test_an_evaluators_metric_name_that_cannot_name_a_file_is_refused_when_built
         build_federation(_cfg(evaluators=[{"name": "contract_test_eval"}]))
 
 
+@pytest.mark.parametrize("name", ["round", "rejected", "wall_time_s", "epsilon_max"])
+def test_an_evaluators_metric_named_like_a_row_column_is_refused_when_built(monkeypatch, name):
+    # "round" replaced the row's round number in metrics.jsonl; "rejected" was overwritten by the engine's count
+    base = _evaluator(lambda n: {name: float(n)})
+    _register(monkeypatch, "evaluator", "contract_test_eval", type("Named", (base,), {"metrics": {name: True}}))
+    with pytest.raises(ConfigError, match=rf"^evaluators\[0\] \(Named\): metric name '{name}' is a column the "
+                                          rf"engine writes in metrics.jsonl rows; name it otherwise\.$"):
+        build_federation(_cfg(evaluators=[{"name": "contract_test_eval"}]))
+
+
+def test_an_evaluators_metric_named_like_another_round_metric_is_refused_with_the_row(monkeypatch, tmp_path):
+    """A round metric outside the fixed columns (a stage's) is checked as the first evaluated row is made."""
+    base = _evaluator(lambda n: {"gaussian_noise/std": float(n)})
+    named = type("Named", (base,), {"metrics": {"gaussian_noise/std": True}})
+    _register(monkeypatch, "evaluator", "contract_test_eval", named)
+    stages = [{"name": "gaussian_noise", "noise_multiplier": 0.1, "sensitivity": 1.0}]
+    cfg = _cfg(evaluators=[{"name": "contract_test_eval"}], client_stages=stages)
+    with pytest.raises(ConfigError, match=r"^`evaluators`: metric 'gaussian_noise/std' is also a column the engine "
+                                          r"writes in the round's row"):
+        run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
 def test_an_evaluators_one_number_tensor_is_written_as_a_number(monkeypatch, tmp_path):
     _register(monkeypatch, "evaluator", "contract_test_eval", _evaluator(lambda n: {"seen": torch.tensor(n)}))
     cfg = _cfg(evaluators=[{"name": "contract_test_eval"}])

@@ -36,6 +36,7 @@ from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
 from trustfl.engine.federation import ClientRows, CohortSampler, Federation
 from trustfl.engine.links import Links
 from trustfl.engine.local import LocalTraining, TrainData, check_local_steps
+from trustfl.engine.loop import ROW_COLUMNS
 from trustfl.errors import BudgetExceededError, ConfigError, PrivacyError, RegistryError, TrustFLError
 from trustfl.evaluate.base import default_evaluators
 from trustfl.evaluate.representation import check_model_outputs
@@ -126,6 +127,9 @@ def build_evaluators(cfg: ExperimentConfig, objective: AbstractObjective) -> tup
             if not (isinstance(m, str) and m.isprintable() and 0 < len(m) <= 100):
                 raise ConfigError(f"{path}[{i}] ({type(evaluator).__name__}): metric name {repr(m)[:60]} must be "
                                   f"printable text of 1 to 100 characters (no control character such as NUL).")
+            if m in ROW_COLUMNS:
+                raise ConfigError(f"{path}[{i}] ({type(evaluator).__name__}): metric name {m!r} is a column the "
+                                  f"engine writes in metrics.jsonl rows; name it otherwise.")
     names = [m for e in evaluators for m in e.metrics]
     if len(set(names)) != len(names):
         raise ConfigError(f"`evaluators` report the same metric twice: {names}.")

@@ -22,6 +22,7 @@ from trustfl.core.runfiles import append_metrics
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.checkpoint import save_atomically, save_checkpoint
 from trustfl.engine.federation import EngineState, Federation
+from trustfl.errors import ConfigError
 from trustfl.evaluate.base import evaluate_model
 
 MODEL = "model.pt"
@@ -58,6 +59,14 @@ def evaluate(fed: Federation, params: torch.Tensor, when: str) -> dict[str, floa
 def metric_names(fed: Federation) -> list[str]:
     """The evaluation metrics a run of ``fed`` records, in evaluator order."""
     return [name for e in fed.evaluators for name in e.metrics]
+
+
+ROW_COLUMNS = ("round", "wall_time_s", "rejected_total", "cohort_size", "rejected", "skipped", "diverged",
+               "attack_idle", "train_loss", "bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total",
+               "epsilon_min", "epsilon_median", "epsilon_max", "sim_time", "bits_up", "bits_down", "bits_up_total",
+               "bits_down_total", "local_steps", "local_steps_total", "decode_failures", "decode_failures_total")
+"""Columns the engines write in ``metrics.jsonl`` rows: no evaluator metric may take one's name (an engine's
+other round metrics are checked against the evaluated ones as each row is made)."""
 
 
 def _privacy_row(fed: Federation) -> dict[str, float]:
@@ -145,8 +154,12 @@ def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, An
     rounds only), the engine's round metrics, ``wall_time_s``, ``rejected_total`` and the ε spent."""
     names = metric_names(fed) if evaluated is not None else []
     metrics = dict(round_metrics)
-    return {"round": metrics.pop("round", state.round), **{k: evaluated[k] for k in names}, **metrics,
-            "wall_time_s": state.wall_time_s, "rejected_total": state.rejected_total, **_privacy_row(fed)}
+    tail = {"wall_time_s": state.wall_time_s, "rejected_total": state.rejected_total, **_privacy_row(fed)}
+    clash = next((k for k in names if k in metrics or k in tail), None)
+    if clash is not None:  # one value would overwrite the other in the row
+        raise ConfigError(f"`evaluators`: metric {clash!r} is also a column the engine writes in the round's row; an "
+                          f"evaluator of your own must name its metrics otherwise.")
+    return {"round": metrics.pop("round", state.round), **{k: evaluated[k] for k in names}, **metrics, **tail}
 
 
 def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, run_dir: Path, cfg_hash: str,
