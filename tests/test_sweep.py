@@ -186,6 +186,8 @@ def test_a_point_whose_checkpoint_cannot_be_resumed_fails_naming_it(sweep_dir, t
     assert error.startswith("CheckpointError: ") and f"{point / 'checkpoint.pt'}" in error and "\n" not in error
     assert f"delete {point} to run it afresh" in error
     assert not any("resumed" in line for line in lines)
+    assert lines[-1].endswith(f"delete the directories of {NAMES[0]} (checkpoints it cannot resume), then "
+                              f"re-run the same command to retry them")  # a plain re-run would refuse it again
     assert (point / "metrics.jsonl").read_text() == rows and not (point / "summary.json").exists()
     assert json.loads((out / "sweep.json").read_text())["points"][0]["status"] == "failed"
 

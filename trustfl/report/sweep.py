@@ -346,8 +346,12 @@ def _run_points(points: list[SweepPoint], out: Path, header: dict[str, Any], job
         _run_pool(todo, tasks, jobs, finish)
     if log is not None and any(p.status == "failed" for p in points):
         failed = [p for p in points if p.status == "failed"]
-        say(f"sweep: {len(failed)} of {n} points failed ({', '.join(p.name for p in failed)}); re-run the same "
-            f"command to retry them")
+        stuck = [p for p in failed if p.error.startswith("CheckpointError")]  # a re-run refuses them again
+        advice = "re-run the same command to retry them"
+        if stuck:
+            advice = (f"delete the directories of {', '.join(p.name for p in stuck)} (checkpoints it cannot "
+                      f"resume), then " + advice)
+        say(f"sweep: {len(failed)} of {n} points failed ({', '.join(p.name for p in failed)}); {advice}")
 
 
 def _run_pool(todo: list[SweepPoint], tasks: dict[int, dict[str, Any]], jobs: int,
