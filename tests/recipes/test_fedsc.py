@@ -203,6 +203,15 @@ class OneEmpty(AbstractPartitioner):
         return parts[:2] + [np.zeros(0, dtype=np.int64)] + parts[2:]
 
 
+@pytest.mark.parametrize("privacy", [{}, {"epsilon": 2.0}, {"sigma": 0.5}])
+def test_sharing_that_starts_after_the_last_round_is_refused(privacy):
+    """Without DP it ran bitwise as fedavg_sc (nothing was ever shared) and nobody was told."""
+    with pytest.raises(ConfigError, match=r"^`recipe.share_from` = 5 is after the last of 4 rounds: no matrix would "
+                                          r"ever be shared .* algorithm \"fedavg_sc\""):
+        build_federation(_cfg(recipe={"share_views": 2, "share_from": 5, **privacy}), quiet=True)
+    build_federation(_cfg(recipe={"share_views": 2, "share_from": 4, **privacy}), quiet=True)  # the last round
+
+
 def test_empty_client_is_refused_with_a_clear_message():
     with pytest.raises(ConfigError, match="client 2 holds no training examples"):
         build_federation(_cfg(data={"dataset": "digits_canvas", "num_clients": 5,

@@ -233,14 +233,15 @@ class SpectralRecipe(AbstractRecipe):
         info: dict[str, Any] = {"releases_per_client": releases, "delta": delta, "mu": stat.mu,
                                 "neighboring": stat.neighboring}
         fed.info["fedsc"].update(info)
+        if releases == 0:
+            raise ConfigError(f"`recipe.share_from` = {stat.share_from} is after the last of {cfg.rounds} rounds: no "
+                              f"matrix would ever be shared (nor protected by `recipe.epsilon` / `sigma`), so the run "
+                              f"would be algorithm \"fedavg_sc\"; lower it, or run that algorithm.")
         if eps is None and sigma == 0:
             return
         if fed.ledger is not None:
             raise ConfigError("`recipe.epsilon` / `recipe.sigma`: FedSC's DP-CalR ledgers cannot be combined with "
                               "other privacy stages (`client_stages`, `server_stages`) in one run.")
-        if releases == 0:
-            raise ConfigError(f"`recipe.share_from` = {stat.share_from} is after the last of {cfg.rounds} rounds: "
-                              f"no matrix is ever shared, so `recipe.epsilon` / `recipe.sigma` protect nothing.")
         try:
             if eps is not None and sigma == 0:
                 sigmas = [calibrate_fedsc_sigma(float(eps), delta, stat.mu, s, releases, stat.neighboring, "rdp")
