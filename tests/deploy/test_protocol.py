@@ -390,6 +390,26 @@ def test_a_malformed_hello_stops_the_start_in_one_line_naming_the_node(field, va
     assert not (tmp_path / "dep" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("announced", [2**62, 1, 0])
+def test_a_node_announcing_another_example_count_stops_the_start_naming_it(announced, tmp_path):
+    """A node's count was taken as its weight: one announcing 2**62 examples made a weighted robust rule (the
+    geometric median) follow its message. The server built the same partition; its counts are the weights."""
+    cfg = _config(FEDAVG_DP_ROBUST)
+    own = int(build_federation(cfg, quiet=True).reports["num_samples"][2])
+
+    class Lying(InProcessTransport):
+        def hello(self, num_nodes, timeout, run_id=""):
+            hellos = super().hello(num_nodes, timeout, run_id)
+            hellos[2][1]["num_samples"] = announced
+            return hellos
+
+    transport = Lying([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)])
+    with pytest.raises(MessageError, match=rf"^the node of client 2 announced {announced} training examples, but its "
+                                           rf"partition of the run's data holds {own}: "):
+        _deploy(cfg, tmp_path, transport=transport)
+    assert not (tmp_path / "dep" / "metrics.jsonl").exists()
+
+
 @pytest.mark.parametrize("rule", ["mean", "median"])
 def test_one_node_with_huge_scaffold_deltas_stops_training_unless_extras_take_the_median(rule, tmp_path):
     """SCAFFOLD's server control variate averages the clients' deltas: one node sending 3e38 per coordinate (finite)

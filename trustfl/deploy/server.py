@@ -156,8 +156,15 @@ class RemoteEngine(AbstractEngine):
         if sorted(hellos) != list(range(n)):
             raise ConfigError(f"`data.num_clients` is {n} but the nodes announced client ids {sorted(hellos)}; "
                               f"start one node per client with partition-id 0..{n - 1}.")
+        # The server built the same partition the nodes load: their weights are its counts, never a node's word
+        # (a node announcing 2**62 examples took over a weighted robust rule). Another count: other data.
+        own = fed.reports["num_samples"]
+        other = next((c for c in range(n) if hellos[c].num_samples != int(own[c])), None)
+        if other is not None:
+            raise MessageError(f"the node of client {other} announced {hellos[other].num_samples} training examples, "
+                               f"but its partition of the run's data holds {int(own[other])}: it loaded other data "
+                               f"(another data-dir or file?) or is not honest; the run does not start.")
         self.directory = PublicKeyDirectory.of({cid: h.public_key for cid, h in hellos.items()})
-        fed.reports["num_samples"] = torch.tensor([hellos[c].num_samples for c in range(n)], dtype=torch.long)
 
     def initial_state(self, fed: Federation) -> EngineState:
         return initial_state(fed)
