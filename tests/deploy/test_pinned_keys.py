@@ -126,6 +126,29 @@ def test_a_node_refuses_a_forged_directory_in_one_line_and_keys_that_are_not_its
         NodeRuntime(cfg, 1, pinned=pinned)
 
 
+def test_a_node_drawing_pair_noise_refuses_a_directory_without_its_peers_or_none(tmp_path):
+    """A directory leaving the pinned peers out was accepted, and so was none at all (the pairs then came from the
+    run's seed, which the server knows): either way the server got the message without its pair noise."""
+    cfg = _config(CAFCOR, secrets="node")
+    write_keys(tmp_path / "keys", 4)
+    node = _pinned_nodes(cfg, tmp_path / "keys")[0]
+    pinned = read_public_keys(tmp_path / "keys" / PUBLIC_FILE)
+
+    def request(directory: bytes) -> TrainRequest:
+        return TrainRequest(0, {"model": node.fed.initial_params}, {"model": "float32"}, directory)
+
+    alone = pack_directory(PublicKeyDirectory.of({0: pinned[0]}))
+    with pytest.raises(MessageError, match=r"^node 0 refuses the request: the server's directory leaves out "
+                                        r"client\(s\) \[1, 2, 3\] pinned in its `public-keys` file"):
+        node.train(request(alone), node.new_state())
+    for runtime in (node, NodeRuntime(cfg, 0)):  # pinned or not
+        with pytest.raises(MessageError, match=r"^node 0 refuses the request: it draws pair noise with every peer, "
+                                            r"and the server relays no public-key directory"):
+            runtime.train(request(b""), runtime.new_state())
+    reply, _ = node.train(request(pack_directory(pinned)), node.new_state())  # the whole directory: it trains
+    assert torch.isfinite(reply.message).all()
+
+
 def test_the_keys_command_writes_them_and_refuses_to_write_over_them_in_one_line(tmp_path):
     cmd = [sys.executable, "-m", "trustfl", "deploy", "keys", "--clients", "3", "--out", str(tmp_path / "k")]
     first = subprocess.run(cmd, capture_output=True, text=True)

@@ -201,7 +201,12 @@ class NodeRuntime:
                        "last_reply": kept}
 
     def _check_pinned(self, directory: bytes) -> None:
-        """Refuse (MessageError) a relayed directory with another key than the pinned one for any client."""
+        """Refuse (MessageError) a request whose directory a node drawing pair noise cannot use: none at all (its
+        pairs would come from the run's seed, which the server knows), or, with pinned keys, another key than the
+        pinned one for any client or a pinned client left out (its pair noise would be left out of the message)."""
+        if self._draws_pair_noise and not directory:
+            raise MessageError(f"node {self.client_id} refuses the request: it draws pair noise with every peer, and "
+                               f"the server relays no public-key directory.")
         if self.pinned is None:
             return
         relayed = unpack_directory(directory) if directory else PublicKeyDirectory.of({})
@@ -209,6 +214,11 @@ class NodeRuntime:
         if other:
             raise MessageError(f"node {self.client_id} refuses the request: the server relays a public key for "
                                f"client(s) {other[:8]} other than the one(s) pinned in its `public-keys` file.")
+        missing = [c for c in self.pinned.ids if c not in relayed.ids]
+        if missing and self._draws_pair_noise:
+            raise MessageError(f"node {self.client_id} refuses the request: the server's directory leaves out "
+                               f"client(s) {missing[:8]} pinned in its `public-keys` file (their pair noise would "
+                               f"be missing from the message).")
 
     @property
     def _draws_pair_noise(self) -> bool:
