@@ -244,6 +244,11 @@ def test_wire_readers_never_crash_on_junk():
         reply = read_reply(wire)
         assert isinstance(reply, TrainReply) and reply.num_steps is None and reply.train_loss is None
         assert reply.coded is None
+    # a loss or metric beyond float32 (10**400 raised OverflowError out of read_reply; 1e308 made the mean inf)
+    for huge in (10 ** 400, 1e308, -1e39, np.float64(1e300)):
+        reply = read_reply(({"message": np.zeros(2, np.float32)}, {"dtype/message": "float32", "client_id": 1,
+                                                                     "train_loss": huge, "metric/a": huge}))
+        assert reply.client_id == 1 and reply.train_loss is None and reply.metrics == {}
     coded = read_reply(({"coded/codes": np.arange(3, dtype=np.uint8)[None]}, {"dtype/coded/codes": "uint8"}))
     assert coded.coded["codes"].dtype == torch.uint8 and coded.coded["codes"].tolist() == [[0, 1, 2]]
     ok = read_reply(({"message": np.ones(2, np.float32)}, {"dtype/message": "float32", "client_id": 1,

@@ -184,3 +184,15 @@ def test_a_journal_line_nested_too_deep_is_an_altered_file(tmp_path):
     (tmp_path / SendJournal.NAME).write_text('{"run_id": "' + "a" * 32 + '"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(ConfigError, match=r"line 2, is not a journal entry; the file was altered"):
         SendJournal(tmp_path, resume=True)
+
+
+@pytest.mark.parametrize("entry", ['{"round": 0, "sent": [1e400]}', '{"round": 1e400, "sent": [0]}',
+                                   '{"round": true, "sent": [0]}', '{"round": 0, "sent": "012"}',
+                                   '{"round": 0, "sent": [1.7]}', '{"round": -1, "sent": [0]}'])
+def test_a_journal_entry_of_another_shape_is_an_altered_file(tmp_path, entry):
+    """1e400 escaped as an OverflowError traceback; true was read as round 1, "012" as clients 0, 1 and 2."""
+    from trustfl.deploy.server import SendJournal
+    from trustfl.errors import ConfigError
+    (tmp_path / SendJournal.NAME).write_text('{"run_id": "' + "a" * 32 + '"}\n' + entry + "\n")
+    with pytest.raises(ConfigError, match=r"line 2, is not a journal entry; the file was altered"):
+        SendJournal(tmp_path, resume=True)

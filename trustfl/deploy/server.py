@@ -79,6 +79,11 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 """A run's id: 32 hex digits (:class:`SendJournal` draws 16 random bytes); a node names its state file by it."""
 
 
+def _count(v: Any) -> bool:
+    """An int >= 0 as JSON gives it (not a bool, a float or a string)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 class SendJournal:
     """``deployment.jsonl`` in the run directory: the run's id, then each round's recipients, written (and
     synced) *before* the requests go out.
@@ -112,7 +117,10 @@ class SendJournal:
                 if k == 1:
                     self.run_id = str(entry["run_id"])
                 else:
-                    self.sent_before.setdefault(int(entry["round"]), Counter()).update(int(c) for c in entry["sent"])
+                    r, sent = entry["round"], entry["sent"]
+                    if not (_count(r) and isinstance(sent, list) and all(map(_count, sent))):
+                        raise ValueError("not a round and a list of client ids")  # e.g. true, "012", [1.7], 1e400
+                    self.sent_before.setdefault(r, Counter()).update(sent)
             except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deep for json
                 raise ConfigError(f"resume: {self.path}, line {k}, is not a journal entry; the file was "
                                   f"altered.") from None

@@ -29,6 +29,8 @@ import torch
 from trustfl.errors import MessageError
 from trustfl.privacy.keys import KEY_BYTES, PublicKeyDirectory
 
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
 Arrays = dict[str, np.ndarray]
 Config = dict[str, Any]
 Wire = tuple[Arrays, Config]
@@ -246,4 +248,10 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number float32 holds (a node's loss or metric; 10**400 or 1e308 would make the round's mean inf)."""
+    if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v) and abs(float(v)) <= _F32_MAX
+    except OverflowError:  # an int beyond float64
+        return False
