@@ -80,6 +80,37 @@ def test_rounds_whose_server_step_would_overflow_the_model_keep_it_and_are_said(
     assert " diverged" in out.splitlines()[0] and "rounds_diverged=2" in out
 
 
+def test_a_run_whose_final_metric_is_nan_is_summed_up_without_a_traceback(tmp_path, capsys):
+    # columns c, c, -c under weights 3e38: inf - inf where |c| > 1.13, so every metric is NaN, which the summary
+    # line failed to format (a traceback after the run)
+    import numpy as np
+    import torch
+    c = np.random.default_rng(0).normal(size=40)
+    np.savez(tmp_path / "reg.npz", x=np.stack([c, c, -c], axis=1), y=c)
+    torch.save(torch.tensor([3e38, 3e38, 3e38, 0.0]), tmp_path / "init.pt")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'rounds = 1\n[data]\nnum_clients = 2\ndataset = "npz"\npath = "{tmp_path / "reg.npz"}"\n'
+                   f'[model]\nname = "logreg"\ninit_from = "{tmp_path / "init.pt"}"\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    assert "final mse: nan (best nan) after 1 rounds" in capsys.readouterr().out
+
+
+def test_a_model_file_beyond_the_models_dtype_or_complex_is_refused(tmp_path, capsys):
+    # float64 1e39 passed the finiteness check and became inf in the float32 model; complex NaN passed it too
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'rounds = 1\n[data]\nnum_clients = 2\n[model]\nname = "logreg"\n'
+                   f'init_from = "{tmp_path / "init.pt"}"\n')
+    import torch
+    from trustfl.config.build import build_federation
+    from trustfl.config.load import load_config
+    shape = build_federation(load_config(cfg, ['model.init_from=""']), quiet=True).initial_params.shape
+    for values, fragment in ((torch.full(shape, 1e39, dtype=torch.float64), "beyond the model's torch.float32 range"),
+                             (torch.full(shape, complex(1, 1)), "holds complex values")):
+        torch.save(values, tmp_path / "init.pt")
+        assert main(["validate", str(cfg)]) == 2
+        assert fragment in capsys.readouterr().err
+
+
 def test_config_error_is_one_line(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[client]\nlr = -3\n")

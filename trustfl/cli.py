@@ -73,8 +73,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(s["notice"])
     print(f"run directory: {result.run_dir}")
     primary = s.get("primary_metric", "accuracy")
-    print(f"final {primary}: {s[f'final_{primary}']:.4f} (best {s[f'best_{primary}']:.4f}) after {s['rounds']} "
-          f"rounds in {s['wall_time_s']:.1f} s")
+    print(f"final {primary}: {_number(s.get(f'final_{primary}'))} (best {_number(s.get(f'best_{primary}'))}) after "
+          f"{s['rounds']} rounds in {s['wall_time_s']:.1f} s")
     if s.get("rounds_all_rejected"):
         print(f"warning: every message was rejected in {s['rounds_all_rejected']} of {s['rounds']} rounds (the model "
               f"did not move in them): see `rejected` in metrics.jsonl", file=sys.stderr)
@@ -90,6 +90,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         eps = list(s["epsilon"].values())
         print(f"privacy: epsilon spent per client in [{min(eps):.3f}, {max(eps):.3f}] at delta = {s['delta']}")
     return 0
+
+
+def _number(value: object) -> str:
+    """A metric as the summary line shows it: 4 decimals, or nan where none is a number (a diverged run's)."""
+    return f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "nan"
 
 
 def _with_device(overrides: list[str], device: str | None) -> list[str]:

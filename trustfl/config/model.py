@@ -100,12 +100,18 @@ def load_initial_weights(model: torch.nn.Module, source: str, name: str = "") ->
         raise DataError(f"`model.init_from`: {path} holds a {type(data).__name__}, not a state_dict (a mapping of "
                         f"names to tensors) or a flat parameter tensor.")
     for k, v in loaded.items():
+        if v.is_complex():  # copy_ would drop the imaginary part (a complex NaN got through the check below)
+            raise DataError(f"`model.init_from`: {k!r} in {path} holds complex values ({v.dtype}); a model's "
+                            f"parameters are real.")
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise DataError(f"`model.init_from`: {k!r} in {path} holds non-finite values (NaN or Inf).")
     with torch.no_grad():
         for k, v in own.items():
             if k in loaded:
                 v.copy_(loaded[k])
+                if v.is_floating_point() and not bool(torch.isfinite(v).all()):  # e.g. float64 1e39 into float32
+                    raise DataError(f"`model.init_from`: {k!r} in {path} holds values beyond the model's {v.dtype} "
+                                    f"range ({loaded[k].dtype} in the file).")
 
 
 SUPERVISED_TASKS = ("classification", "regression", "multilabel")
