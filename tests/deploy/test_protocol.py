@@ -254,9 +254,15 @@ def test_wire_readers_never_crash_on_junk():
     ok = read_reply(({"message": np.ones(2, np.float32)}, {"dtype/message": "float32", "client_id": 1,
                                                              "num_steps": 4, "train_loss": 0.5, "metric/a": 2.0}))
     assert ok.client_id == 1 and ok.num_steps == 4 and ok.metrics == {"a": 2.0} and ok.message.tolist() == [1, 1]
+    GOOD = {"round": 0, "wire_dtype/model": "float32", "dtype/model": "float32"}
+    assert TrainRequest.from_wire(({"payload/model": np.zeros(3, np.float32)}, GOOD)).round == 0
     for bad in [({}, {}), ({}, {"round": -1}), ({"payload/model": np.zeros(2)}, {"round": 0}),
                 ({"coded/codes": np.zeros((1, 2), np.uint8)}, {"round": 0, "dtype/coded/codes": "complex64"}),
-                ({7: np.zeros(2, np.float32)}, {"round": 0})]:
+                ({7: np.zeros(2, np.float32)}, {"round": 0}),
+                # a string or a list as the directory, a round past 64 bits: TypeError, ValueError, struct.error
+                ({"payload/model": np.zeros(3, np.float32)}, {**GOOD, "directory": "abc"}),
+                ({"payload/model": np.zeros(3, np.float32)}, {**GOOD, "directory": [300]}),
+                ({"payload/model": np.zeros(3, np.float32)}, {**GOOD, "round": 2 ** 70})]:
         with pytest.raises(MessageError):
             TrainRequest.from_wire(bad)
     with pytest.raises(MessageError):
@@ -447,3 +453,41 @@ def test_server_extras_without_a_transform_sending_any_is_refused(tmp_path):
     cfg = _config(FEDAVG_DP_ROBUST, 'server.extras="median"')
     with pytest.raises(ConfigError, match=r"^`server.extras` = 'median' does nothing: no gradient transform"):
         run_experiment(cfg, tmp_path / "run", progress=False, plots=False)
+
+
+def test_a_flower_hello_with_a_client_id_that_is_no_int_stops_the_start_in_one_line(monkeypatch):
+    """A ConfigRecord may carry a list: ``client_id = [0, 1]`` ended the ServerApp in TypeError: unhashable type."""
+    flwr = pytest.importorskip("flwr.app")
+    from types import SimpleNamespace
+
+    from flwr.supercore.task_identity import TaskIdentity
+    for key in ("run_id", "node_id", "task_id"):  # what a running ServerApp has set (its messages need them)
+        monkeypatch.setattr(TaskIdentity, f"_{key}", 1)
+
+    from trustfl.deploy.flower import FlowerTransport
+
+    class Grid:
+        """Two nodes; node 11 announces a list as its client id."""
+
+        def get_node_ids(self):
+            return [10, 11]
+
+        def push_messages(self, messages):
+            self.sent = messages
+            for i, m in enumerate(messages):
+                m.metadata.__dict__["_message_id"] = f"m{i}"  # what the SuperLink assigns
+            return [m.metadata.message_id for m in messages]
+
+        def pull_messages(self, ids):
+            hellos = {10: {"client_id": 0, "public_key": b"\x01" * 32, "num_samples": 5},
+                      11: {"client_id": [0, 1], "public_key": b"\x01" * 32, "num_samples": 5}}
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=m.metadata.message_id),
+                                    has_error=lambda: False,
+                                    content=flwr.RecordDict({"config": flwr.ConfigRecord(
+                                        hellos[m.metadata.dst_node_id])}))
+                    for m in self.sent if m.metadata.message_id in ids]
+
+    transport = FlowerTransport(Grid())
+    with pytest.raises(MessageError, match=r"^node 11 sent a malformed hello: its client_id is list '\[0, 1\]', not "
+                                           r"an int\.$"):
+        transport.hello(2, 5.0, "0" * 32)

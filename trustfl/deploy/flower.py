@@ -99,6 +99,9 @@ class FlowerTransport(AbstractTransport):
                                   f"`partition-id` node config and its log.")
             wire = from_content(reply.content)
             cid = wire[1].get("client_id")
+            if not isinstance(cid, int) or isinstance(cid, bool):  # a ConfigRecord may carry a list or a string
+                raise MessageError(f"node {msg.metadata.dst_node_id} sent a malformed hello: its client_id is "
+                                   f"{type(cid).__name__} {str(cid)[:40]!r}, not an int.")
             if cid in out:
                 raise ConfigError(f"two nodes announce partition-id {cid}; give each node its own.")
             out[cid] = wire

@@ -151,8 +151,11 @@ class TrainRequest:
     def from_wire(cls, wire: Wire) -> "TrainRequest":
         """Raises MessageError if the request is malformed (a node refuses it)."""
         arrays, config = wire
-        if not _is_int(config.get("round")) or config["round"] < 0:
-            raise MessageError(f"a train request needs an int round >= 0, found {config.get('round')!r}.")
+        if not _is_int(config.get("round")) or not 0 <= config["round"] < 2 ** 63:
+            raise MessageError(f"a train request needs an int round in [0, 2^63), found {config.get('round')!r}.")
+        if not isinstance(config.get("directory", b""), bytes):  # a string or a list of ints is no directory
+            raise MessageError(f"a train request's directory must be bytes, found "
+                               f"{type(config['directory']).__name__}.")
         payload, dtypes = {}, {}
         for key, a in arrays.items():
             if not isinstance(key, str) or not key.startswith("payload/"):
