@@ -96,6 +96,15 @@ def test_a_round_with_too_few_answers_is_skipped_not_crashed(tmp_path):
     assert "skipped" not in dep.rows[2] and dep.rows[2]["cohort_size"] == 4
 
 
+def test_a_round_no_node_answers_is_skipped_and_said(tmp_path, capsys):
+    """It was neither marked nor said (``skipped`` absent, ``rounds_skipped`` 0): the rule of 1-3 answers of 4."""
+    cfg = _config(FEDAVG_DP_ROBUST)
+    dep, _ = _deploy(cfg, tmp_path, fails=lambda r, c: r == 1)
+    assert dep.rows[1]["skipped"] == 1 and dep.rows[1]["dropped"] == 4 and dep.rows[1]["cohort_size"] == 0
+    assert "round 2 skipped: 4 node(s) dropped, 0 reply(ies) rejected, and none is left" in capsys.readouterr().err
+    assert dep.summary["rounds_skipped"] == 1 and "skipped" not in dep.rows[2]
+
+
 class Corrupting(InProcessTransport):
     """Replaces the replies of nodes ``which`` (node 1 by default) by something malformed."""
 

@@ -248,11 +248,13 @@ class RemoteEngine(AbstractEngine):
                         "wire_bytes_down": sent_after[0] - sent_before[0],
                         "wire_bytes_up": sent_after[1] - sent_before[1]})
         new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
+        if dropped and not answered:  # requests went out and no node answered: as skipped as too few answers
+            metrics["skipped"] = 1
         if metrics.get("skipped"):  # too few usable replies for the rule: the model stays, the sends are charged
             usable = metrics["cohort_size"] - metrics["rejected"]
+            why = "none is left" if usable == 0 else f"the rest is too few: {fed.aggregator.too_few(usable)}"
             print(f"[trustfl deploy] round {state.round + 1} skipped: {metrics['dropped']} node(s) dropped, "
-                  f"{metrics['rejected']} reply(ies) rejected, and the rest is too few: "
-                  f"{fed.aggregator.too_few(usable)}", file=sys.stderr, flush=True)
+                  f"{metrics['rejected']} reply(ies) rejected, and {why}", file=sys.stderr, flush=True)
         new.wall_time_s = state.wall_time_s + time.perf_counter() - start
         return new, metrics
 
