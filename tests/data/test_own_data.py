@@ -358,3 +358,29 @@ def test_image_folder_without_pillow_names_the_missing_package(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "PIL", None)
     with pytest.raises(DataError, match=r"needs the package `Pillow`.*pip install pillow"):
         load_dataset("image_folder", path=str(tmp_path / "imgs"))
+
+
+def test_image_folder_refuses_a_test_folder_holding_the_training_images(tmp_path):
+    for name in ("cat", "dog"):
+        for i in range(3):
+            _png(tmp_path / "imgs" / name / f"{i}.png", 10 * i)
+    root = tmp_path / "imgs"
+    for folder in (".", str(root), "..", "cat/.."):
+        with pytest.raises(ConfigError, match=r"`data.options.test_folder` = .*training image folder"):
+            load_dataset("image_folder", path=str(root), test_folder=folder)
+    _png(root / "train" / "cat" / "0.png", 1)
+    _png(root / "test" / "cat" / "0.png", 2)
+    with pytest.raises(ConfigError, match=r"`data.options.test_folder` = 'train'"):
+        load_dataset("image_folder", path=str(root), test_folder="train")
+
+
+def test_image_folder_refuses_a_test_folder_that_is_not_there(tmp_path):
+    for name in ("cat", "dog"):
+        for i in range(5):
+            _png(tmp_path / "imgs" / name / f"{i}.png", 10 * i)
+    with pytest.raises(ConfigError, match=r"`data.options.test_folder` = 'no_such'.*not a folder"):
+        load_dataset("image_folder", path=str(tmp_path / "imgs"), test_folder="no_such")
+    # the default "test" stays optional, and "" asks for no test folder
+    for options in ({}, {"test_folder": ""}):
+        ds = load_dataset("image_folder", path=str(tmp_path / "imgs"), **options)
+        assert "seeded test fraction" in ds.source

@@ -51,13 +51,15 @@ def _read_images(files: list[Path], size: tuple[int, int], channels: int) -> np.
 
 @register("dataset", "image_folder")
 def image_folder(data_dir: str | None = None, seed: int = 0, *, path: str | None = None,
-                 size: int | Sequence[int] = (28, 28), channels: int = 1, test_folder: str = "test",
+                 size: int | Sequence[int] = (28, 28), channels: int = 1, test_folder: str | None = None,
                  test_fraction: float | None = None, standardize: bool = True) -> Dataset:
     """A folder of images, one sub-folder per class (the sub-folder names, sorted, are the classes).
 
     Layout: ``path/<class>/*.png|jpg|jpeg`` and optionally ``path/<test_folder>/<class>/...`` (or
     ``path/train/<class>/...`` beside ``path/<test_folder>/<class>/...``) for the test split; without a test
-    folder a seeded stratified ``test_fraction`` (default 0.2) is held out. Files with other endings and hidden
+    folder a seeded stratified ``test_fraction`` (default 0.2) is held out. ``test_folder`` defaults to ``test``
+    (used when it is there); a ``test_folder`` you set must exist, and must not be ``path`` itself or a folder
+    holding it (that would test on the training images). Files with other endings and hidden
     files are ignored. Every image is converted to grey (``channels = 1``) or RGB (``channels = 3``), resized to
     ``size`` (``[height, width]`` or one int; default 28×28) and scaled to [0, 1]; ``standardize`` then scales
     each channel with the training images' mean and std. Tensors are (N, channels, height, width).
@@ -74,6 +76,9 @@ def image_folder(data_dir: str | None = None, seed: int = 0, *, path: str | None
     size = (int(size[0]), int(size[1]))
     if channels not in (1, 3) or isinstance(channels, bool):
         raise ConfigError(f"`channels` of data set 'image_folder' must be 1 (grey) or 3 (RGB), found {channels!r}.")
+    explicit = test_folder is not None
+    if test_folder is None:
+        test_folder = "test"
     if not isinstance(test_folder, str):
         raise ConfigError(f"`test_folder` of data set 'image_folder' must be a folder name (\"\": none), found "
                           f"{test_folder!r}.")
@@ -82,7 +87,18 @@ def image_folder(data_dir: str | None = None, seed: int = 0, *, path: str | None
     if not p.is_dir():
         raise DataError(f"image folder {where} is not a directory; expected one sub-folder of images per class.")
     test_root = p / test_folder if test_folder and (p / test_folder).is_dir() else None
+    if explicit and test_folder and test_root is None:
+        raise ConfigError(f"`data.options.test_folder` = {test_folder!r}: {str(p / test_folder)!r} is not a folder "
+                          f"(the test folder is read inside `data.path`); fix it, or drop the key for a seeded "
+                          f"`test_fraction` split.")
     train_root = p / "train" if test_root is not None and (p / "train").is_dir() else p
+    if test_root is not None:
+        tested, trained = test_root.resolve(), train_root.resolve()
+        if tested == trained or tested in trained.parents:
+            raise ConfigError(f"`data.options.test_folder` = {test_folder!r} is the training image folder "
+                              f"{str(trained)!r} or holds it: the test set would be the training images; name a "
+                              f"sub-folder of separate test images, or drop the key for a seeded `test_fraction` "
+                              f"split.")
     class_dirs = _class_folders(train_root, test_folder if train_root == p else None)
     if not class_dirs:
         raise DataError(f"image folder {where} has no class sub-folders; expected {train_root}/<class>/<image>.png "
