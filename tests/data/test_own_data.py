@@ -51,6 +51,20 @@ def test_npz_with_test_arrays_round_trips(tmp_path):
         load_dataset("npz", path=str(tmp_path / "d.npz"), test_fraction=0.3)
 
 
+def test_npz_refuses_test_labels_the_training_labels_do_not_have(tmp_path):
+    x, y = _blobs(20)
+    cases = [(y, np.array(["a", "b"] * 3), r"class\(es\) 'a', 'b' .*classes: '0', '1'"),  # strings vs ints
+             (y, y[:6] + 0.5, r"class\(es\) 0.5, 1.5 "),  # int y: float y_test is not a regression task
+             (y, np.array([0, 1, 7, 0, 1, 0]), r"class\(es\) 7 .*classes: 0, 1\)")]
+    for y_tr, y_te, message in cases:
+        np.savez(tmp_path / "d.npz", x=x, y=y_tr, x_test=x[:6], y_test=y_te)
+        with pytest.raises(DataError, match=r"d.npz.*test labels \(`y_test`\) hold " + message):
+            load_dataset("npz", path=str(tmp_path / "d.npz"))
+    np.savez(tmp_path / "d.npz", x=x, y=y, x_test=x[:6], y_test=y[:6].astype(np.float64))  # 0.0, 1.0: classes 0, 1
+    ds = load_dataset("npz", path=str(tmp_path / "d.npz"))
+    assert ds.task == "classification" and ds.test_y.tolist() == y[:6].tolist()
+
+
 def test_npz_without_test_arrays_holds_out_a_seeded_stratified_fraction(tmp_path):
     x, y = _blobs(50)
     np.savez(tmp_path / "d.npz", x=x, y=np.where(y == 1, "dog", "cat"))

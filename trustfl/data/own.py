@@ -273,6 +273,7 @@ class _Arrays:
     groups: np.ndarray | None = None
     client_ids: list[Any] | None = None
     y_name: str = "`y`"
+    test_name: str = "`y_test`"
     standardize_axes: tuple[int, ...] = (0,)
     class_names: list[Any] | None = None  # labels already 0..K-1: the names of the classes
 
@@ -292,9 +293,18 @@ def _build(name: str, fmt: str, p: Path, where: str, arrays: _Arrays, seed: int,
     def row(i: int) -> str:
         return a.row(i) if i < n_train else a.test_row(i - n_train)
 
+    if has_test and task == "auto":  # the training labels decide: int `y` with float `y_test` stays classification
+        task = _encode_targets(a.y_raw, task, f"{fmt} {where}: {a.y_name}", a.row)[1]
     y_all, task, classes = _encode_targets(raw, task, f"{fmt} {where}: {a.y_name}", row)
     if a.class_names is not None:
         classes = a.class_names
+    if has_test and task == "classification":
+        unseen = sorted(set(np.unique(y_all[n_train:]).tolist()) - set(np.unique(y_all[:n_train]).tolist()))
+        if unseen:
+            known = [classes[i] for i in np.unique(y_all[:n_train]).tolist()]
+            raise DataError(f"{fmt} {where}: the test labels ({a.test_name}) hold class(es) "
+                            f"{_list([repr(classes[i]) for i in unseen])} that the training labels ({a.y_name}) do "
+                            f"not have (classes: {_list([repr(c) for c in known], 20)}).")
     if has_test:
         x_tr, x_te, y_tr, y_te = a.x, a.x_test, y_all[:n_train], y_all[n_train:]
         groups = a.groups
