@@ -68,6 +68,10 @@ REFUSED = [
      "client.step_budget", "`deadline` (FedNova)"),
     ({"compress": {"downlink": {"name": "qsgd_minmax", "levels": 16}}, "downlink": [{"name": "cast"}]}, "downlink",
      "`compress.downlink` encodes the model"),
+    # the fallback replaces only a fetched data set: beside your own file or a bundled set it was never used
+    ({"data": {"dataset": "npz", "path": "mine.npz", "fallback": "digits"}}, "data.fallback",
+     "data set 'npz' is never fetched"),
+    ({"data": {"fallback": "breast_cancer"}}, "data.fallback", "data set 'digits' is never fetched"),
 ]
 
 ACCEPTED = [
@@ -85,6 +89,7 @@ ACCEPTED = [
     {"client__dp": {"mode": "per_example", "epsilons": [1.0, 2.0, 3.0, 4.0]}},
     {"client__dp": {"mode": "per_example", "epsilon_distribution": "dist1"}},
     {"client": {"steps": 3}},
+    {"data": {"dataset": "mnist", "fallback": "digits"}},
     {"attack": {"name": "sign_flip", "num_byzantine": 1, "view": "noiseless", "byzantine_hold_data": False}},
     {"engine__time_limit": 0.0, "cohort": {"sampler": "all", "size": 0}, "client": {"steps": 3, "epochs": 1}},
     # A part that runs another way needing no such key loses nothing: accepted, so that sweeps keep working.

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from trustfl.config.schema import Component, ExperimentConfig, keys_set
+from trustfl.data.datasets import EXPECTED_SHA256
 from trustfl.errors import ConfigError
 
 Rule = tuple[str, Any, tuple[str, ...], str]
@@ -66,6 +67,10 @@ def _rules(cfg: ExperimentConfig) -> list[Rule]:
                                                         f'(momentum is "sgd"\'s)'))
     if client.steps > 0:
         rules.append(("client", client, ("epochs",), "`client.steps` > 0 sets the local steps instead"))
+    if cfg.data.dataset not in EXPECTED_SHA256:
+        rules.append(("data", cfg.data, ("fallback",), f"data set {cfg.data.dataset!r} is never fetched (the fallback "
+                                                        f"replaces {' or '.join(EXPECTED_SHA256)} when `make data` has "
+                                                        f"not fetched it; your own file is read from `data.path`)"))
     return rules
 
 
