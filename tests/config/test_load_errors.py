@@ -251,3 +251,17 @@ def test_a_named_pipe_is_refused_instead_of_waiting_for_a_writer(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match=r"is a named pipe, not a file"):
         load_config(fifo)
+
+
+@pytest.mark.parametrize("dataset, evaluators, name, task", [
+    ("diabetes", ["mse", "accuracy"], "accuracy", "regression"),  # it reported accuracy 0.0
+    ("diabetes", ["loss", {"name": "class_accuracy", "classes": [0]}], "class_accuracy", "regression"),
+    ("digits", ["accuracy", "r2"], "r2", "classification"),  # the message said only "evaluator:" at run time
+    ("digits", ["loss", "mae"], "mae", "classification"),
+])
+def test_an_evaluator_of_the_other_task_is_refused_naming_its_entry(dataset, evaluators, name, task):
+    cfg = config_from_dict({"rounds": 1, "data": {"dataset": dataset, "num_clients": 2}, "model": {"name": "logreg"},
+                            "evaluators": evaluators})
+    with pytest.raises(ConfigError, match=rf"^`evaluators\[1\]` \('{name}'\) measures a .* task, but the data set "
+                                          rf"and objective are {task}; use "):
+        build_federation(cfg, quiet=True)

@@ -123,6 +123,11 @@ def build_evaluators(cfg: ExperimentConfig, objective: AbstractObjective) -> tup
     path = "evaluators" if cfg.evaluators else f"evaluators (defaults of the {objective.task} task)"
     evaluators = tuple(build_component("evaluator", c, f"{path}[{i}]") for i, c in enumerate(comps))
     for i, evaluator in enumerate(evaluators):  # a name is a metrics.jsonl key and names a .png file
+        task = getattr(evaluator, "task", None)
+        if task is not None and objective.task in ("classification", "regression") and task != objective.task:
+            raise ConfigError(f"`{path}[{i}]` ({comps[i].name!r}) measures a {task} task, but the data set "
+                              f"and objective are {objective.task}; use "
+                              f"{', '.join(repr(n) for n in default_evaluators(objective.task))}.")
         for m in evaluator.metrics:
             if not (isinstance(m, str) and m.isprintable() and 0 < len(m) <= 100):
                 raise ConfigError(f"{path}[{i}] ({type(evaluator).__name__}): metric name {repr(m)[:60]} must be "

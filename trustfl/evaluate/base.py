@@ -25,10 +25,12 @@ class AbstractEvaluator(abc.ABC):
         the model's features of the training split through :meth:`with_train` before every evaluation, and see
         the test features of the model output named by their ``output`` field
         (:func:`trustfl.evaluate.representation.evaluate_representations`).
+      task: the objective task (``"classification"``, ``"regression"``) the metrics measure; ``None``: any.
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {}
     needs_train_features: ClassVar[bool] = False
+    task: ClassVar[str | None] = None
 
     def with_train(self, features: torch.Tensor, labels: torch.Tensor) -> "AbstractEvaluator":
         """This evaluator with the training split's features (only for ``needs_train_features``)."""

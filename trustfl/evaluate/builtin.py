@@ -22,6 +22,7 @@ class Accuracy(AbstractEvaluator):
     """Share of examples whose largest output is the label: ``(1/N) Σ_n 1[argmax z_n = y_n]``."""
 
     metrics: ClassVar[Mapping[str, bool]] = {"accuracy": True}
+    task: ClassVar[str | None] = "classification"
 
     def init(self) -> Any:
         return [0, 0]
@@ -47,6 +48,7 @@ class ClassAccuracy(AbstractEvaluator):
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {"class_accuracy": True}
+    task: ClassVar[str | None] = "classification"
     classes: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
@@ -88,6 +90,8 @@ class MeanLoss(AbstractEvaluator):
 
 class _PointwiseError(AbstractEvaluator):
     """The mean of a pointwise error ``e(ŷ − y)`` over all target coordinates, accumulated in float64."""
+
+    task: ClassVar[str | None] = "regression"
 
     def _error(self, diff: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -142,6 +146,7 @@ class RSquared(AbstractEvaluator):
     """
 
     metrics: ClassVar[Mapping[str, bool]] = {"r2": True}
+    task: ClassVar[str | None] = "regression"
 
     def init(self) -> Any:
         return [0, 0.0, 0.0, 0.0]  # count, mean, M2, Σ(y − ŷ)²
