@@ -175,6 +175,12 @@ def test_cross_entropy_check_data():
         obj.check_data(torch.tensor([0, 1, 2]), 0)
     with pytest.raises(ConfigError):
         obj.check_data(torch.zeros(4, 2, dtype=torch.long), 3)
+    # one class is classification with too few classes, not a regression data set
+    with pytest.raises(ConfigError, match=r"holds only one class") as err:
+        obj.check_data(torch.zeros(4, dtype=torch.long), 1)
+    assert "regression" not in str(err.value) and "mse" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"regression data set"):
+        obj.check_data(torch.zeros(4), 0)
 
 
 def test_mse_check_data():

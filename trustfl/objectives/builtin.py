@@ -39,6 +39,9 @@ class CrossEntropy(AbstractObjective):
         return losses, grad.mul_(weights.to(grad.dtype).unsqueeze(1))
 
     def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
+        if num_classes == 1 and not targets.is_floating_point():
+            raise ConfigError("`objective`: cross_entropy needs >= 2 classes, but the data set holds only one class "
+                              "(every training and test label is the same); give examples of at least two classes.")
         if targets.is_floating_point() or targets.dim() != 1 or num_classes < 2:
             raise ConfigError(f"`objective`: cross_entropy needs integer class labels of shape (N,) and >= 2 "
                               f"classes, found targets of dtype {targets.dtype} and shape {tuple(targets.shape)}"
