@@ -391,19 +391,26 @@ def test_a_node_refuses_a_downlink_of_other_shapes_in_one_line(payload, found):
         node.train(TrainRequest.from_wire(request.to_wire()), node.new_state())
 
 
+class EditedHello(InProcessTransport):
+    """Sets ``field`` of node 2's hello to ``value`` (a malformed or lying node)."""
+
+    def __init__(self, nodes, field, value):
+        super().__init__(nodes)
+        self.field, self.value = field, value
+
+    def hello(self, num_nodes, timeout, run_id=""):
+        hellos = super().hello(num_nodes, timeout, run_id)
+        hellos[2][1][self.field] = self.value
+        return hellos
+
+
 @pytest.mark.parametrize("field, value", [("num_samples", 2**70), ("num_samples", -1), ("num_samples", "12"),
                                           ("public_key", b"\x01" * 31), ("client_id", 2**64)])
 def test_a_malformed_hello_stops_the_start_in_one_line_naming_the_node(field, value, tmp_path):
     """A sample count past int64 ended the server in a ValueError traceback (Overflow when unpacking long)."""
     cfg = _config(FEDAVG_DP_ROBUST)
 
-    class Malformed(InProcessTransport):
-        def hello(self, num_nodes, timeout, run_id=""):
-            hellos = super().hello(num_nodes, timeout, run_id)
-            hellos[2][1][field] = value
-            return hellos
-
-    transport = Malformed([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)])
+    transport = EditedHello([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)], field, value)
     with pytest.raises(MessageError, match=r"^the node announcing partition-id 2 sent a malformed hello: a hello "
                                            r"needs an int client_id in \[0, 2\^63\)"):
         _deploy(cfg, tmp_path, transport=transport)
@@ -417,13 +424,7 @@ def test_a_node_announcing_another_example_count_stops_the_start_naming_it(annou
     cfg = _config(FEDAVG_DP_ROBUST)
     own = int(build_federation(cfg, quiet=True).reports["num_samples"][2])
 
-    class Lying(InProcessTransport):
-        def hello(self, num_nodes, timeout, run_id=""):
-            hellos = super().hello(num_nodes, timeout, run_id)
-            hellos[2][1]["num_samples"] = announced
-            return hellos
-
-    transport = Lying([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)])
+    transport = EditedHello([NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)], "num_samples", announced)
     with pytest.raises(MessageError, match=rf"^the node of client 2 announced {announced} training examples, but its "
                                            rf"partition of the run's data holds {own}: "):
         _deploy(cfg, tmp_path, transport=transport)
