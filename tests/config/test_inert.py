@@ -189,7 +189,8 @@ def test_a_batch_larger_than_a_client_s_rows_is_said(capsys):
 
 @pytest.mark.parametrize("schedule, expected", [
     ({"name": "synchronous", "zz_typo": 1}, r"^`engine.schedule.zz_typo` is set but does nothing: .*; remove it\.$"),
-    ({"name": "synchronous", "a": 1, "b": 2}, r"^`engine.schedule.a` is set .*; remove it; also `engine.schedule.b`\.$"),
+    ({"name": "synchronous", "a": 1, "b": 2},
+     r"^`engine.schedule.a` is set .*; remove it; also `engine.schedule.b`\.$"),
     ({"name": "buffered", "zz_typo": 1}, r'^`engine.schedule` is set .* its default "synchronous"\.$'),
 ])
 def test_parameters_of_an_unused_default_component_are_named_one_by_one(schedule, expected):

@@ -104,7 +104,8 @@ def inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> list[tupl
             full, value, unset = f"{path}.{key}" if path else key, getattr(table, key), getattr(default, key)
             if isinstance(value, Component) and value.name == unset.name:  # the parameters differ: name each
                 found += [(f"{full}.{param}", why, unset.params.get(param, NO_DEFAULT))
-                          for param in sorted(value.params) if value.params[param] != unset.params.get(param, NO_DEFAULT)]
+                          for param in sorted(value.params)
+                          if value.params[param] != unset.params.get(param, NO_DEFAULT)]
             else:
                 found.append((full, why, unset))
     return found

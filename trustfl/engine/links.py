@@ -165,8 +165,9 @@ def _check_decoded(comp: AbstractCompressor, direction: str, out: object, x: tor
                    rows: int) -> None:
     """Refuse (ConfigError naming the compressor) what a compressor of your own decoded from ``x`` (the sent rows;
     one row for a broadcast; ``None`` where the receiver does not know them) unless it is ``(decoded, failures)``:
-    ``(rows, d)`` floats, finite where the sent row was, and ``(rows,)`` integer counts, none negative. Otherwise its messages
-    would be rejected as malformed (uplink) or poison every client (downlink), as if the senders were at fault."""
+    ``(rows, d)`` floats, finite where the sent row was, and ``(rows,)`` integer counts, none negative. Otherwise
+    its messages would be rejected as malformed (uplink) or poison every client (downlink), as if the senders were
+    at fault."""
     problem = None
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
         problem = f"a {type(out).__name__}"
