@@ -67,10 +67,11 @@ def _rules(cfg: ExperimentConfig) -> list[Rule]:
                                                         f'(momentum is "sgd"\'s)'))
     if client.steps > 0:
         rules.append(("client", client, ("epochs",), "`client.steps` > 0 sets the local steps instead"))
-    if cfg.data.dataset not in EXPECTED_SHA256:
-        rules.append(("data", cfg.data, ("fallback",), f"data set {cfg.data.dataset!r} is never fetched (the fallback "
-                                                        f"replaces {' or '.join(EXPECTED_SHA256)} when `make data` has "
-                                                        f"not fetched it; your own file is read from `data.path`)"))
+    if cfg.data.path:  # a bundled set beside a fallback loses nothing (a sweep over data sets keeps working)
+        fetched = " or ".join(EXPECTED_SHA256)
+        rules.append(("data", cfg.data, ("fallback",), f"data set {cfg.data.dataset!r} reads your own file at "
+                                                        f"`data.path` (the fallback replaces {fetched} when `make "
+                                                        f"data` has not fetched it)"))
     return rules
 
 
