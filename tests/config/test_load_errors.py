@@ -265,3 +265,17 @@ def test_an_evaluator_of_the_other_task_is_refused_naming_its_entry(dataset, eva
     with pytest.raises(ConfigError, match=rf"^`evaluators\[1\]` \('{name}'\) measures a .* task, but the data set "
                                           rf"and objective are {task}; use "):
         build_federation(cfg, quiet=True)
+
+
+@pytest.mark.parametrize("partition", [{"name": "dirichlet", "alpha": 0.1}, {"name": "shards", "labels_per_client": 2},
+                                       {"name": "classes_per_client", "classes_per_client": 1},
+                                       {"name": "class_groups", "classes": [0]}])
+def test_a_partitioner_that_skews_classes_is_refused_on_real_valued_targets(partition):
+    """On diabetes' real-valued targets they saw one class and cut a random split, without a word."""
+    data = {"rounds": 1, "data": {"dataset": "diabetes", "num_clients": 4, "partition": partition},
+            "model": {"name": "logreg"}}
+    with pytest.raises(ConfigError, match=rf"^`data.partition` '{partition['name']}' skews the clients' classes, but "
+                                          r"the regression targets of 'diabetes' have none"):
+        build_federation(config_from_dict(data), quiet=True)
+    data["data"]["partition"] = {"name": "quantity_skew", "alpha": 0.5}  # by size: no class needed
+    assert build_federation(config_from_dict(data), quiet=True).num_clients == 4

@@ -363,7 +363,11 @@ def _partition(cfg: ExperimentConfig, dataset: Dataset, holders: int, seed: int)
     """``data.partition`` of the training examples among the first ``holders`` clients, and its summary."""
     n = cfg.data.num_clients
     partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
-    # Real-valued targets have no classes: label-based partitioners see a single class.
+    if dataset.task != "classification" and getattr(partitioner, "splits_by_class", False):
+        raise ConfigError(f"`data.partition` {cfg.data.partition.name!r} skews the clients' classes, but the "
+                          f"{dataset.task} targets of {cfg.data.dataset!r} have none (it would be a random split); "
+                          f"use 'iid' or 'quantity_skew'.")
+    # Real-valued targets have no classes: the other partitioners see a single class.
     labels = dataset.train_y.numpy() if dataset.task == "classification" else np.zeros(len(dataset.train_y), np.int64)
     groups = None if dataset.train_groups is None else dataset.train_groups.numpy()
     try:

@@ -96,10 +96,13 @@ class AbstractPartitioner:
 
     Attributes:
       needs_groups: ``True`` for partitioners that follow a data set's own per-example owners (``groups``).
+      splits_by_class: ``True`` for partitioners that skew the clients' classes (on real-valued targets, which have
+        none, they would be a random split).
     """
 
     name: ClassVar[str]
     needs_groups: ClassVar[bool] = False
+    splits_by_class: ClassVar[bool] = False
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
                  groups: np.ndarray | None = None) -> Partition:
@@ -160,6 +163,7 @@ class ClassGroups(AbstractPartitioner):
     """
 
     name: ClassVar[str] = "class_groups"
+    splits_by_class: ClassVar[bool] = True
     classes: tuple[int, ...] = (0, 1, 2)
     share: float = 0.25
 
@@ -206,6 +210,7 @@ class Dirichlet(AbstractPartitioner):
     min_size: int = 2
     max_tries: int = 1000
     name: ClassVar[str] = "dirichlet"
+    splits_by_class: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not self.alpha > 0 \
@@ -268,6 +273,7 @@ class Shards(AbstractPartitioner):
     labels_per_client: int
     class_aligned: bool = True
     name: ClassVar[str] = "shards"
+    splits_by_class: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         k = self.labels_per_client
@@ -389,6 +395,7 @@ class ClassesPerClient(AbstractPartitioner):
     classes_per_client: int = 1
     shuffle_classes: bool = False
     name: ClassVar[str] = "classes_per_client"
+    splits_by_class: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         k = self.classes_per_client
