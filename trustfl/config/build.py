@@ -10,7 +10,6 @@ import math
 import sys
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from trustfl.aggregate.base import PreAggregated
@@ -19,21 +18,20 @@ from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, Weight
 from trustfl.config.device import device_info, on_device, resolve_engine_device
 from trustfl.config.inert import check_inert_settings
 from trustfl.config.model import build_config_model, check_model_fits
+from trustfl.config.partition import partition_clients
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.registry import import_module_or_file, keyword_parameters, lookup
-from trustfl.core.rng import numpy_rng
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
-from trustfl.data.partition import Partition
 from trustfl.engine import chunking
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.asynchronous import Timing
 from trustfl.engine.executors import SequentialExecutor, VectorizedExecutor
-from trustfl.engine.federation import ClientRows, CohortSampler, Federation
+from trustfl.engine.federation import CohortSampler, Federation
 from trustfl.engine.links import Links
 from trustfl.engine.local import LocalTraining, TrainData, check_local_steps
 from trustfl.engine.loop import ROW_COLUMNS
@@ -249,7 +247,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         client_rows, info["partition"] = population_partition(cfg, dataset, evaluators)
         build_component("partitioner", cfg.data.partition, "data.partition")  # its keys checked, as elsewhere
     else:
-        client_rows, info["partition"] = _partition(cfg, dataset, holders, seed)
+        partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
+        client_rows, info["partition"] = partition_clients(cfg, dataset, partitioner, holders, seed)
 
     blocks = feature_blocks(cfg, dataset, seed, info) if vertical else None
     if "notice" in info and not quiet:
@@ -357,30 +356,6 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         if not quiet:
             print(batch_note, file=sys.stderr)
     return fed
-
-
-def _partition(cfg: ExperimentConfig, dataset: Dataset, holders: int, seed: int) -> tuple[ClientRows, dict[str, Any]]:
-    """``data.partition`` of the training examples among the first ``holders`` clients, and its summary."""
-    n = cfg.data.num_clients
-    partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
-    if dataset.task != "classification" and getattr(partitioner, "splits_by_class", False):
-        raise ConfigError(f"`data.partition` {cfg.data.partition.name!r} skews the clients' classes, but the "
-                          f"{dataset.task} targets of {cfg.data.dataset!r} have none (it would be a random split); "
-                          f"use 'iid' or 'quantity_skew'.")
-    # Real-valued targets have no classes: the other partitioners see a single class.
-    labels = dataset.train_y.numpy() if dataset.task == "classification" else np.zeros(len(dataset.train_y), np.int64)
-    groups = None if dataset.train_groups is None else dataset.train_groups.numpy()
-    try:
-        partition = (partitioner(labels, holders, numpy_rng(seed, "partition"), groups=groups)
-                     if partitioner.needs_groups else partitioner(labels, holders, numpy_rng(seed, "partition")))
-    except ConfigError as err:
-        raise ConfigError(f"`data.partition` with `data.num_clients` = {n}: {err}") from None
-    if not isinstance(partition, Partition) or len(partition.indices) != holders:
-        found = len(partition.indices) if isinstance(partition, Partition) else type(partition).__name__
-        raise ConfigError(f"`data.partition`: the partitioner must return a Partition of {holders} clients' index "
-                          f"arrays, found {found}.")
-    client_rows = ClientRows.from_arrays(partition.indices, n)
-    return client_rows, partition.summary
 
 
 def _check_enough_messages(cfg: ExperimentConfig, aggregator: Any) -> None:

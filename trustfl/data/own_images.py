@@ -10,7 +10,8 @@ import numpy as np
 
 from trustfl.core.registry import register
 from trustfl.data.datasets import Dataset
-from trustfl.data.own import _Arrays, _build, _check_options, _exists, _list, _where, resolve_path
+from trustfl.data.own import _Arrays, _build, _check_options, _exists, _where, resolve_path
+from trustfl.data.own_targets import _list
 from trustfl.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")

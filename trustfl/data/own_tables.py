@@ -13,8 +13,8 @@ import numpy as np
 
 from trustfl.core.registry import register
 from trustfl.data.datasets import Dataset
-from trustfl.data.own import (DEFAULT_CLIENT_COLUMN, _Arrays, _build, _check_options, _exists, _groups,
-                              _is_numeric, _list, _non_finite_rows, _parse, _where, resolve_path)
+from trustfl.data.own import DEFAULT_CLIENT_COLUMN, _Arrays, _build, _check_options, _exists, _where, resolve_path
+from trustfl.data.own_targets import _groups, _is_numeric, _list, _non_finite_rows, _parse
 from trustfl.errors import ConfigError, DataError
 
 
