@@ -259,13 +259,11 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
             metrics["attack_idle"] = len(crafted)
     # Crafted clients' extras are zero (the attack acts on the message only) or, with `attack.extras = "crafted"`,
     # the attack applied to the honest clients' finite extras as to their messages.
-    # (A round nobody trained in may carry no extras at all: a torchrun slice of no rows knows no keys.)
-    extras = {key: dict(zip(trainers, results.extras.get(key, ())))
-              for key in fed.local_chain.extras_widths(fed.layout)}
+    extras = {key: dict(zip(trainers, results.extras[key])) for key in fed.local_chain.extras_widths(fed.layout)}
     if crafted and fed.attack_extras == "crafted":
         for key, by_client in extras.items():
-            sent = results.extras.get(key)
-            keep = _finite_rows_among(sent, honest) if sent is not None else []
+            sent = results.extras[key]
+            keep = _finite_rows_among(sent, honest)
             if keep:
                 chosen = ctx_train.select(torch.tensor(keep, dtype=torch.long))
                 by_client.update(zip(crafted, fed.attack.craft(sent[keep], len(crafted), chosen, fed.aggregator)))
