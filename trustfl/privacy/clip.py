@@ -58,8 +58,9 @@ class ClipL2(AbstractStage):
             return StageOut(x, state, {"fraction_clipped": 0.0, "mean_norm": 0.0})
         factors, norms = clip_factors(x, float(self.max_norm))
         y = x * factors.unsqueeze(1)
-        over = torch.isinf(norms) & finite_rows(x)
-        if bool(over.any()):  # rare: a finite row whose norm overflows x's dtype is clipped in float64, not zeroed
+        inf = torch.isinf(norms)
+        if bool(inf.any()):  # rare: a finite row whose norm overflows x's dtype is clipped in float64, not zeroed
+            over = inf & finite_rows(x)  # the rows' scan only then, not over every round's messages
             wide = row_norms(x[over])
             y[over] = (x[over].double() * (self.max_norm / (wide + EPS)).unsqueeze(1)).to(x.dtype)
             norms = norms.double().masked_scatter(over, wide)
