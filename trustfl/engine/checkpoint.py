@@ -123,7 +123,8 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     return EngineState(**state)
 
 
-_REQUIRED = ("round", "params", "server_optimizer", "client_stages", "aggregator", "server_stages")
+_REQUIRED = tuple(f.name for f in dataclasses.fields(EngineState)
+                  if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 """The :class:`EngineState` fields without a default: every checkpoint holds them."""
 
 
