@@ -252,15 +252,17 @@ class FusedSGD:
     objective: AbstractObjective
     lr: float
 
-    def own(self, params: Mapping[str, torch.Tensor]) -> Params:
+    def own(self, params: Mapping[str, torch.Tensor], copy: bool = False) -> Params:
         """The group's parameters with every weight stored ``(m, in, out)``, where a batched ``baddbmm_`` of the
-        weight gradient streams through it (the layout the unfused path's gradients have already given them; a
-        weight stored otherwise is copied)."""
+        weight gradient streams through it (a weight stored otherwise is copied). ``copy``: every parameter is
+        copied (``params`` are views that the steps must not write: the clients' starts, or a broadcast model)."""
         out: Params = {}
         for name, p in params.items():
-            if p.dim() == 3 and not p.transpose(1, 2).is_contiguous():
+            if p.dim() == 3 and (copy or not p.transpose(1, 2).is_contiguous()):
                 m, rows, cols = p.shape
                 p = torch.empty((m, cols, rows), dtype=p.dtype, device=p.device).transpose(1, 2).copy_(p)
+            elif copy:
+                p = p.clone(memory_format=torch.contiguous_format)
             out[name] = p
         return out
 

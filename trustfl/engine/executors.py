@@ -153,11 +153,10 @@ def run_group(job: LocalJob, plans: Sequence[ClientPlan], cohort: CohortContext,
             batch = job.augment.apply(batch, augment_state)
         step_cohort = replace(cohort, personal={**cohort.personal, **local}) if local else cohort
         active = None if everyone[s] else has_step[s]
-        if s == 1 and not local:  # plain SGD fused into the gradient's products, decided once per group; the
-            # first step ran unfused and laid the parameters out as their gradients (bits kept since it was added)
+        if s == 0 and not local:  # plain SGD fused into the gradient's products, decided once per group
             fused = chain.fused_sgd(job.model, job.objective, params, batch)
             if fused is not None:
-                params = fused.own(params)
+                params, owned = fused.own(params, copy=not owned), True
         if fused is not None:
             # the rows that sit a partial step out, as indices: known on the host, moved to the data's device
             idle = None if everyone[s] else torch.nonzero(~host_steps[s]).flatten().to(device)
