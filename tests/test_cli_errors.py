@@ -68,6 +68,15 @@ def test_bad_override_is_one_line(small, tmp_path, capsys, command, override, fr
     assert fragment in _one_line(capsys)
 
 
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("hidden", ["10", "[true]"])
+def test_mlp_hidden_of_the_wrong_type_is_one_line_naming_the_key(small, tmp_path, capsys, command, hidden):
+    """It said "`model` ('mlp'): 'int' object is not iterable" or quoted torch's ``empty()`` argument error."""
+    extra = ["--quiet", "--out", str(tmp_path / "run")] if command == "run" else []
+    assert main([command, str(small), "--set", "model.name=mlp", "--set", f"model.hidden={hidden}", *extra]) == 2
+    assert "`model.hidden` must be a non-empty list of positive integers" in _one_line(capsys)
+
+
 def test_recipe_key_names_the_algorithm(small, capsys):
     assert main(["validate", str(small), "--set", "recipe.mu=0.1"]) == 2
     line = _one_line(capsys)

@@ -32,6 +32,8 @@ def test_schema_errors_name_the_key_path(data, fragments):
     ({"data": {"partition": {"name": "dirichlet", "beta": 1.0}}}, ["`data.partition.beta`", "alpha"]),
     ({"model": {"name": "mlp", "hidden": [0]}}, ["`model`", "hidden"]),
     ({"model": {"name": "mlp", "width": 3}}, ["`model`", "width"]),
+    ({"model": {"name": "mlp", "hidden": 10}}, ["`model.hidden`", "found 10", "[10]"]),
+    ({"model": {"name": "mlp", "hidden": [True]}}, ["`model.hidden`", "[True]"]),
 ])
 def test_component_errors_name_the_key_path_before_training(data, fragments):
     cfg = config_from_dict({"data": {"dataset": "digits", "num_clients": 4}, **data} if "data" not in data

@@ -121,3 +121,25 @@ def test_an_added_head_does_not_change_the_he_initialised_encoder():
     shared = dict(plain.named_parameters())
     assert len(dict(with_head.named_parameters())) == len(shared) + 4
     assert all(torch.equal(p, shared[n]) for n, p in with_head.named_parameters() if not n.startswith("predictor."))
+
+
+@pytest.mark.parametrize("name, shape, params, key", [
+    ("mlp", (8,), {"hidden": 10}, "hidden"),
+    ("mlp", (8,), {"hidden": [True]}, "hidden"),
+    ("mlp", (8,), {"hidden": "64"}, "hidden"),
+    ("sc_mlp", (8,), {"hidden": 10}, "hidden"),
+    ("sc_mlp", (8,), {"projector": 3}, "projector"),
+    ("sc_mlp", (8,), {"predictor": 3}, "predictor"),
+    ("sc_cnn", (1, 8, 8), {"channels": 8}, "channels"),
+    ("sc_cnn", (1, 8, 8), {"channels": [8, 8, 8]}, "channels"),
+    ("sc_cnn", (1, 8, 8), {"features": [8]}, "features"),
+    ("vertical", (8,), {"blocks": [[0, 1], [2, 3]], "party_hidden": 5}, "party_hidden"),
+    ("vertical", (8,), {"blocks": [[0, 1], [2, 3]], "head_hidden": [True]}, "head_hidden"),
+])
+def test_a_layer_size_option_of_the_wrong_type_is_refused_naming_the_key(name, shape, params, key):
+    """``hidden = 10`` raised "'int' object is not iterable", ``[true]`` a torch TypeError, ``"64"`` was read as
+    the widths [6, 4]; a third ``channels`` width was ignored."""
+    from trustfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^`model\.{key}` must "):
+        build_model(name, shape, 2, 0, **params)

@@ -27,21 +27,13 @@ from torch import nn
 
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
-from trustfl.models.zoo import check_input_shape
+from trustfl.models.zoo import check_input_shape, check_sizes
 
 OUTPUTS = ("projector", "backbone", "predictor", "projector_predictor")
 PREDICTOR = "predictor."
 """Prefix of the predictor's parameter names; every other parameter belongs to the encoder (backbone, projector)."""
 INITS = ("default", "he")
 """``model.init``: PyTorch's default initialisation, or He-normal weights (fan-in, ReLU gain) with zero biases."""
-
-
-def _sizes(name: str, value: Sequence[int], allow_empty: bool = False) -> list[int]:
-    sizes = list(value)
-    if (not sizes and not allow_empty) or any(isinstance(h, bool) or not isinstance(h, int) or h <= 0 for h in sizes):
-        raise ConfigError(f"`model.{name}` must be a {'' if allow_empty else 'non-empty '}list of positive integers, "
-                          f"found {sizes!r}.")
-    return sizes
 
 
 def _projector(width: int, hidden: Sequence[int], dim: int) -> nn.Sequential:
@@ -73,7 +65,8 @@ class _EncoderProjector(nn.Module):
 
     def _add_predictor(self, predictor: Sequence[int] | None, dim: int) -> None:
         """BYOL's predictor H → hidden… → H after the projector (registered last: its parameters come last)."""
-        self.predictor = None if predictor is None else _projector(dim, _sizes("predictor", predictor, True), dim)
+        self.predictor = None if predictor is None else _projector(dim, check_sizes("predictor", predictor, True),
+                                                                   dim)
 
     def init_weights(self, generator: torch.Generator) -> None:
         """With ``init = "he"``: every Linear/Conv weight ~ N(0, 2/fan_in), every bias 0 (drawn from ``generator``
@@ -119,12 +112,12 @@ class SCMLP(_EncoderProjector):
                  predictor: Sequence[int] | None = None) -> None:
         super().__init__()
         self.init = _check_init(init)
-        sizes = [int(math.prod(check_input_shape(input_shape))), *_sizes("hidden", hidden)]
+        sizes = [int(math.prod(check_input_shape(input_shape))), *check_sizes("hidden", hidden)]
         layers: list[nn.Module] = [nn.Flatten()]
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), nn.ReLU()]
         self.backbone = nn.Sequential(*layers)
-        self.projector = _projector(sizes[-1], _sizes("projector", projector, True), dim)
+        self.projector = _projector(sizes[-1], check_sizes("projector", projector, True), dim)
         self._add_predictor(predictor, dim)
 
 
@@ -154,14 +147,17 @@ class SCCNN(_EncoderProjector):
         shape = check_input_shape(input_shape)
         if len(shape) != 3 or shape[1] < 4 or shape[2] < 4:
             raise ConfigError(f"model 'sc_cnn' needs images (C, H, W) with H, W >= 4, found input shape {shape}.")
-        c1, c2 = _sizes("channels", channels)[:2] if len(channels) >= 2 else (None, None)
-        if c1 is None:
-            raise ConfigError(f"`model.channels` must hold two positive integers, found {list(channels)!r}.")
-        (feat,) = _sizes("features", [features])
+        sizes = check_sizes("channels", channels)
+        if len(sizes) != 2:  # a third width would be ignored
+            raise ConfigError(f"`model.channels` must hold two positive integers, found {channels!r}.")
+        c1, c2 = sizes
+        if isinstance(features, bool) or not isinstance(features, int) or features < 1:
+            raise ConfigError(f"`model.features` must be a positive integer, found {features!r}.")
+        feat = features
         self.backbone = nn.Sequential(
             nn.Conv2d(shape[0], c1, 3, padding=1), nn.ReLU(),
             nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(c2, c2, 3, stride=2, padding=1), nn.ReLU(),
             _MeanPool(), nn.Linear(c2, feat), nn.ReLU())
-        self.projector = _projector(feat, _sizes("projector", projector, True), dim)
+        self.projector = _projector(feat, check_sizes("projector", projector, True), dim)
         self._add_predictor(predictor, dim)

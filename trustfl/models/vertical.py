@@ -21,16 +21,9 @@ from torch import nn
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
 from trustfl.models.pooling import max_pool2d
-from trustfl.models.zoo import check_input_shape, check_outputs
+from trustfl.models.zoo import check_input_shape, check_outputs, check_sizes
 
 PARTY_MODELS = ("mlp", "cnn")
-
-
-def _positive_ints(name: str, values: Sequence[int]) -> list[int]:
-    values = list(values)
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise ConfigError(f"`model.{name}` must be a list of integers >= 1, found {values!r}.")
-    return values
 
 
 def _mlp(sizes: Sequence[int], last_relu: bool) -> nn.Sequential:
@@ -84,8 +77,8 @@ class VerticalModel(nn.Module):
             raise ConfigError(f"`model.party` must be one of {', '.join(map(repr, PARTY_MODELS))}, found {party!r}.")
         if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
             raise ConfigError(f"`model.embedding_dim` must be an integer >= 1, found {embedding_dim!r}.")
-        party_hidden = _positive_ints("party_hidden", party_hidden)
-        head_hidden = _positive_ints("head_hidden", head_hidden)
+        party_hidden = check_sizes("party_hidden", party_hidden, allow_empty=True)
+        head_hidden = check_sizes("head_hidden", head_hidden, allow_empty=True)
         input_shape = check_input_shape(input_shape)
         num_features = int(math.prod(input_shape))
         if not isinstance(blocks, Sequence) or isinstance(blocks, str) or not blocks or any(

@@ -34,6 +34,19 @@ def check_outputs(num_classes: int) -> int:
     return int(num_classes)
 
 
+def check_sizes(key: str, value: object, allow_empty: bool = False) -> list[int]:
+    """``model.<key>``, a list of layer sizes, as a list of positive integers (a ConfigError naming the key
+    otherwise: a bare number, a string, booleans or floats are refused, not iterated or passed to torch)."""
+    sizes = list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else None
+    if sizes is None or (not sizes and not allow_empty) or any(
+            isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1 for h in sizes):
+        hint = f" (write [{value}] for one layer)" if isinstance(value, numbers.Integral) and not isinstance(
+            value, bool) else ""
+        raise ConfigError(f"`model.{key}` must be a {'' if allow_empty else 'non-empty '}list of positive integers, "
+                          f"found {value!r}{hint}.")
+    return [int(h) for h in sizes]
+
+
 def _features(input_shape: Sequence[int]) -> int:
     return int(math.prod(check_input_shape(input_shape)))
 
@@ -56,9 +69,7 @@ class MLP(nn.Module):
 
     def __init__(self, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200)) -> None:
         super().__init__()
-        if not hidden or any((not isinstance(h, int)) or h <= 0 for h in hidden):
-            raise ConfigError(f"`model.hidden` must be a non-empty list of positive integers, found {list(hidden)!r}.")
-        sizes = [_features(input_shape), *hidden]
+        sizes = [_features(input_shape), *check_sizes("hidden", hidden)]
         layers: list[nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), nn.ReLU()]
