@@ -159,6 +159,19 @@ def test_malformed_replies_that_leave_the_rule_too_few_skip_the_round_not_the_se
     assert "round 1 skipped: 0 node(s) dropped, 2 reply(ies) rejected" in capsys.readouterr().err
 
 
+def test_the_mean_of_finite_losses_near_the_float32_limit_is_finite(tmp_path):
+    """Each node's loss is a finite float32 (the wire refuses more); their mean was taken in float32, so two near
+    3e38 summed to inf and the round's ``train_loss`` said inf."""
+    def near_limit(wire):
+        arrays, config = wire
+        return arrays, {**config, "train_loss": 3e38}
+
+    cfg = _config(FEDAVG_DP_ROBUST)
+    nodes = [NodeRuntime(cfg, i) for i in range(cfg.data.num_clients)]
+    dep, _ = _deploy(cfg, tmp_path, transport=Corrupting(nodes, near_limit, which=(0, 1, 2, 3)))
+    assert [r["train_loss"] for r in dep.rows] == [3e38] * cfg.rounds
+
+
 @pytest.mark.parametrize("override,key", [
     ('attack={name="sign_flip", num_byzantine=1}', "attack.name"),
     ('recipe.noise_path="fast"', "recipe.noise_path"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import os
 import re
 import secrets as _os_secrets
@@ -236,7 +237,8 @@ class RemoteEngine(AbstractEngine):
         for name, stage in fed.client_stages.stages:
             if isinstance(stage, CorrelatedNoise):  # what is left in the sum of the rows that arrived
                 stage_metrics[f"{name}/sum_noise_std"] = stage.sum_noise_std(len(answered), fed.num_clients)
-        loss = float(torch.tensor(losses, dtype=torch.float32).mean()) if losses else None
+        # float64: each loss is a finite float32 (read_reply), but a float32 sum of two near 3e38 is inf
+        loss = math.fsum(losses) / len(losses) if losses else None
         bits_row, failures = None, 0
         if uplink is not None:
             decoded, bits_row, failures = decoded_uplink(fed, r, coded_up, state.params)
