@@ -133,6 +133,20 @@ def test_csv_options_pick_the_columns(tmp_path):
     assert reg.task == "regression" and reg.input_shape == (3,)
 
 
+@pytest.mark.parametrize("task", ["auto", "classification"])
+def test_csv_integer_labels_beyond_int64_are_refused_naming_the_file_and_rows(tmp_path, task):
+    """They were read as float64: a regression target under "auto", and under "classification" the labels 2**70
+    and 2**70 + 1 became one class."""
+    labels = [0, 1, 2 ** 70, 2 ** 70 + 1]
+    f = _write_csv(tmp_path / "t.csv", ["a", "y"], [[i, labels[i % 4]] for i in range(12)])
+    with pytest.raises(DataError, match=r"^CSV file '.*t\.csv': target column 'y' holds integers beyond the int64 "
+                                        r"range in line 4, line 5, line 8, line 9, line 12, … \(6 in all\); .*"
+                                        r"`task = \"regression\"`"):
+        load_dataset("csv", path=str(f), task=task)
+    reg = load_dataset("csv", path=str(f), task="regression", standardize_target=False)
+    assert reg.task == "regression" and 2.0 ** 70 in reg.train_y.tolist() + reg.test_y.tolist()
+
+
 # ----------------------------------------------------------------------------------------------- image_folder
 
 def _png(path, value, mode="L", size=(6, 5)):

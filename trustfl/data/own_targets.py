@@ -33,6 +33,21 @@ def _parse(values: np.ndarray, kind: type) -> np.ndarray | int:
     return out
 
 
+def _beyond_int64(values: np.ndarray) -> list[int]:
+    """The indices of the values beyond int64 when every value is an integer (text or int), else none."""
+    big = []
+    for i, v in enumerate(values):
+        try:
+            n = int(v.strip()) if isinstance(v, str) else int(v) if isinstance(v, (int, np.integer)) else None
+        except ValueError:
+            return []
+        if n is None or isinstance(v, bool):
+            return []
+        if not -2 ** 63 <= n < 2 ** 63:
+            big.append(i)
+    return big
+
+
 def _is_numeric(arr: np.ndarray) -> bool:
     return arr.dtype.kind in "biuf"
 
@@ -47,6 +62,7 @@ def _encode_targets(raw: np.ndarray, task: str, describe: str,
 
     ``raw`` is a numeric array, or an object array of strings (None: missing). Strings that all parse as integers
     count as integers and strings that all parse as numbers as floating point, so CSV and npz files agree.
+    Integers beyond int64 are refused unless ``task`` is "regression" (read as float64, classes would merge).
     """
     if raw.dtype.kind == "S":
         raw = raw.astype(str)
@@ -55,6 +71,11 @@ def _encode_targets(raw: np.ndarray, task: str, describe: str,
         if missing:
             raise DataError(f"{describe} has no value in {_list([row(i) for i in missing])}.")
         as_int = _parse(raw.ravel(), int)
+        big = [] if isinstance(as_int, np.ndarray) or task == "regression" else _beyond_int64(raw.ravel())
+        if big:  # read as float64 they were a regression target, or classes 2**70 and 2**70 + 1 merged
+            raise DataError(f"{describe} holds integers beyond the int64 range in {_list([row(i) for i in big])}; "
+                            f"class labels must fit in int64 or be text (e.g. a letter before the digits), or set "
+                            f"`task = \"regression\"` if they are values.")
         if isinstance(as_int, np.ndarray):
             raw = as_int.reshape(raw.shape)
         else:
