@@ -31,6 +31,7 @@ import_torch()  # first, so that a run's start-up freezes torch's objects out of
 import torch
 
 from trustfl.config.build import build_federation, resolve_engine
+from trustfl.config.device import refuse_meta_default
 from trustfl.config.load import config_to_dict, dump_toml, load_config
 from trustfl.config.schema import ExperimentConfig, FieldError
 from trustfl.engine.allocator import tune_allocator
@@ -147,7 +148,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path | None = None, *, resu
 
 def _check_arguments(cfg: Any, out: Any, resume: Any, data_dir: Any, checkpoint_every: Any, stop_after: Any,
                      on_eval: Any, engine: Any) -> None:
-    """Refuse :func:`run_experiment` arguments of the wrong kind before anything is built or written."""
+    """Refuse :func:`run_experiment` arguments of the wrong kind, or a call under torch's default device 'meta',
+    before anything is built or written."""
     def fail(name: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"run_experiment: `{name}` must be {allowed}, found {value!r}.")
 
@@ -167,6 +169,7 @@ def _check_arguments(cfg: Any, out: Any, resume: Any, data_dir: Any, checkpoint_
     for name, value in (("on_eval", on_eval), ("engine", engine)):
         if value is not None and not callable(value):
             fail(name, value, "a function or None")
+    refuse_meta_default("run_experiment")
 
 
 def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, resume: str | Path | None,

@@ -2,9 +2,11 @@
 import re
 
 import pytest
+import torch
 
 from trustfl.config.build import build_federation
 from trustfl.config.load import config_from_dict, config_to_dict, dump_toml, load_config, parse_override
+from trustfl.core import registry
 from trustfl.errors import ConfigError
 
 
@@ -42,6 +44,30 @@ def test_component_errors_name_the_key_path_before_training(data, fragments):
         build_federation(cfg, quiet=True)
     for fragment in fragments:
         assert fragment in str(err.value)
+
+
+class _MetaLayers(torch.nn.Module):
+    """A model whose layers its author put on the meta device (shapes only)."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, num_classes, device="meta")
+        self.norm = torch.nn.LayerNorm(num_classes, device="meta")  # a layer build_model does not re-draw
+
+    def forward(self, x):
+        return self.norm(self.fc(x.flatten(1)))
+
+
+def test_a_model_or_a_default_device_on_meta_is_refused_naming_it(monkeypatch):
+    """A model left on the meta device failed with torch's NotImplementedError "Cannot copy out of meta tensor", and
+    a build inside ``with torch.device("meta")`` with a TypeError (a meta tensor cannot become a numpy array)."""
+    monkeypatch.setitem(registry._REGISTRY.setdefault("model", {}), "_test_meta", _MetaLayers)
+    base = {"data": {"dataset": "digits", "num_clients": 4}, "model": {"name": "logreg"}}
+    with pytest.raises(ConfigError, match=r"^`model` \('_test_meta'\): its tensor 'fc.weight' is on the meta device "
+                                          r"\(a shape without values\)"):
+        build_federation(config_from_dict({**base, "model": {"name": "_test_meta"}}), quiet=True)
+    with torch.device("meta"), pytest.raises(ConfigError, match=r"^build_federation: torch's default device is 'meta'"):
+        build_federation(config_from_dict(base), quiet=True)
 
 
 def test_overrides_and_round_trip(tmp_path):

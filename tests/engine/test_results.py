@@ -316,3 +316,12 @@ def test_a_config_given_with_resume_must_be_the_runs_own(tmp_path):
         run_experiment(other, resume=tmp_path / "run", progress=False, plots=False)
     resumed = run_experiment(cfg, resume=tmp_path / "run", progress=False, plots=False)
     assert resumed.summary["rounds"] == cfg.rounds
+
+
+def test_run_experiment_under_the_meta_default_device_is_refused_before_writing(tmp_path):
+    """Inside ``with torch.device("meta")`` it made the run directory, then failed with a raw TypeError (a meta
+    tensor cannot become a numpy array)."""
+    with torch.device("meta"), pytest.raises(ConfigError, match=r"^run_experiment: torch's default device is 'meta' "
+                                                                 r"\(a `with torch.device\(\"meta\"\)` block"):
+        run_experiment(_cfg(), tmp_path / "run", progress=False, plots=False)
+    assert not (tmp_path / "run").exists()

@@ -15,7 +15,7 @@ import torch
 from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
-from trustfl.config.device import device_info, on_device, resolve_engine_device
+from trustfl.config.device import device_info, on_device, refuse_meta_default, resolve_engine_device
 from trustfl.config.inert import check_inert_settings
 from trustfl.config.model import build_config_model, check_model_fits
 from trustfl.config.partition import partition_clients
@@ -186,6 +186,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     message); a plan for another client is refused. ``checked_noise``: its multiplier as the node calibrated and
     checked it at an earlier message (see :func:`~trustfl.config.privacy.setup_privacy`).
     """
+    refuse_meta_default("build_federation")
     import_plugins(cfg)
     check_inert_settings(cfg, as_written=True)
     recipe = _recipe(cfg.algorithm)

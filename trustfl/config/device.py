@@ -14,6 +14,17 @@ from trustfl.config.schema import ExperimentConfig
 from trustfl.errors import ConfigError
 
 
+def refuse_meta_default(who: str) -> None:
+    """Refuse (a ConfigError) a call made where torch's default device is ``meta`` (inside ``with
+    torch.device("meta")``, or after ``torch.set_default_device("meta")``): every tensor made there would hold
+    no values. Called once where a run starts (about 20 µs), not in a round."""
+    if torch.get_default_device().type == "meta":
+        raise ConfigError(f"{who}: torch's default device is 'meta' (a `with torch.device(\"meta\")` block or "
+                          f"torch.set_default_device(\"meta\")), where tensors have shapes but no values, so no "
+                          f"data can be loaded nor a model trained; call it outside that block (`engine.device` "
+                          f"picks where a run computes).")
+
+
 def resolve_device(cfg: ExperimentConfig) -> tuple[torch.device, str | None]:
     """The device ``engine.device`` names on this machine, and a notice when ``auto`` chose it.
 

@@ -1,6 +1,7 @@
 """The model a config names: built from the registry with seeded weights, or started from ``model.init_from``."""
 from __future__ import annotations
 
+import itertools
 import zipfile
 from pathlib import Path
 
@@ -42,6 +43,11 @@ def build_config_model(cfg: ExperimentConfig, dataset: Dataset, seed: int, num_o
         raise ConfigError(f"`model`: {err}") from None
     except (RuntimeError, OverflowError) as err:  # e.g. a size torch refuses
         raise ConfigError(f"`model` ({cfg.model.name!r}) cannot be built: {str(err).splitlines()[0]}") from None
+    meta = next((n for n, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta), None)
+    if meta is not None:  # moving it to `engine.device` raised a raw NotImplementedError
+        raise ConfigError(f"`model` ({cfg.model.name!r}): its tensor {meta!r} is on the meta device (a shape without "
+                          f"values), so it cannot be trained; build the model's layers without device=\"meta\" "
+                          f"(trustfl builds every model on the CPU and moves it to `engine.device`).")
     if cfg.model.params.get("init_from"):
         load_initial_weights(model, cfg.model.params["init_from"], cfg.model.name)
     return model
