@@ -163,3 +163,20 @@ def test_fedavg_end_to_end_on_digits(small_config, tmp_path):
     result = run_experiment(cfg, tmp_path / "fedavg", progress=False)
     assert result.summary["final_accuracy"] >= 0.9
     assert math.isfinite(result.summary["final_loss"])
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_round_from_params_on_the_meta_device_is_refused_in_one_line(small_config, kind):
+    """Torch said only "Tensor on device meta is not on the expected device cpu!" (a RuntimeError)."""
+    import dataclasses
+
+    from trustfl.config.build import build_federation, resolve_engine
+    from trustfl.errors import MessageError
+
+    cfg = small_config(rounds=1, engine__kind=kind)
+    fed = build_federation(cfg, quiet=True)
+    engine = resolve_engine(cfg, fed.info["engine"])
+    state = engine.initial_state(fed)
+    with pytest.raises(MessageError, match=r"^round 1: the engine state's `params` are on the meta device \(a shape "
+                                           r"without values\), so no client can train from them; start from"):
+        engine.run_round(fed, dataclasses.replace(state, params=state.params.to("meta")))

@@ -196,3 +196,18 @@ def test_a_fallback_that_does_not_divide_among_the_parties_says_so(vertical_conf
 def test_an_unreachable_budget_is_refused_before_training(vertical_config):
     with pytest.raises(ConfigError, match="recipe.epsilon"):
         build_federation(vertical_config("vafl", recipe={"epsilon": 1e-9, "delta": 1e-9}), quiet=True)
+
+
+def test_a_round_from_params_on_the_meta_device_is_refused_in_one_line(vertical_config):
+    """It failed with torch's "META device type not an accelerator." (a RuntimeError)."""
+    import dataclasses
+
+    from trustfl.config.build import resolve_engine
+    from trustfl.errors import MessageError
+
+    cfg = vertical_config(engine__iterations_per_round=2)
+    fed = build_federation(cfg, quiet=True)
+    engine = resolve_engine(cfg, fed.info["engine"])
+    state = engine.initial_state(fed)
+    with pytest.raises(MessageError, match=r"^round 1: the engine state's `params` are on the meta device"):
+        engine.run_round(fed, dataclasses.replace(state, params=state.params.to("meta")))

@@ -39,7 +39,7 @@ from trustfl.core.rng import SERVER
 from trustfl.deploy.checks import check_deployable
 from trustfl.deploy.wire import Hello, TrainRequest, Wire, pack_directory, read_reply
 from trustfl.engine.base import AbstractEngine
-from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.federation import EngineState, Federation, refuse_meta_params
 from trustfl.engine.local import ClientPlan, num_local_steps
 from trustfl.engine.round_parts import Arrivals, admit, conclude, make_plan, round_events, sample_cohort
 from trustfl.engine.sync import initial_state
@@ -182,6 +182,7 @@ class RemoteEngine(AbstractEngine):
         if self.directory is None:
             self.connect(fed)
         start = time.perf_counter()
+        refuse_meta_params(state)
         r = state.round
         metrics: dict[str, Any] = {"round": r + 1}
         resent = self._charge_earlier_sends(fed, r)  # before admission: a budget counts what may be released

@@ -34,7 +34,7 @@ from trustfl.core.checks import check_number
 from trustfl.core.registry import component_name, register
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.executors import ClientResults, LocalJob
-from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.federation import EngineState, Federation, refuse_meta_params
 from trustfl.engine.links import Links
 from trustfl.engine.local import num_local_steps
 from trustfl.engine.round_parts import (Uplink, admit, broadcast, cohort_context, compressed_deltas, deliver,
@@ -204,6 +204,7 @@ class AsyncEngine(AbstractEngine):
 
     def run_round(self, fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
         start = time.perf_counter()
+        refuse_meta_params(state)
         r = state.round
         metrics: dict[str, Any] = {"round": r + 1}
         clock = ClockState.from_state_dict(state.clock["clock"])

@@ -16,6 +16,7 @@ from trustfl.core.stage import Chain
 from trustfl.data.datasets import Dataset
 from trustfl.engine.executors import AbstractExecutor, LocalJob
 from trustfl.engine.local import LocalTraining, TrainData
+from trustfl.errors import MessageError
 from trustfl.evaluate.base import AbstractEvaluator
 from trustfl.objectives.base import AbstractObjective
 from trustfl.objectives.precision import Autocast
@@ -199,3 +200,12 @@ class EngineState:
     """An asynchronous engine's virtual clock and schedule state (server time, each client's last contact)."""
     statistics: dict[str, Any] = field(default_factory=dict)
     """State of the client statistics' server halves (e.g. FedSC's stored correlation matrices), by name."""
+
+
+def refuse_meta_params(state: EngineState) -> None:
+    """Refuse (a MessageError) a state whose ``params`` are on the meta device, where a round first reads them (one
+    check a round): they have a shape but no values, and torch's own error said only a device was not expected."""
+    if state.params.is_meta:
+        raise MessageError(f"round {state.round + 1}: the engine state's `params` are on the meta device (a shape "
+                           f"without values), so no client can train from them; start from the engine's "
+                           f"initial_state(fed) or a checkpoint.")

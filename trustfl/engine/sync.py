@@ -22,7 +22,7 @@ from trustfl.core.registry import register
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.exchange import exchange
 from trustfl.engine.executors import LocalJob
-from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.federation import EngineState, Federation, refuse_meta_params
 from trustfl.engine.local import round_lr
 from trustfl.engine.round_parts import admit, broadcast, cohort_context, compressed_deltas, deliver, sample_cohort
 
@@ -48,6 +48,7 @@ def round_job(fed: Federation, r: int) -> tuple[LocalJob, float]:
 def run_round(fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
     """Run round ``state.round`` and return the new state and the round's metrics."""
     start = time.perf_counter()
+    refuse_meta_params(state)
     r = state.round
     metrics: dict[str, Any] = {"round": r + 1}
     plans, crafted, cohort = admit(fed, r, sample_cohort(fed, r), metrics)

@@ -23,7 +23,7 @@ import torch
 
 from trustfl.core.registry import register
 from trustfl.engine.base import AbstractEngine
-from trustfl.engine.federation import EngineState, Federation
+from trustfl.engine.federation import EngineState, Federation, refuse_meta_params
 from trustfl.privacy.events import self_composed
 from trustfl.vertical.methods import Iteration, VerticalMethod
 from trustfl.vertical.parties import Party
@@ -123,6 +123,7 @@ class VerticalEngine(AbstractEngine):
 
     def run_round(self, fed: Federation, state: EngineState) -> tuple[EngineState, dict[str, Any]]:
         start_time = time.perf_counter()
+        refuse_meta_params(state)
         setup, method = fed.vertical, fed.vertical.method
         first = state.clock["iteration"]
         last = first + setup.per_round
