@@ -211,3 +211,13 @@ def test_a_round_from_params_on_the_meta_device_is_refused_in_one_line(vertical_
     state = engine.initial_state(fed)
     with pytest.raises(MessageError, match=r"^round 1: the engine state's `params` are on the meta device"):
         engine.run_round(fed, dataclasses.replace(state, params=state.params.to("meta")))
+
+
+def test_run_info_reports_epsilon_and_delta_only_with_dp(vertical_config):
+    """Without `recipe.epsilon` it said epsilon inf and delta 0.001 (the default of a key refused without DP), as
+    if the run had a δ; a horizontal run without DP reports no privacy either."""
+    plain = build_federation(vertical_config("dpzv"), quiet=True).info
+    assert "privacy" not in plain and plain["vertical"]["method"] == "dpzv"
+    assert not {"epsilon", "delta", "noise_multiplier", "accountant"} & set(plain["vertical"])
+    private = build_federation(vertical_config("vafl", recipe={"epsilon": 2.0, "delta": 1e-4}), quiet=True).info
+    assert private["vertical"]["epsilon"] == 2.0 and private["vertical"]["delta"] == 1e-4

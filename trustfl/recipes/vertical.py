@@ -122,11 +122,12 @@ class VerticalRecipe(AbstractRecipe):
             raise ConfigError(f"`recipe.delta` must be a number in (0, 1), found {delta!r}.")
         accountant = recipe_choice(rec, "accountant", "gdp", ACCOUNTANTS)
         info = fed.info["vertical"]
-        info.update(method=self.algorithm, epsilon=epsilon, delta=delta)
+        info.update(method=self.algorithm)
         setup.method = method
         setup.cache_init = "forward"
-        if math.isinf(epsilon):
+        if math.isinf(epsilon):  # no DP: no ε, δ or noise reported (the horizontal engine reports no privacy)
             return
+        info.update(epsilon=epsilon, delta=delta)
         bound = self._bound(method)
         if math.isinf(bound):
             raise ConfigError(f"`recipe.clipping` is false, but `recipe.epsilon` = {epsilon:g} needs the "
