@@ -267,3 +267,12 @@ def test_small_setting_end_to_end_records_the_floor_and_learns(tmp_path, one_tor
     fed = run_experiment(load_config(path, ["rounds=10"]), tmp_path / "f", progress=False, plots=False)
     assert 0.5 < fed.summary["initial_linear_probe_accuracy"] < 0.8
     assert bool(torch.isfinite(fed.params).all()) and 0 < fed.summary["final_knn_accuracy"] <= 1
+
+
+def test_run_info_reports_delta_and_neighboring_only_with_dp_calr_noise():
+    """Without noise it said delta 1e-4 and neighboring "replace_one" (defaults of keys refused there), as if the
+    shared matrices had a (ε, δ) guarantee."""
+    plain = build_federation(_cfg(), quiet=True).info["fedsc"]
+    assert plain["releases_per_client"] > 0 and not {"delta", "neighboring", "sigma"} & set(plain)
+    noisy = build_federation(_cfg(recipe={"share_views": 2, "sigma": 0.5, "delta": 1e-3}), quiet=True).info["fedsc"]
+    assert noisy["delta"] == 1e-3 and noisy["neighboring"] == "replace_one" and noisy["sigma"] == [0.5] * 5

@@ -230,15 +230,14 @@ class SpectralRecipe(AbstractRecipe):
         releases = stat.releases()
         eps, delta = rec.get("epsilon"), float(rec.get("delta", 1e-4))
         sigma = float(rec.get("sigma", 0.0))
-        info: dict[str, Any] = {"releases_per_client": releases, "delta": delta, "mu": stat.mu,
-                                "neighboring": stat.neighboring}
-        fed.info["fedsc"].update(info)
+        fed.info["fedsc"].update({"releases_per_client": releases, "mu": stat.mu})
         if releases == 0:
             raise ConfigError(f"`recipe.share_from` = {stat.share_from} is after the last of {cfg.rounds} rounds: no "
                               f"matrix would ever be shared (nor protected by `recipe.epsilon` / `sigma`), so the run "
                               f"would be algorithm \"fedavg_sc\"; lower it, or run that algorithm.")
-        if eps is None and sigma == 0:
+        if eps is None and sigma == 0:  # no noise: no δ nor neighbouring relation reported (keys refused here)
             return
+        fed.info["fedsc"].update({"delta": delta, "neighboring": stat.neighboring})
         if fed.ledger is not None:
             raise ConfigError("`recipe.epsilon` / `recipe.sigma`: FedSC's DP-CalR ledgers cannot be combined with "
                               "other privacy stages (`client_stages`, `server_stages`) in one run.")
