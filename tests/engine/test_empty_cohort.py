@@ -12,7 +12,7 @@ from trustfl.experiment import run_experiment
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PARTS = {
-    "gaussian_noise": {"client_stages": [{"name": "gaussian_noise", "noise_multiplier": 1.0, "sensitivity": 1.0}]},
+    "gaussian_noise": {"client_stages": [{"name": "gaussian_noise", "std": 1.0}]},
     "clip_and_noise": {"client_stages": [{"name": "clip_l2", "max_norm": 1.0},
                                          {"name": "gaussian_noise", "noise_multiplier": 1.0, "sensitivity": 1.0}]},
     "correlated_noise": {"client_stages": [{"name": "correlated_noise", "sigma_cor": 1.0, "sigma_ind": 0.1}]},
@@ -24,8 +24,8 @@ PARTS = {
     "transforms": {"client": {"steps": 2, "batch_size": 16,
                               "transforms": [{"name": "proximal", "mu": 0.1}, {"name": "momentum"}]}},
     "dp_sgd": {"client": {"steps": 2, "batch_size": 16, "dp": {"mode": "per_example", "noise_multiplier": 1.0}}},
-    "central_noise": {"server_stages": [{"name": "central_gaussian_noise", "noise_multiplier": 1.0,
-                                         "clip_norm": 1.0}]},
+    "central_noise": {"client_stages": [{"name": "clip_l2", "max_norm": 1.0}], "server": {"weighting": "uniform"},
+                      "server_stages": [{"name": "central_gaussian_noise", "noise_multiplier": 1.0, "clip_norm": 1.0}]},
 }
 
 

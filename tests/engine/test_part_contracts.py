@@ -246,7 +246,8 @@ def test_an_evaluators_metric_named_like_another_round_metric_is_refused_with_th
     base = _evaluator(lambda n: {"gaussian_noise/std": float(n)})
     named = type("Named", (base,), {"metrics": {"gaussian_noise/std": True}})
     _register(monkeypatch, "evaluator", "contract_test_eval", named)
-    stages = [{"name": "gaussian_noise", "noise_multiplier": 0.1, "sensitivity": 1.0}]
+    stages = [{"name": "clip_l2", "max_norm": 1.0}, {"name": "gaussian_noise", "noise_multiplier": 0.1,
+                                                     "sensitivity": 1.0}]
     cfg = _cfg(evaluators=[{"name": "contract_test_eval"}], client_stages=stages)
     with pytest.raises(ConfigError, match=r"^`evaluators`: metric 'gaussian_noise/std' is also a column the engine "
                                           r"writes in the round's row"):

@@ -21,6 +21,7 @@ from trustfl.config.model import build_config_model, check_model_fits
 from trustfl.config.partition import partition_clients
 from trustfl.config.population import population_options, population_partition
 from trustfl.config.privacy import setup_privacy
+from trustfl.config.sensitivity import check_privacy_stages
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.memory import out_of_memory_as_error
@@ -311,6 +312,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                                    layout.numel, next(iter(params.values())).device, key,
                                    pairwise=aggregator.pairwise)
     local_chain = build_local_chain(cfg)
+    check_privacy_stages(cfg, client_stages, server_stages, bool(local_chain.extras_widths(layout)))
     noisy = [n for n, st in client_stages.stages if st.privacy_noise]
     if local_chain.extras_widths(layout) and noisy:
         raise ConfigError(f"`client.transforms` {local_chain.names} send values beside the message (e.g. SCAFFOLD's "
