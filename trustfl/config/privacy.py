@@ -11,7 +11,8 @@ from typing import Any
 
 from trustfl.config.inert import check_budget_has_a_use
 from trustfl.config.schema import ExperimentConfig
-from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, step_event
+from trustfl.engine.local import (REPLACE_ONE_SENSITIVITY, ClientPlan, LocalTraining, num_local_steps, replace_one,
+                                  step_event)
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.events import composed, describe, self_composed
@@ -72,11 +73,15 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
                                    else sampling, round_decimals=None)
         others = set(honest).difference(mine)  # honest clients of other nodes: not calibrated here
         noise = [math.nan if i in others else 0.0 for i in range(n)]
+        # The calibrated z is σ over the sensitivity of the adjacency the steps are charged in: 2C under
+        # replace-one (step_event), so the noise std σ = z·2C is a multiplier of 2z on the clip norm C.
+        scale = REPLACE_ONE_SENSITIVITY if replace_one(training) else 1.0
         for i, z in zip(mine, z_mine):
             # Rounding (Robust-HDP's code keeps 2 decimals) goes up, so a client never spends past its budget.
+            z = scale * z
             noise[i] = round_up(z, dp.round_noise_to) if dp.round_noise_to >= 0 else z
     # dp_accounting analyses sampling without replacement only under replace-one adjacency.
-    neighboring = "replace_one" if dp.mode == "per_example" and sampling == "without_replacement" else "add_remove"
+    neighboring = "replace_one" if replace_one(training) else "add_remove"
     budgets = {i: Budget(eps[i] if eps is not None else math.inf, dp.delta) for i in honest}
     for i in mine:
         if noise[i] <= 0 and not budgets[i].unlimited:

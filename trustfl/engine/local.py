@@ -166,12 +166,17 @@ def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | 
     Poisson sampling is accounted as Poisson-subsampled Gaussian; shuffling and fixed-size sampling as sampling
     without replacement of ``b`` of ``n`` (the standard DP-SGD accounting for shuffled batches, documented as an
     approximation for ``shuffle``); mini-batch clipping as an unamplified Gaussian (user-level, add/remove).
+
+    The noise has std ``z·C``. Under add/remove (Poisson) one example moves the clipped sum by at most ``C``; under
+    replace-one, the only relation dp_accounting analyses sampling without replacement in, by ``2C`` (one clipped
+    gradient swapped for another), so such a step is charged ``GaussianDpEvent(z / 2)``
+    (:func:`event_noise_multiplier`).
     """
     if not training.private or plan.noise_multiplier <= 0:
         return None
     from dp_accounting import dp_event  # here: a run without DP never imports dp_accounting (and scipy)
 
-    gauss = dp_event.GaussianDpEvent(plan.noise_multiplier)
+    gauss = dp_event.GaussianDpEvent(event_noise_multiplier(training, plan.noise_multiplier))
     if training.dp_mode == "batch_clip":
         return gauss
     n = int(plan.rows.numel())
@@ -181,6 +186,22 @@ def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | 
     if b >= n:
         return gauss
     return dp_event.SampledWithoutReplacementDpEvent(n, b, gauss)
+
+
+REPLACE_ONE_SENSITIVITY = 2.0
+"""The clipped sum's L2 sensitivity under replace-one adjacency, in units of the clip norm ``C``."""
+
+
+def replace_one(training: LocalTraining) -> bool:
+    """Whether this DP-SGD is accounted under replace-one adjacency (per-example clipping with batches drawn
+    without replacement: shuffling or fixed-size sampling)."""
+    return training.dp_mode == "per_example" and training.sampler.accounting != "poisson"
+
+
+def event_noise_multiplier(training: LocalTraining, noise_multiplier: float) -> float:
+    """The noise multiplier a step's Gaussian is charged with: ``z`` (std ``z·C``) over the sum's sensitivity in
+    units of ``C`` under the adjacency the step is accounted in (``z / 2`` under replace-one)."""
+    return noise_multiplier / REPLACE_ONE_SENSITIVITY if replace_one(training) else noise_multiplier
 
 
 def num_local_steps(training: LocalTraining, num_samples: int, batch_size: int) -> int:
