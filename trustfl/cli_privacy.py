@@ -68,7 +68,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=_steps, required=True, help="number of steps T")
     p.add_argument("--delta", type=_DELTA, required=True, help="target δ in (0, 1)")
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp", help="dp_accounting accountant")
-    p.add_argument("--sampling", choices=SAMPLINGS, default="poisson", help="how batches are drawn")
+    p.add_argument("--sampling", choices=SAMPLINGS, default="poisson",
+                   help="how batches are drawn; without_replacement is replace-one adjacency, where the noise "
+                        "multiplier is σ over the replace-one sensitivity (2C for DP-SGD's clipped sum: a "
+                        "client.dp.noise_multiplier of 2z)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
