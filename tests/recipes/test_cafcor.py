@@ -209,8 +209,10 @@ def test_tiny_cafcor_run_learns_and_ledgers_report_the_target_epsilon(tmp_path):
 
 
 def _engine_only(cfg):
-    """The configured experiment as a plain engine config (no recipe), to vary one stage parameter."""
-    return dataclasses.replace(cfg, algorithm="fedavg", recipe={})
+    """The configured experiment as a plain engine config (no recipe), to vary one stage parameter; without the
+    secldp_accounting stage, which only algorithm "cafcor" calibrates (refused elsewhere)."""
+    stages = [c for c in cfg.client_stages if c.name != "secldp_accounting"]
+    return dataclasses.replace(cfg, algorithm="fedavg", recipe={}, client_stages=stages)
 
 
 @pytest.mark.parametrize("path", ["exact", "fast"])
@@ -218,7 +220,7 @@ def test_correlated_noise_cancels_in_an_all_honest_round(path):
     cfg = CafCorRecipe().configure(make_cfg({"threat_model": "secldp", "epsilon": 1.0, "noise_path": path,
                                              "aggregator": "mean"}, n=6, f=1))
     stages = [c if c.name != "correlated_noise" else Component(c.name, {**c.params, "sigma_ind": 0.0})
-              for c in cfg.client_stages]
+              for c in _engine_only(cfg).client_stages]
     honest = dataclasses.replace(_engine_only(cfg), client_stages=stages,
                                  attack=dataclasses.replace(cfg.attack, name="none", num_byzantine=0))
     quiet = dataclasses.replace(honest, client_stages=[
