@@ -221,3 +221,35 @@ def test_run_info_reports_epsilon_and_delta_only_with_dp(vertical_config):
     assert not {"epsilon", "delta", "noise_multiplier", "accountant"} & set(plain["vertical"])
     private = build_federation(vertical_config("vafl", recipe={"epsilon": 2.0, "delta": 1e-4}), quiet=True).info
     assert private["vertical"]["epsilon"] == 2.0 and private["vertical"]["delta"] == 1e-4
+
+
+@pytest.mark.parametrize("algorithm", ["dpzv", "vafl"])
+def test_rdp_epsilon_is_the_accountants_for_batches_drawn_without_replacement(vertical_config, tmp_path, algorithm):
+    """Every server iteration draws B of the D samples without replacement (randperm[:B]), and the noise is z times
+    the replace-one sensitivity (2C): dp_accounting's RDP accountant analyses exactly that as
+    ``SampledWithoutReplacementDpEvent(D, B, GaussianDpEvent(z))`` under replace-one. The reported ε is that one,
+    not the smaller ε of a Poisson sample under add/remove."""
+    from dp_accounting import dp_event
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    from trustfl.privacy.analysis.gaussian import DEFAULT_RDP_ORDERS
+
+    cfg = vertical_config(algorithm, recipe={"epsilon": 2.0, "delta": 1e-3, "accountant": "rdp"})
+    result = run_experiment(cfg, tmp_path, progress=False, plots=False)
+    info = json.loads((result.run_dir / "run_info.json").read_text())["vertical"]
+    fed = build_federation(cfg, quiet=True)
+    d, b = fed.vertical.num_samples, fed.vertical.batch_size
+    step = dp_event.SampledWithoutReplacementDpEvent(d, b, dp_event.GaussianDpEvent(info["noise_multiplier"]))
+    counts = torch.bincount(fed.vertical.order, minlength=4).tolist()
+    for party, spent in result.summary["epsilon"].items():
+        releases = (fed.vertical.order.numel() if fed.vertical.charge_all else counts[int(party)]) \
+            * fed.vertical.method.releases
+        acc = RdpAccountant(list(DEFAULT_RDP_ORDERS), NeighboringRelation.REPLACE_ONE).compose(step, releases)
+        assert spent == pytest.approx(acc.get_epsilon(1e-3), rel=1e-9)
+        assert spent <= 2.0 * (1 + 1e-9)
+
+
+def test_pld_is_refused_for_batches_drawn_without_replacement(vertical_config):
+    with pytest.raises(ConfigError, match="recipe.accountant"):
+        build_federation(vertical_config("dpzv", recipe={"epsilon": 1.0, "accountant": "pld"}), quiet=True)

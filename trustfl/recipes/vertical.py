@@ -4,9 +4,13 @@ Each recipe sets ``engine.kind = "vertical"`` (and ``model.name = "vertical"`` w
 default), reads its ``[recipe]`` keys and, once the federation is built, adds its method and its privacy.
 
 Privacy (``recipe.epsilon``, left out = none; ``recipe.delta``, default 1e-3; ``recipe.accountant``:
-``gdp``, the DPZV paper's first-order CLT μ-GDP, Thm C.2–C.4, or ``gdp_clt``, ``rdp``, ``pld``). Every protected
-message is one Poisson-subsampled Gaussian release at rate ``q = B/D``; its noise multiplier is calibrated so the
-whole run spends exactly ε under the chosen accountant, and the ledgers enforce it:
+``gdp``, the DPZV paper's first-order CLT μ-GDP, Thm C.2–C.4, or ``gdp_clt``, ``rdp``). Every server iteration
+draws ``B`` of the ``D`` samples without replacement, so every protected message is one subsampled Gaussian release
+at rate ``q = B/D`` under replace-one adjacency: ``rdp`` charges it as dp_accounting's
+``SampledWithoutReplacementDpEvent(D, B, GaussianDpEvent(z))`` (replace-one), the μ-GDP accountants with their CLT
+form of the subsampled Gaussian (the paper's; an approximation, not a worst-case bound); ``pld`` is refused
+(dp_accounting's PLD accountant cannot analyse sampling without replacement). The noise multiplier is calibrated
+so the whole run spends exactly ε under the chosen accountant, and the ledgers enforce it:
 
 - ``dpzv`` protects the scalar the server returns (Thm 6.1): per-sample differences clipped to ``[−C, C]``
   (sensitivity ``2C/B`` of the batch mean under replace-one), noise ``σ_dp = z·2C/B``. Every reply counts
@@ -39,7 +43,7 @@ from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.accountant import Budget, LedgerBook
-from trustfl.privacy.events import gaussian_event, poisson_sampled
+from trustfl.privacy.events import gaussian_event, poisson_sampled, without_replacement_sampled
 from trustfl.recipes.base import AbstractRecipe, recipe_choice, recipe_keys
 from trustfl.vertical.methods import CZOFO, DPZV, VAFL, ZOOVFL
 from trustfl.vertical.parties import EmbeddingPrivacy
@@ -121,6 +125,10 @@ class VerticalRecipe(AbstractRecipe):
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
             raise ConfigError(f"`recipe.delta` must be a number in (0, 1), found {delta!r}.")
         accountant = recipe_choice(rec, "accountant", "gdp", ACCOUNTANTS)
+        if accountant == "pld" and "epsilon" in rec:
+            raise ConfigError("`recipe.accountant` = \"pld\": every server iteration draws B of the D samples "
+                              "without replacement (replace-one adjacency), which dp_accounting's PLD accountant "
+                              "cannot analyse; use \"rdp\" (or the paper's \"gdp\").")
         info = fed.info["vertical"]
         info.update(method=self.algorithm)
         setup.method = method
@@ -140,8 +148,13 @@ class VerticalRecipe(AbstractRecipe):
         q = setup.batch_size / setup.num_samples
         from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier
 
+        # rdp: the batches' real sampling, B of D without replacement, under replace-one (noise z·2C: z over the
+        # replace-one sensitivity). The μ-GDP accountants keep the paper's CLT form of the subsampled Gaussian.
+        wor = accountant == "rdp" and setup.batch_size < setup.num_samples
         try:
-            z = calibrate_noise_multiplier(epsilon, delta, q, total, accountant=accountant, tol=1e-6 * epsilon)
+            z = calibrate_noise_multiplier(epsilon, delta, q, total, accountant=accountant, tol=1e-6 * epsilon,
+                                           sampling="without_replacement" if wor else "poisson",
+                                           dataset_size=setup.num_samples if wor else None)
         except PrivacyError as err:
             raise ConfigError(f"`recipe.epsilon` = {epsilon:g} over {total} releases at rate {q:.4g}: "
                               f"{err}") from None
@@ -150,9 +163,10 @@ class VerticalRecipe(AbstractRecipe):
         else:
             method.privacy = EmbeddingPrivacy(bound, z * 2 * bound)
             setup.cache_init = "zeros"  # a warm-up pass would release every embedding once more
-        setup.release_event = poisson_sampled(gaussian_event(z), q)
+        setup.release_event = without_replacement_sampled(gaussian_event(z), setup.num_samples, setup.batch_size) \
+            if wor else poisson_sampled(gaussian_event(z), q)
         fed.ledger = LedgerBook({m: Budget(epsilon, delta) for m in range(setup.num_parties)},
-                                accountant=accountant)
+                                accountant=accountant, neighboring="replace_one" if wor else "add_remove")
         info.update(noise_multiplier=z, releases=total, sample_rate=q, accountant=accountant,
                     noise_std=method.noise_std if method.channel == "scalar" else method.privacy.noise_std)
 
