@@ -11,8 +11,7 @@ from typing import Any
 
 from trustfl.config.inert import check_budget_has_a_use
 from trustfl.config.schema import ExperimentConfig
-from trustfl.engine.local import (REPLACE_ONE_SENSITIVITY, ClientPlan, LocalTraining, num_local_steps, replace_one,
-                                  step_event)
+from trustfl.engine.local import ClientPlan, LocalTraining, num_local_steps, replace_one, step_event, step_sensitivity
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.accountant import Budget, LedgerBook, check_schedule
 from trustfl.privacy.events import composed, describe, self_composed
@@ -73,9 +72,9 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
                                    else sampling, round_decimals=None)
         others = set(honest).difference(mine)  # honest clients of other nodes: not calibrated here
         noise = [math.nan if i in others else 0.0 for i in range(n)]
-        # The calibrated z is σ over the sensitivity of the adjacency the steps are charged in: 2C under
-        # replace-one (step_event), so the noise std σ = z·2C is a multiplier of 2z on the clip norm C.
-        scale = REPLACE_ONE_SENSITIVITY if replace_one(training) else 1.0
+        # The calibrated z is σ over the sensitivity the steps are charged at: 2C under replace-one and for a
+        # clipped batch mean (step_event), so the noise std σ = z·2C is a multiplier of 2z on the clip norm C.
+        scale = step_sensitivity(training)
         for i, z in zip(mine, z_mine):
             # Rounding (Robust-HDP's code keeps 2 decimals) goes up, so a client never spends past its budget.
             z = scale * z

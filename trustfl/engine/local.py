@@ -6,7 +6,7 @@ weight decay, momentum) → local SGD. The message a client sends is ``θ_local 
 from the client's own generators, derived from (seed, round, client, stage), so executors agree.
 
 Accounting: ``per_example`` (DP-SGD, Abadi et al. 2016) charges a subsampled Gaussian per step; ``batch_clip``
-(CafCor Alg. 1, eq. 1) an unamplified Gaussian per step.
+(CafCor Alg. 1, eq. 1) an unamplified Gaussian per step, at the clipped mean's sensitivity ``2C``.
 """
 from __future__ import annotations
 
@@ -165,12 +165,13 @@ def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | 
 
     Poisson sampling is accounted as Poisson-subsampled Gaussian; shuffling and fixed-size sampling as sampling
     without replacement of ``b`` of ``n`` (the standard DP-SGD accounting for shuffled batches, documented as an
-    approximation for ``shuffle``); mini-batch clipping as an unamplified Gaussian (user-level, add/remove).
+    approximation for ``shuffle``); mini-batch clipping as an unamplified Gaussian.
 
     The noise has std ``z·C``. Under add/remove (Poisson) one example moves the clipped sum by at most ``C``; under
     replace-one, the only relation dp_accounting analyses sampling without replacement in, by ``2C`` (one clipped
     gradient swapped for another), so such a step is charged ``GaussianDpEvent(z / 2)``
-    (:func:`event_noise_multiplier`).
+    (:func:`event_noise_multiplier`). So is a mini-batch clipping step: one example added, removed or replaced can
+    move the clipped batch mean anywhere in the ball of radius ``C``, by up to ``2C``.
     """
     if not training.private or plan.noise_multiplier <= 0:
         return None
@@ -198,10 +199,16 @@ def replace_one(training: LocalTraining) -> bool:
     return training.dp_mode == "per_example" and training.sampler.accounting != "poisson"
 
 
+def step_sensitivity(training: LocalTraining) -> float:
+    """The L2 sensitivity, in units of ``C``, of what a step noises: 2 for a clipped sum under replace-one and for
+    a clipped batch mean (``batch_clip``, under any relation), 1 for a clipped sum under add/remove."""
+    return REPLACE_ONE_SENSITIVITY if replace_one(training) or training.dp_mode == "batch_clip" else 1.0
+
+
 def event_noise_multiplier(training: LocalTraining, noise_multiplier: float) -> float:
-    """The noise multiplier a step's Gaussian is charged with: ``z`` (std ``z·C``) over the sum's sensitivity in
-    units of ``C`` under the adjacency the step is accounted in (``z / 2`` under replace-one)."""
-    return noise_multiplier / REPLACE_ONE_SENSITIVITY if replace_one(training) else noise_multiplier
+    """The noise multiplier a step's Gaussian is charged with: ``z`` (std ``z·C``) over the step's sensitivity in
+    units of ``C`` (:func:`step_sensitivity`: ``z / 2`` under replace-one and for mini-batch clipping)."""
+    return noise_multiplier / step_sensitivity(training)
 
 
 def num_local_steps(training: LocalTraining, num_samples: int, batch_size: int) -> int:
