@@ -276,3 +276,24 @@ def test_run_info_reports_delta_and_neighboring_only_with_dp_calr_noise():
     assert plain["releases_per_client"] > 0 and not {"delta", "neighboring", "sigma"} & set(plain)
     noisy = build_federation(_cfg(recipe={"share_views": 2, "sigma": 0.5, "delta": 1e-3}), quiet=True).info["fedsc"]
     assert noisy["delta"] == 1e-3 and noisy["neighboring"] == "replace_one" and noisy["sigma"] == [0.5] * 5
+
+
+def test_a_resumed_dp_calr_run_reports_every_release_charged_before_its_checkpoint(tmp_path, one_torch_thread):
+    """DP-CalR's releases are charged in the statistics exchange, outside the round's events: the checkpoint's
+    ledgers must hold them too, or a run resumed after a sharing round starts from ledgers without it."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    from trustfl.privacy.analysis.fedsc import release_event
+    from trustfl.privacy.analysis.gaussian import DEFAULT_RDP_ORDERS
+
+    cfg = _cfg(rounds=3, recipe={"share_views": 2, "epsilon": 8.0, "delta": 1e-3},
+               engine={"checkpoint_every": 1})
+    run_experiment(cfg, tmp_path / "cut", progress=False, plots=False, stop_after=2)
+    resumed = run_experiment(None, progress=False, plots=False, resume=tmp_path / "cut")
+    fed = build_federation(cfg, quiet=True)
+    (_, stat), = fed.statistics
+    for cid, spent in resumed.summary["epsilon"].items():
+        one = release_event(stat.sigma_of(int(cid)), stat.mu, fed.client_rows.sizes()[int(cid)], stat.neighboring)
+        acc = RdpAccountant(list(DEFAULT_RDP_ORDERS)).compose(dp_event.SelfComposedDpEvent(one, 3))
+        assert spent == pytest.approx(acc.get_epsilon(1e-3), rel=1e-9)

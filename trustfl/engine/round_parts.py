@@ -349,9 +349,11 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
         if fed.extras_rule == "median":  # a Byzantine minority's extras cannot move the server's state far
             kept = {k: coordinate_median(v).expand_as(v) for k, v in kept.items()}
         new.shared = fed.local_chain.server_update(state.shared, kept, ctx)
-    if fed.ledger is not None and events:
-        # Byzantine clients (e.g. label flippers that follow the protocol) have no privacy to protect: no ledger.
-        fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
+    if fed.ledger is not None:
+        if events:  # Byzantine clients (e.g. label flippers that follow the protocol) have no privacy: no ledger
+            fed.ledger.charge([(c, e) for c, e in events if c in fed.ledger])
+        # Every round, charged here or not: the statistics' releases (exchange) and a deployment's earlier sends
+        # are charged to the ledgers before this point, and a checkpoint must hold them.
         new.ledger = fed.ledger.state_dict()
     metrics.update({"bytes_up": bytes_up, "bytes_down": bytes_down, "bytes_up_total": new.bytes_up_total,
                     "bytes_down_total": new.bytes_down_total})
