@@ -60,3 +60,13 @@ def test_the_ledger_of_a_run_reports_the_replace_one_epsilon_of_its_noise(small_
         n, steps = sizes[int(cid)], fed.info["privacy"]["planned_steps"][int(cid)]
         assert eps == pytest.approx(_replace_one_epsilon(2.0, n, min(fed.batch_sizes[int(cid)], n), steps),
                                     rel=1e-9)
+
+
+@pytest.mark.parametrize("dp", [{"noise_multiplier": 1.0}, {"epsilon": 3.0}])
+def test_an_accountant_that_cannot_analyse_the_sampling_is_refused_before_training(small_config, dp):
+    """PLD cannot analyse sampling without replacement: refused at build, budget or not (a run without a budget
+    was accepted by `trustfl validate` and failed in its first round, naming no key)."""
+    from trustfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="client.dp.accountant"):
+        build_federation(_cfg(small_config, "shuffle", accountant="pld", **dp), quiet=True)

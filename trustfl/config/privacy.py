@@ -57,6 +57,12 @@ def setup_privacy(cfg: ExperimentConfig, training: LocalTraining, sizes: list[in
                            "epsilon_budget": None if eps is None else eps,
                            "round_events": [describe(e) for e in round_events]}
         return [0.0] * n, LedgerBook(budgets, dp.accountant)
+    sampled = [i for i in mine if batch_sizes[i] < sizes[i]]
+    if dp.accountant == "pld" and replace_one(training) and sampled and (eps is not None or dp.noise_multiplier > 0):
+        raise ConfigError(f"`client.dp.accountant` = \"pld\" cannot analyse DP-SGD on batches drawn without "
+                          f"replacement (`client.batch_sampler` = {cfg.client.batch_sampler!r}, client {sampled[0]}: "
+                          f"{batch_sizes[sampled[0]]} of {sizes[sampled[0]]} examples; dp_accounting analyses it "
+                          f"only with RDP); use accountant \"rdp\", or batch_sampler \"poisson\".")
     steps = [cfg.rounds * num_local_steps(training, sizes[i], batch_sizes[i]) for i in range(n)]
     sampling = "poisson" if training.sampler.accounting == "poisson" else "without_replacement"
     if eps is None or dp.noise_multiplier > 0:
