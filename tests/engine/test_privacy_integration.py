@@ -8,7 +8,7 @@ from trustfl.config.load import load_config
 from trustfl.engine.sync import initial_state, run_round
 from trustfl.errors import BudgetExceededError
 from trustfl.experiment import run_experiment
-from trustfl.privacy.accountant import Budget
+from trustfl.privacy.accountant import Budget, PrivacyLedger
 
 
 def test_over_budget_schedule_is_refused_before_training(small_config):
@@ -103,3 +103,35 @@ def test_a_dp_run_is_bitwise_the_same_with_the_clients_noise_drawn_on_threads(sm
         torch.set_num_threads(before)
     assert all(torch.equal(a, b) for a, b in zip(models["one_after_another"], models["on_threads"]))
     assert not torch.equal(models["on_threads"][0], models["on_threads"][1])
+
+
+@pytest.mark.parametrize("stage", ["client", "server"])
+def test_a_client_whose_stage_noise_would_overspend_sits_the_round_out(small_config, stage):
+    """Admission checks everything a round charges a client (its local steps and the noise stages' events), not
+    the local steps alone: a client with budget for its steps but not for the stage's event sits the round out
+    (it was admitted, and the round's charge raised BudgetExceededError, ending the run)."""
+    dp = {"mode": "per_example", "noise_multiplier": 1.0}
+    if stage == "client":
+        extra = {"client_stages": [{"name": "clip_l2", "max_norm": 1.0},
+                                   {"name": "gaussian_noise", "noise_multiplier": 1.0, "sensitivity": 1.0}]}
+    else:
+        extra = {"client_stages": [{"name": "clip_l2", "max_norm": 1.0}], "client__momentum": 0.0,
+                 "server__weighting": "uniform",
+                 "server_stages": [{"name": "central_gaussian_noise", "noise_multiplier": 1.0, "clip_norm": 1.0}]}
+    fed = build_federation(small_config(cohort={"sampler": "all"}, client__dp=dp, **extra), quiet=True)
+    state = initial_state(fed)
+    state, _ = run_round(fed, state)
+    ledger = fed.ledger[0]
+    spent, history = ledger.epsilon_spent(), ledger.events
+    (local, _), (noise, _) = history  # the round's local steps, then the stage's event
+
+    def after(*events):
+        probe = PrivacyLedger(0, Budget(math.inf, ledger.budget.delta), fed.ledger.accountant, fed.ledger.neighboring)
+        for event, count in history + [(e, 1) for e in events]:
+            probe.compose(event, count)
+        return probe.epsilon_spent()
+
+    ledger.budget = Budget((after(local) + after(local, noise)) / 2, ledger.budget.delta)  # steps fit, noise not
+    state, metrics = run_round(fed, state)
+    assert metrics["clients_out_of_budget"] == 1
+    assert ledger.epsilon_spent() == spent

@@ -27,6 +27,7 @@ from trustfl.engine.executors import ClientResults
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import ClientPlan, num_local_steps, step_event
 from trustfl.errors import ConfigError
+from trustfl.privacy.events import composed
 from trustfl.types import CohortContext, RoundContext
 
 if TYPE_CHECKING:
@@ -140,7 +141,8 @@ def admit(fed: Federation, r: int, cohort: list[int], metrics: dict[str, Any],
           max_steps: dict[int, int] | None = None) -> tuple[list[ClientPlan], list[int], list[int]]:
     """Plans of the cohort's training clients, the crafted (Byzantine) ids, and the cohort after admission.
 
-    Budgets are never silently exceeded: a client whose round would overspend sits the round out.
+    Budgets are never silently exceeded: a client whose round would overspend sits the round out. A round charges
+    a client its local steps and the events of the noise stages (client and server) that it passes through.
     """
     trainers = [c for c in cohort if c not in fed.byzantine or (fed.attack is not None and fed.attack.data_level)]
     training = set(trainers)
@@ -148,11 +150,14 @@ def admit(fed: Federation, r: int, cohort: list[int], metrics: dict[str, Any],
     plans = [make_plan(fed, c, r, None if max_steps is None else max_steps[c]) for c in trainers]
     if fed.ledger is not None:
         ledger = fed.ledger
+        stages = list(fed.client_stages.round_events()) + list(fed.server_stages.round_events())
         kept = []
         for p in plans:
             steps = num_local_steps(fed.training, int(p.rows.numel()), p.batch_size)  # the planned work
-            event = round_events(fed, p, steps)
-            if event is not None and p.client_id in ledger and ledger[p.client_id].would_exceed(event):
+            local = round_events(fed, p, steps)
+            parts = ([] if local is None else [local]) + stages
+            if parts and p.client_id in ledger and ledger[p.client_id].would_exceed(
+                    parts[0] if len(parts) == 1 else composed(parts)):
                 continue
             kept.append(p)
         metrics["clients_out_of_budget"] = len(plans) - len(kept)
