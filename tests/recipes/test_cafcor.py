@@ -46,8 +46,11 @@ def stage(cfg, name: str) -> Component:
                                           ("secldp", {"num_colluding": 1, "ind_to_cor": 0.5}),
                                           ("byzldp", {"ind_to_cor": 2.0})])
 def test_calibration_matches_calibrate_secldp(threat, extra):
-    cfg = make_cfg({"threat_model": threat, "epsilon": 27.8, "conversion": "opacus", **extra}, n=100, f=5,
-                   rounds=30, client={"batch_size": 50, "lr": 0.075, "dp": {"clip": 2.25}})
+    # cdp: DSGD's plain mean with f declared (no simulated attack: the model must be a function of the honest sum)
+    cdp = {"aggregator": "mean", "num_byzantine": 5} if threat == "cdp" else {}
+    cfg = make_cfg({"threat_model": threat, "epsilon": 27.8, "conversion": "opacus", **extra, **cdp}, n=100, f=5,
+                   attack="none" if cdp else "alie", rounds=30,
+                   client={"batch_size": 50, "lr": 0.075, "dp": {"clip": 2.25}})
     ref = calibrate_secldp(threat, 27.8, 1e-4, 30, 2.25, 100, 5, num_colluding=extra.get("num_colluding"),
                            ind_to_cor=extra.get("ind_to_cor"), conversion="opacus")
     cal = calibrate(cfg)
@@ -328,3 +331,24 @@ def test_noiseless_attack_view_resumes_exactly(tmp_path):
     resumed = run_experiment(None, resume=tmp_path / "part", progress=False)
     # The shadow momentums ALIE reads are part of the checkpoint: resuming changes nothing.
     assert torch.equal(full.params, resumed.params)
+
+
+@pytest.mark.parametrize("recipe, kwargs, problem", [
+    ({}, {"attack": "none"}, "caf"),  # the recipe's default rule
+    ({"aggregator": "mean"}, {}, "attack"),  # crafted rows computed from the honest messages one by one
+    ({"aggregator": "mean"}, {"attack": "none", "pre_aggregators": [{"name": "nnm"}]}, "pre_aggregators"),
+    ({"aggregator": "mean"}, {"attack": "none", "compress": {"uplink": {"name": "qsgd"}}}, "compress.uplink"),
+])
+def test_cdp_is_refused_where_the_model_is_not_a_function_of_the_honest_sum(recipe, kwargs, problem):
+    """threat_model = "cdp" charges each worker ε_step = 2C²/s² for the noise s its n − f honest workers' noises
+    make on their *sum*: the model must be a function of that sum (the DSGD-CDP baseline: the plain mean, every
+    message as sent, no attack). A robust rule or an attack computed from the messages one by one sees a message
+    with only its own noise s/√(n − f); such a run reported the CDP ε in summary.json and its ledgers."""
+    cfg = make_cfg({"threat_model": "cdp", "epsilon": 5.0, **recipe}, **kwargs)
+    with pytest.raises(ConfigError, match=f"`recipe.threat_model`.*{problem}"):
+        build_federation(cfg, quiet=True)
+
+
+def test_cdp_with_the_plain_mean_and_no_attack_runs():
+    cfg = make_cfg({"threat_model": "cdp", "epsilon": 5.0, "aggregator": "mean", "num_byzantine": 2}, attack="none")
+    build_federation(cfg, quiet=True)

@@ -18,7 +18,8 @@ paper's γ is ``client.lr × server.lr`` (put γ in ``client.lr`` and keep ``ser
 
 * ``threat_model``: ``"secldp"`` (default; q = ``num_colluding`` colluding workers, default 0, σ_ind = 0 unless
   ``ind_to_cor``), ``"byzldp"`` (q = f, σ_ind = σ_cor unless ``ind_to_cor``), ``"ldp"`` (σ_cor = 0), ``"cdp"``
-  (σ_cor = 0, per-worker σ_ind = s/√(n−f) with s the std on the sum; docs/papers/cafcor.md), or ``"example_cdp"``
+  (σ_cor = 0, per-worker σ_ind = s/√(n−f) with s the std on the sum; docs/papers/cafcor.md; only with the plain
+  mean, no ``pre_aggregators``, no simulated attack and a lossless uplink), or ``"example_cdp"``
   (example-level CDP of Exp. B: per-example clipping, per-worker noise multiplier z/√(n−f), Poisson batches).
 * ``epsilon``, ``delta`` (default 1e-4): the user-level target, calibrated over T = ``rounds`` steps with
   :func:`trustfl.privacy.analysis.secldp.calibrate_secldp` for C = ``client.dp.clip``, n = ``data.num_clients``,
@@ -268,6 +269,25 @@ def _check_client(cfg: ExperimentConfig, mode: str) -> None:
                           "(correlated_noise, secldp_accounting, worker_momentum).")
 
 
+def _check_cdp(cfg: ExperimentConfig, aggregator: Component) -> None:
+    """Refuse ``threat_model = "cdp"`` where the model is not a function of the honest workers' sum: its ε is that
+    of the noise ``s`` they make together on the sum, while each message carries only ``s/√(n − f)``."""
+    problems = []
+    if aggregator.name != "mean" or cfg.pre_aggregators:
+        problems.append(f"the aggregator is {aggregator.name!r}" + (" with `pre_aggregators`" if cfg.pre_aggregators
+                                                                    else "") + ", not the plain mean")
+    if cfg.attack.name != "none":
+        problems.append(f"`attack.name` {cfg.attack.name!r} crafts rows from the honest messages one by one")
+    if cfg.compress.uplink.name not in ("none", "identity"):
+        problems.append(f"`compress.uplink` {cfg.compress.uplink.name!r} changes each message on its own")
+    if problems:
+        raise ConfigError(f"`recipe.threat_model` = \"cdp\" charges each worker the ε of its honest peers' noise "
+                          f"on their sum, which holds only for a model computed from that sum (DSGD-CDP: the plain "
+                          f"mean of the messages as sent, no simulated attack): {'; '.join(problems)}. Use "
+                          f"`recipe.aggregator` = \"mean\" without an attack, or a local threat model (\"secldp\", "
+                          f"\"byzldp\", \"ldp\").")
+
+
 def _hold_data(cfg: ExperimentConfig, rec: dict[str, Any]) -> bool:
     if not cfg.attack.byzantine_hold_data:
         return False
@@ -316,7 +336,10 @@ class CafCorRecipe(AbstractRecipe):
                       Component("secldp_accounting", {"step": cal.epsilon_step})] + stages
         attack = dataclasses.replace(cfg.attack, byzantine_hold_data=_hold_data(cfg, rec))
         server = dataclasses.replace(cfg.server, weighting="uniform")
-        return dataclasses.replace(cfg, client=client, client_stages=stages, aggregator=_aggregator(cfg, rec),
+        aggregator = _aggregator(cfg, rec)
+        if cal.threat_model == "cdp":
+            _check_cdp(cfg, aggregator)
+        return dataclasses.replace(cfg, client=client, client_stages=stages, aggregator=aggregator,
                                    attack=attack, server=server)
 
     def finalize(self, fed: "Federation", cfg: ExperimentConfig) -> None:
