@@ -514,3 +514,26 @@ def test_a_flower_hello_with_a_client_id_that_is_no_int_stops_the_start_in_one_l
     with pytest.raises(MessageError, match=r"^node 11 sent a malformed hello: its client_id is list '\[0, 1\]', not "
                                            r"an int\.$"):
         transport.hello(2, 5.0, "0" * 32)
+
+
+def test_the_servers_central_noise_is_not_drawn_from_the_run_seed_every_node_holds(tmp_path, monkeypatch):
+    """Every node holds the run's TOML, seed included: central noise drawn from (seed, round) could be computed by
+    any node and subtracted from the model it receives, leaving the exact mean of the others' clipped updates. With
+    secrets from the nodes, the server's draws come from its own secret seed (with ``run_seed``, for testing, the
+    deployment equals the simulation)."""
+    from trustfl.core.rng import SERVER, make_generator
+    from trustfl.privacy.noise import CentralGaussianNoise
+
+    seeds = []
+    apply = CentralGaussianNoise.apply
+
+    def spy(self, x, state, ctx):
+        seeds.append((ctx.round, ctx.generator("central_gaussian_noise").initial_seed()))
+        return apply(self, x, state, ctx)
+
+    monkeypatch.setattr(CentralGaussianNoise, "apply", spy)
+    cfg = _config((ROOT / "configs/dp/cdp_digits.toml", SMALL), secrets="node")
+    _deploy(cfg, tmp_path)
+    assert len(seeds) == 3
+    public = {r: make_generator(cfg.seed, r, SERVER, "central_gaussian_noise").initial_seed() for r, _ in seeds}
+    assert all(s != public[r] for r, s in seeds)

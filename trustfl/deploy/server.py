@@ -143,12 +143,14 @@ class RemoteEngine(AbstractEngine):
     """The synchronous schedule with every client's half run by a remote node through ``transport``.
 
     ``run_dir``: where the :class:`SendJournal` is kept (``None``: no journal, the run cannot be resumed);
-    ``resume``: the run continues from its checkpoint.
+    ``resume``: the run continues from its checkpoint. ``server_seed``: the seed of the server's draws (central
+    noise, a randomized rule); ``None``: the run seed, which every node holds (``deploy.secrets = "run_seed"``).
     """
 
     def __init__(self, transport: AbstractTransport, round_timeout_s: float, startup_timeout_s: float,
-                 run_dir: Path | None = None, resume: bool = False) -> None:
+                 run_dir: Path | None = None, resume: bool = False, server_seed: int | None = None) -> None:
         self.transport = transport
+        self.server_seed = server_seed
         self.round_timeout_s, self.startup_timeout_s = round_timeout_s, startup_timeout_s
         self.directory: PublicKeyDirectory | None = None
         self.journal = SendJournal(run_dir, resume)
@@ -250,7 +252,7 @@ class RemoteEngine(AbstractEngine):
                         "replayed": len(replayed),
                         "wire_bytes_down": sent_after[0] - sent_before[0],
                         "wire_bytes_up": sent_after[1] - sent_before[1]})
-        new, metrics = conclude(fed, state, arrivals, bytes_down, metrics)
+        new, metrics = conclude(fed, state, arrivals, bytes_down, metrics, server_seed=self.server_seed)
         if dropped and not answered:  # requests went out and no node answered: as skipped as too few answers
             metrics["skipped"] = 1
         if metrics.get("skipped"):  # too few usable replies for the rule: the model stays, the sends are charged
@@ -350,8 +352,11 @@ def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | Non
 
     def engine(fed: Federation) -> RemoteEngine:
         check_deployable(cfg, fed)
+        # With the nodes' own secrets the server keeps one too: central noise from the run seed, which every node
+        # holds, could be recomputed by any node and subtracted from the model it receives.
+        secret = None if cfg.deploy.secrets == "run_seed" else _os_secrets.randbits(63)
         remote = RemoteEngine(transport, cfg.deploy.round_timeout_s, cfg.deploy.startup_timeout_s, run_dir,
-                              resume=resume is not None)
+                              resume=resume is not None, server_seed=secret)
         remote.connect(fed)
         return remote
 

@@ -188,9 +188,11 @@ def weights(fed: Federation) -> torch.Tensor | None:
     return fed.reports["num_samples"].to(torch.float64).clamp(min=1)
 
 
-def context(fed: Federation, r: int, ids: list[int], weights_all: torch.Tensor | None) -> RoundContext:
+def context(fed: Federation, r: int, ids: list[int], weights_all: torch.Tensor | None,
+            seed: int | None = None) -> RoundContext:
+    """The round's context for ``ids``; ``seed`` keys its generators (default the run seed)."""
     index = torch.tensor(ids, dtype=torch.long)
-    return RoundContext(round=r, seed=fed.seed, client_ids=tuple(ids),
+    return RoundContext(round=r, seed=fed.seed if seed is None else seed, client_ids=tuple(ids),
                         weights=None if weights_all is None else weights_all[index],
                         num_byzantine=len(fed.byzantine), num_clients=fed.num_clients,
                         reports={k: v[index] for k, v in fed.reports.items()})
@@ -297,9 +299,13 @@ def check_update(out: Any, who: str, params: torch.Tensor, r: int, n: int) -> No
 
 
 def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down: int, metrics: dict[str, Any],
-             scale: float | torch.Tensor = 1.0, extra_bytes_up: int = 0) -> tuple[EngineState, dict[str, Any]]:
+             scale: float | torch.Tensor = 1.0, extra_bytes_up: int = 0,
+             server_seed: int | None = None) -> tuple[EngineState, dict[str, Any]]:
     """The server's half of a round: screening → aggregation → server stages → server optimizer → shared
-    statistics → ledgers, from what arrived (a simulated cohort's messages or a deployment's replies)."""
+    statistics → ledgers, from what arrived (a simulated cohort's messages or a deployment's replies).
+
+    ``server_seed`` keys the server's draws (e.g. central noise; default the run seed): a deployment's own secret,
+    which no node holding the run's config can recompute."""
     r = state.round
     d = fed.layout.numel
     cohort, events, stage_metrics = arrivals.cohort, list(arrivals.events), dict(arrivals.stage_metrics)
@@ -336,7 +342,7 @@ def conclude(fed: Federation, state: EngineState, arrivals: Arrivals, bytes_down
         bytes_down_total=state.bytes_down_total + bytes_down, rejected_total=state.rejected_total + rejected)
     if enough:
         keep = torch.nonzero(accepted).flatten()
-        ctx = context(fed, r, cohort, weights_all).select(keep)
+        ctx = context(fed, r, cohort, weights_all, server_seed).select(keep)
         agg = fed.aggregator.apply(stacked if rejected == 0 else stacked[keep], state.aggregator, ctx)
         check_update(agg, aggregator_name(fed.aggregator), state.params, r, usable)
         stage_metrics.update({f"aggregator/{k}": v for k, v in agg.metrics.items()})
