@@ -87,15 +87,20 @@ def with_device(cfg: ExperimentConfig, device: str) -> ExperimentConfig:
         raise ConfigError(f"`engine.{err.name}` must be {err.allowed}, found {err.value!r}.") from None
 
 
-def config_hash(cfg: ExperimentConfig) -> str:
-    """The identity a checkpoint is resumed under. ``engine.device`` is not part of it (a run checkpointed on a
+def config_identity(cfg: ExperimentConfig) -> str:
+    """The TOML text a checkpoint is resumed under. ``engine.device`` is not part of it (a run checkpointed on a
     GPU may resume on the CPU), nor is ``engine.dtype`` at its default (checkpoints written before the key
     existed keep their hash)."""
     data = config_to_dict(cfg)
     data["engine"].pop("device", None)
     if data["engine"].get("dtype") == "float32":
         data["engine"].pop("dtype")
-    return hashlib.sha256(dump_toml(data).encode()).hexdigest()[:12]
+    return dump_toml(data)
+
+
+def config_hash(cfg: ExperimentConfig) -> str:
+    """The hash of :func:`config_identity`, which a checkpoint is stamped with."""
+    return hashlib.sha256(config_identity(cfg).encode()).hexdigest()[:12]
 
 
 def default_run_dir(cfg: ExperimentConfig, root: str | Path = "runs") -> Path:
@@ -218,13 +223,14 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
                               f"torchrun (WORLD_SIZE={ranks.world_size}); run it in one process.")
         fed.executor = DistributedExecutor(fed.executor, ranks)
     engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
-    cfg_hash = config_hash(cfg)
+    identity = config_identity(cfg)
+    cfg_hash = hashlib.sha256(identity.encode()).hexdigest()[:12]
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
     digest = data_digest(fed.dataset) if main and (every or resume) else None
     if resume:
         state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device, data=digest,
-                                like=fed.initial_params)
+                                like=fed.initial_params, config=identity)
         if fed.eval_initial:
             fed.info["initial_evaluation"] = _initial_evaluation(run_dir)
         if fed.ledger is not None and state.ledger is not None:
@@ -246,7 +252,7 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     try:
         state = run_rounds(fed, engine, state, run_dir=run_dir, cfg_hash=cfg_hash, data_digest=digest,
                            rounds=cfg.rounds, last=last, checkpoint_every=every, progress=bar, on_eval=on_eval,
-                           on_row=board, record=main)
+                           on_row=board, record=main, config=identity)
     finally:
         if board is not None:
             board.close()

@@ -340,3 +340,15 @@ def test_a_second_sweep_into_a_running_sweeps_directory_is_refused(tmp_path, ful
             run_sweep(str(config), [], "0", out=tmp_path / "sweep", log=None)
         assert not (tmp_path / "sweep" / "sweep.json").exists()
     assert run_sweep(str(config), [], "0", out=tmp_path / "sweep", log=None).ok
+
+
+# ------------------------------------------------------------------------------------------- config and run_info
+def test_a_resume_under_an_edited_config_is_refused_naming_the_key(half):
+    # it said only "belongs to another configuration", leaving the user to hunt for the edit
+    path = half / "config.toml"
+    path.write_text(path.read_text().replace("lr = 0.1", "lr = 0.2"))
+    with pytest.raises(CheckpointError) as err:
+        _resume(half)
+    message = str(err.value)
+    assert str(half / CHECKPOINT) in message and "`client.lr`" in message and "\n" not in message
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import tomllib
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,12 +55,14 @@ def _with_crc32() -> Iterator[None]:
         torch.serialization.set_crc32_options(before)
 
 
-def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str, data: str | None = None) -> None:
-    """Write ``state`` to ``run_dir/checkpoint.pt`` atomically, stamped with ``cfg_hash`` and the data digest
-    ``data`` (:func:`data_digest`; ``None``: unchecked at resume)."""
+def save_checkpoint(run_dir: Path, state: EngineState, cfg_hash: str, data: str | None = None,
+                    config: str | None = None) -> None:
+    """Write ``state`` to ``run_dir/checkpoint.pt`` atomically, stamped with ``cfg_hash``, the data digest
+    ``data`` (:func:`data_digest`; ``None``: unchecked at resume) and ``config``, the TOML text ``cfg_hash`` hashes
+    (so that a resume under an edited config can name the keys that changed)."""
     with _with_crc32():
-        save_atomically({"config_hash": cfg_hash, "data_digest": data, "state": dataclasses.asdict(state)},
-                        run_dir / CHECKPOINT)
+        save_atomically({"config_hash": cfg_hash, "data_digest": data, "config": config,
+                         "state": dataclasses.asdict(state)}, run_dir / CHECKPOINT)
 
 
 def save_atomically(obj: Any, path: Path, private: bool = False) -> None:
@@ -90,7 +93,8 @@ def _replace_atomically(path: Path, private: bool, write: Callable[[BinaryIO], o
 
 
 def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | str | None = None,
-                    data: str | None = None, like: torch.Tensor | None = None) -> EngineState:
+                    data: str | None = None, like: torch.Tensor | None = None,
+                    config: str | None = None) -> EngineState:
     """The :class:`EngineState` saved in ``run_dir``, its tensors on ``map_location`` (the resuming run's device;
     ``None``: where they were saved), so a run checkpointed on a GPU resumes on the CPU and vice versa.
 
@@ -100,7 +104,8 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
       CheckpointError: no checkpoint, an unreadable or damaged file, one of another configuration, one whose run
         trained on other data than ``data`` (a :func:`data_digest`; checked when both it and the file have one), or
         one that holds no :class:`EngineState` whose parameters have the shape and dtype of ``like`` (the run's
-        initial parameters; ``None``: unchecked).
+        initial parameters; ``None``: unchecked). Of another configuration, it names the keys that differ when
+        both ``config`` (the TOML text ``cfg_hash`` hashes) and the file have one.
     """
     path = run_dir / CHECKPOINT
     if not path.is_file():
@@ -111,7 +116,9 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     except Exception as err:  # a foreign file
         raise CheckpointError(f"{path} cannot be read: {err}") from None
     if not isinstance(saved, dict) or saved.get("config_hash") != cfg_hash:
-        raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}.")
+        differ = _config_keys_differ(saved.get("config") if isinstance(saved, dict) else None, config)
+        raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}"
+                              f"{differ}. Restore that config.toml, or start afresh with --overwrite.")
     if data is not None and saved.get("data_digest") not in (None, data):
         raise CheckpointError(f"{path} was written by a run on other data than this configuration loads now (the "
                               f"data set's contents differ: an edited `data.path` file, another `--data-dir`, or a "
@@ -121,6 +128,32 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     if map_location is not None and state.get("clock"):
         state["clock"] = _to_cpu(state["clock"])
     return EngineState(**state)
+
+
+def _config_keys_differ(saved: Any, config: str | None) -> str:
+    """`` (it differs at `client.lr`, ...)`` between the checkpoint's config text and ``config``; ``""`` when
+    either is missing or unreadable (a checkpoint from before the text was kept)."""
+    try:
+        mine, theirs = _flat(tomllib.loads(config)), _flat(tomllib.loads(saved))  # type: ignore[arg-type]
+    except (TypeError, AttributeError, tomllib.TOMLDecodeError):
+        return ""
+    keys = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, _MISSING) != theirs.get(k, _MISSING))
+    shown = ", ".join(f"`{k}` ({_show(theirs, k)} in the checkpoint, {_show(mine, k)} now)" for k in keys[:5])
+    return f" (it differs at {shown}{', ...' if len(keys) > 5 else ''})" if keys else ""
+
+
+_MISSING = object()
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"client": {"lr": 0.1}}`` → ``{"client.lr": 0.1}``."""
+    if isinstance(data, dict) and data:
+        return {k: v for key, value in data.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: data}
+
+
+def _show(flat: dict[str, Any], key: str) -> str:
+    return repr(flat[key])[:40] if key in flat else "unset"
 
 
 _REQUIRED = tuple(f.name for f in dataclasses.fields(EngineState)

@@ -165,9 +165,10 @@ def metrics_row(fed: Federation, state: EngineState, round_metrics: dict[str, An
 def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, run_dir: Path, cfg_hash: str,
                data_digest: str | None, rounds: int, last: int, checkpoint_every: int, progress: Progress,
                on_eval: Callable[[dict[str, Any]], None] | None = None,
-               on_row: Callable[[dict[str, Any]], None] | None = None, record: bool = True) -> EngineState:
+               on_row: Callable[[dict[str, Any]], None] | None = None, record: bool = True,
+               config: str | None = None) -> EngineState:
     """Run ``engine`` from ``state`` up to round ``last`` (of ``rounds`` planned), writing one row per round and
-    checkpoints. ``on_row`` sees every row, ``on_eval`` the rows of evaluated rounds.
+    checkpoints (stamped with ``cfg_hash`` and ``config``, the TOML text it hashes). ``on_row`` sees every row, ``on_eval`` the rows of evaluated rounds.
 
     ``record=False`` (a torchrun rank other than 0) runs the rounds only: no evaluation, rows, callbacks or
     checkpoints."""
@@ -189,7 +190,7 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
                 on_eval(row)
             progress.update(row, state.round, evaluated=due)
             if checkpoint_every and (state.round % checkpoint_every == 0 or state.round == last or done):
-                save_checkpoint(run_dir, state, cfg_hash, data_digest)
+                save_checkpoint(run_dir, state, cfg_hash, data_digest, config)
     finally:
         progress.close()
     return state
