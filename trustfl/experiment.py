@@ -231,8 +231,9 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     if resume:
         state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device, data=digest,
                                 like=fed.initial_params, config=identity)
+        saved_info = _saved_run_info(run_dir, fed.eval_initial)
         if fed.eval_initial:
-            fed.info["initial_evaluation"] = _initial_evaluation(run_dir)
+            fed.info["initial_evaluation"] = saved_info["initial_evaluation"]
         if fed.ledger is not None and state.ledger is not None:
             fed.ledger.load_state_dict(state.ledger)
         if main:
@@ -272,20 +273,25 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     return RunResult(run_dir, summary, rows, state.params)
 
 
-def _initial_evaluation(run_dir: Path) -> dict[str, Any]:
-    """The initial model's metrics an ``engine.eval_initial`` run recorded in its ``run_info.json``.
+def _saved_run_info(run_dir: Path, eval_initial: bool) -> dict[str, Any]:
+    """The ``run_info.json`` the interrupted run wrote, which the resumed run keeps.
 
     Raises:
-      UsageError: the file is missing or lacks them (a resumed summary would drop ``initial_<metric>``).
+      UsageError: the file is missing or not a JSON object (the resumed run would leave one ``trustfl report``
+        refuses), or, for an ``engine.eval_initial`` run, lacks the initial model's metrics (a resumed summary
+        would drop ``initial_<metric>``).
     """
     path = run_dir / "run_info.json"
     saved = read_json_object(path, {"initial_evaluation": dict})
-    if not isinstance(saved.get("initial_evaluation"), dict):
+    if eval_initial and not isinstance(saved.get("initial_evaluation"), dict):
         what = "holds no `initial_evaluation`" if path.is_file() else "is missing"
         raise UsageError(f"{path} {what}: the run evaluated its initial model there (`engine.eval_initial`), and "
                          f"its summary would lose initial_<metric>. Restore the file, or start afresh with "
                          f"--overwrite.")
-    return saved["initial_evaluation"]
+    if not path.is_file():
+        raise UsageError(f"{path} is missing: the run wrote it when it started, and the resumed run would leave a "
+                         f"directory without it. Restore the file, or start afresh with --overwrite.")
+    return saved
 
 
 def summary_writer() -> type:
