@@ -7,9 +7,10 @@ budgets and noise), ``metrics.jsonl`` (one row per round; evaluation metrics in 
 ``checkpoint.pt`` and, with ``report.tensorboard``, ``tensorboard/`` (every row's scalars). The engine is
 resolved from ``engine.kind`` through the registry; the run loop (``engine/loop.py``) is the same for every
 engine.
-``resume`` continues from the checkpoint; every draw is keyed by (seed, round, client, stage), so a resumed run
-ends with the same model as an uninterrupted one. Under torchrun the ranks split each cohort's local training
-(:mod:`trustfl.engine.distributed`) and rank 0 alone writes the run directory (docs/scaling_torchrun.md).
+``resume`` continues from the checkpoint (without one, runs again from round 1 in the run's directory); every draw
+is keyed by (seed, round, client, stage), so a resumed run ends with the same model as an uninterrupted one.
+Under torchrun the ranks split each cohort's local training (:mod:`trustfl.engine.distributed`) and rank 0 alone
+writes the run directory (docs/scaling_torchrun.md).
 """
 from __future__ import annotations
 
@@ -222,13 +223,18 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
             raise ConfigError(f"`engine.kind` = {fed.info['engine']!r}: the vertical engine does not run under "
                               f"torchrun (WORLD_SIZE={ranks.world_size}); run it in one process.")
         fed.executor = DistributedExecutor(fed.executor, ranks)
+    restart = (resume and engine is None and not (run_dir / CHECKPOINT).is_file()
+               and not (run_dir / "deployment.jsonl").is_file())  # a deployment's nodes hold its rounds' state
     engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
     identity = config_identity(cfg)
     cfg_hash = hashlib.sha256(identity.encode()).hexdigest()[:12]
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
     digest = data_digest(fed.dataset) if main and (every or resume) else None
-    if resume:
+    if restart and progress and main:  # every draw is seeded: running it again gives the run it would have been
+        print(f"notice: {run_dir} has no {CHECKPOINT} (interrupted before its first checkpoint, or "
+              f"engine.checkpoint_every = 0): the run starts again from round 1.", file=sys.stderr)
+    if resume and not restart:
         state = load_checkpoint(run_dir, cfg_hash, map_location=fed.initial_params.device, data=digest,
                                 like=fed.initial_params, config=identity)
         saved_info = _saved_run_info(run_dir, fed.eval_initial)
@@ -241,7 +247,8 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     else:
         state = engine.initial_state(fed)
         if main:
-            (run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
+            if not restart:  # a restarted run keeps its own config.toml (a --device given to resume is not in it)
+                (run_dir / "config.toml").write_text(dump_toml(config_to_dict(cfg)))
             if fed.eval_initial:  # the untrained model's metrics (e.g. a random network's linear probe: the floor)
                 fed.info["initial_evaluation"] = evaluate(fed, state.params, "of the initial model")
             write_json(run_dir / "run_info.json", fed.info)
@@ -308,12 +315,13 @@ def summary_writer() -> type:
 class TensorBoard:
     """Writes every metrics row's numbers as TensorBoard scalars (tag = the row's key, step = its round).
 
-    ``first_step`` is the first round this writer sees: a resumed run hides what an interrupted one logged from
-    that round on (``SummaryWriter``'s ``purge_step``), so every round has one value per tag.
+    ``first_step`` is the first round this writer sees: a resumed (or restarted) run hides what an interrupted one
+    logged from that round on (``SummaryWriter``'s ``purge_step``), so every round has one value per tag.
     """
 
     def __init__(self, log_dir: Path, first_step: int = 1) -> None:
-        self.writer = summary_writer()(log_dir=str(log_dir), purge_step=first_step if first_step > 1 else None)
+        purge = first_step > 1 or log_dir.exists()  # also a run restarted from round 1 in its own directory
+        self.writer = summary_writer()(log_dir=str(log_dir), purge_step=first_step if purge else None)
 
     def __call__(self, row: dict[str, Any]) -> None:
         step = int(row["round"])

@@ -101,6 +101,27 @@ def test_a_resumed_run_has_exactly_one_row_per_round(tmp_path):
     assert torch.equal(resumed.params, full.params)
 
 
+
+def test_a_run_interrupted_before_its_first_checkpoint_resumes_from_round_one(tmp_path):
+    # `trustfl run` told the user "resume with `trustfl run --resume DIR`", and the resume was refused: no checkpoint
+    cfg = _cfg(rounds=5, engine={"eval_every": 2, "checkpoint_every": 3})
+    full = run_experiment(cfg, tmp_path / "full", progress=False, plots=False)
+
+    def crash(row):  # after round 2's row, before round 3's checkpoint, the first
+        if row["round"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "part", progress=False, plots=False, on_eval=crash)
+    assert not (tmp_path / "part" / "checkpoint.pt").exists()
+    resumed = run_experiment(None, resume=tmp_path / "part", progress=False, plots=False)
+    assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4, 5]
+    assert _timeless(resumed.rows) == _timeless(full.rows)
+    assert torch.equal(resumed.params, full.params)
+    assert {k: v for k, v in resumed.summary.items() if k != "wall_time_s"} == \
+        {k: v for k, v in full.summary.items() if k != "wall_time_s"}
+
+
 def test_progress_log_lines_only_on_evaluated_rounds(tmp_path, capsys):
     run_experiment(_cfg(), tmp_path / "run", progress=True, plots=False)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[results] round")]
