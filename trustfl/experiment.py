@@ -284,12 +284,12 @@ def _saved_run_info(run_dir: Path, eval_initial: bool) -> dict[str, Any]:
     """The ``run_info.json`` the interrupted run wrote, which the resumed run keeps.
 
     Raises:
-      UsageError: the file is missing or not a JSON object (the resumed run would leave one ``trustfl report``
-        refuses), or, for an ``engine.eval_initial`` run, lacks the initial model's metrics (a resumed summary
+      UsageError: the file is missing, not a JSON object or with a key of another type (the resumed run would
+        leave one ``trustfl report`` refuses), or, for an ``engine.eval_initial`` run, lacks the initial model's metrics (a resumed summary
         would drop ``initial_<metric>``).
     """
     path = run_dir / "run_info.json"
-    saved = read_json_object(path, {"initial_evaluation": dict})
+    saved = read_json_object(path, {"initial_evaluation": dict, "evaluators": list})  # as `trustfl report` reads it
     if eval_initial and not isinstance(saved.get("initial_evaluation"), dict):
         what = "holds no `initial_evaluation`" if path.is_file() else "is missing"
         raise UsageError(f"{path} {what}: the run evaluated its initial model there (`engine.eval_initial`), and "

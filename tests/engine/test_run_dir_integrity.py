@@ -353,7 +353,7 @@ def test_a_resume_under_an_edited_config_is_refused_naming_the_key(half):
     assert str(half / CHECKPOINT) in message and "`client.lr`" in message and "\n" not in message
 
 
-@pytest.mark.parametrize("damage", ["{garbage", "[1, 2]", None])
+@pytest.mark.parametrize("damage", ["{garbage", "[1, 2]", "{\"evaluators\": 3}", None])
 def test_a_damaged_or_missing_run_info_is_refused_naming_the_file(half, damage):
     # the run went on and left a run_info.json that `trustfl report` refuses, unlike the uninterrupted run's
     info = half / "run_info.json"
