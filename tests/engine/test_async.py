@@ -9,7 +9,7 @@ from trustfl.config.build import build_federation, resolve_engine
 from trustfl.config.load import config_from_dict
 from trustfl.core.registry import build
 from trustfl.engine.asynchronous import BASE
-from trustfl.errors import ConfigError
+from trustfl.errors import CheckpointError, ConfigError
 from trustfl.experiment import run_experiment
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -411,3 +411,20 @@ def test_a_lattice_downlink_needs_the_async_engine():
     with pytest.raises(ConfigError, match=r"compress\.downlink.*reference point"):
         build_federation(_cfg(algorithm="fedavg", engine__kind="sync", compress={"downlink": lattice},
                               client={"epochs": 1, "batch_size": 16, "lr": 0.1}), quiet=True)
+
+
+def test_resuming_on_an_edited_speed_trace_is_refused_and_on_the_same_trace_equals_the_whole_run(tmp_path):
+    # the resumed run replayed the edited trace: its schedule was neither the old run's nor the new one's
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client,duration\n" + "".join(f"{c},{1 + (c * 7 + k) % 5}\n" for c in range(8) for k in range(3)))
+    cfg = _cfg(rounds=6, engine__checkpoint_every=1, engine__speed={"name": "trace", "path": str(trace)})
+    whole = run_experiment(cfg, tmp_path / "whole", progress=False, plots=False)
+    part = run_experiment(cfg, tmp_path / "part", progress=False, plots=False, stop_after=3).run_dir
+    original = trace.read_text()
+    trace.write_text(original.replace("client,duration\n0,", "client,duration\n0,9"))
+    with pytest.raises(CheckpointError, match="engine.speed.path"):
+        run_experiment(None, resume=part, progress=False, plots=False)
+    trace.write_text(original)
+    resumed = run_experiment(None, resume=part, progress=False, plots=False)
+    assert torch.equal(resumed.params, whole.params)
+    assert [r["sim_time"] for r in resumed.rows] == [r["sim_time"] for r in whole.rows]

@@ -22,17 +22,21 @@ import torch
 from trustfl.data.datasets import Dataset
 from trustfl.engine.federation import EngineState
 from trustfl.errors import CheckpointError
+from trustfl.simtime.speed import Trace
 
 CHECKPOINT = "checkpoint.pt"
 _DATA_FIELDS = ("train_x", "train_y", "test_x", "test_y", "train_groups")
 
 
-def data_digest(dataset: Dataset) -> str:
+def data_digest(dataset: Dataset, speed: Any = None) -> str:
     """SHA-256 of the data set's tensors (dtype, shape and bytes of each split, and the training rows' owners):
-    equal for the same data on any device."""
+    equal for the same data on any device. With ``speed``, a speed model replaying a file (``trace``), also the
+    step times it read (the files a run reads every round); other speed models leave the digest as it was."""
     digest = hashlib.sha256()
-    for name in _DATA_FIELDS:
-        tensor = getattr(dataset, name)
+    named = [(name, getattr(dataset, name)) for name in _DATA_FIELDS]
+    if isinstance(speed, Trace):
+        named += [("speed_clients", speed._clients), ("speed_durations", speed._values)]
+    for name, tensor in named:
         if tensor is None:
             digest.update(f"{name}:none;".encode())
             continue
@@ -122,8 +126,9 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     if data is not None and saved.get("data_digest") not in (None, data):
         raise CheckpointError(f"{path} was written by a run on other data than this configuration loads now (the "
                               f"data set's contents differ: an edited `data.path` file, another `--data-dir`, or a "
-                              f"fallback data set where the real one is now present); resuming would continue on "
-                              f"different data. Restore the data, or start afresh with --overwrite.")
+                              f"fallback data set where the real one is now present; or the step times of an edited "
+                              f"`engine.speed.path` trace); resuming would continue on different data. Restore the "
+                              f"data, or start afresh with --overwrite.")
     state = _checked_state(path, saved, like)
     if map_location is not None and state.get("clock"):
         state["clock"] = _to_cpu(state["clock"])
