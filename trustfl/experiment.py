@@ -285,8 +285,8 @@ def _saved_run_info(run_dir: Path, eval_initial: bool) -> dict[str, Any]:
 
     Raises:
       UsageError: the file is missing, not a JSON object or with a key of another type (the resumed run would
-        leave one ``trustfl report`` refuses), or, for an ``engine.eval_initial`` run, lacks the initial model's metrics (a resumed summary
-        would drop ``initial_<metric>``).
+        leave one ``trustfl report`` refuses), or, for an ``engine.eval_initial`` run, lacks the initial model's
+        metrics (a resumed summary would drop ``initial_<metric>``).
     """
     path = run_dir / "run_info.json"
     saved = read_json_object(path, {"initial_evaluation": dict, "evaluators": list})  # as `trustfl report` reads it

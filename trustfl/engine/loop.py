@@ -168,7 +168,8 @@ def run_rounds(fed: Federation, engine: AbstractEngine, state: EngineState, *, r
                on_row: Callable[[dict[str, Any]], None] | None = None, record: bool = True,
                config: str | None = None) -> EngineState:
     """Run ``engine`` from ``state`` up to round ``last`` (of ``rounds`` planned), writing one row per round and
-    checkpoints (stamped with ``cfg_hash`` and ``config``, the TOML text it hashes). ``on_row`` sees every row, ``on_eval`` the rows of evaluated rounds.
+    checkpoints (stamped with ``cfg_hash`` and ``config``, the TOML text it hashes). ``on_row`` sees every row,
+    ``on_eval`` the rows of evaluated rounds.
 
     ``record=False`` (a torchrun rank other than 0) runs the rounds only: no evaluation, rows, callbacks or
     checkpoints."""
