@@ -361,3 +361,13 @@ def test_a_damaged_or_missing_run_info_is_refused_naming_the_file(half, damage):
     with pytest.raises(UsageError) as err:
         _resume(half)
     assert str(info) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_checkpoint_of_pickled_objects_is_refused_in_one_line_without_torchs_advice(half):
+    # the message was torch's own, over several lines with terminal escapes, advising to load with weights_only=False
+    torch.save(torch.nn.Linear(2, 2), half / CHECKPOINT)
+    with pytest.raises(CheckpointError) as err:
+        _resume(half)
+    message = str(err.value)
+    assert message.startswith(f"{half / CHECKPOINT} ") and "objects other than tensors" in message
+    assert "\n" not in message and "\x1b" not in message and "weights_only" not in message

@@ -117,8 +117,13 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     _check_records(path)
     try:  # weights_only: tensors, numbers, strings and containers only, so a foreign file cannot run code
         saved = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # a foreign file
-        raise CheckpointError(f"{path} cannot be read: {err}") from None
+    except Exception as err:  # a foreign file; torch's own message spans lines and advises unsafe loading
+        if "weights only" in str(err).lower():
+            raise CheckpointError(f"{path} cannot be read: it holds objects other than tensors, numbers, strings and "
+                                  f"containers (e.g. a pickled module), which are not loaded; it is not a trustfl "
+                                  f"checkpoint. Start afresh with --overwrite.") from None
+        raise CheckpointError(f"{path} cannot be read ({type(err).__name__}: "
+                              f"{' '.join(str(err).split())[:200]}); it is not a trustfl checkpoint.") from None
     if not isinstance(saved, dict) or saved.get("config_hash") != cfg_hash:
         differ = _config_keys_differ(saved.get("config") if isinstance(saved, dict) else None, config)
         raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}"
