@@ -297,3 +297,17 @@ def test_a_resumed_dp_calr_run_reports_every_release_charged_before_its_checkpoi
         one = release_event(stat.sigma_of(int(cid)), stat.mu, fed.client_rows.sizes()[int(cid)], stat.neighboring)
         acc = RdpAccountant(list(DEFAULT_RDP_ORDERS)).compose(dp_event.SelfComposedDpEvent(one, 3))
         assert spent == pytest.approx(acc.get_epsilon(1e-3), rel=1e-9)
+
+
+@pytest.mark.parametrize("privacy", [{"sigma": 0.5}, {"epsilon": 4.0}])
+def test_dp_calr_ledgers_resume_with_the_spend_before_the_interruption(tmp_path, one_torch_thread, privacy):
+    # the matrices' releases were charged to the ledgers but not to the checkpointed state: a resumed run
+    # started from empty ledgers and reported a smaller ε (and could spend past its budget)
+    cfg = _cfg(rounds=4, engine={"checkpoint_every": 1, "eval_every": 2}, recipe={"share_views": 2, **privacy})
+    whole = run_experiment(cfg, tmp_path / "whole", progress=False, plots=False)
+    run_experiment(cfg, tmp_path / "part", progress=False, plots=False, stop_after=2)
+    resumed = run_experiment(None, resume=tmp_path / "part", progress=False, plots=False)
+    eps = ("epsilon_min", "epsilon_median", "epsilon_max")
+    assert [[r[k] for k in eps] for r in resumed.rows] == [[r[k] for k in eps] for r in whole.rows]
+    assert resumed.summary["epsilon"] == whole.summary["epsilon"]
+    assert torch.equal(resumed.params, whole.params)
