@@ -116,7 +116,8 @@ def test_nodes_that_lost_their_state_are_charged_for_both_releases_and_never_pas
 def test_a_resume_that_cannot_be_the_runs_is_refused_in_one_line(tmp_path):
     cfg = _config(FEDAVG_DP_ROBUST)
     transport, run_dir = _interrupted(cfg, tmp_path)
-    with pytest.raises(ConfigError, match="^resume: the experiment deployed is not the one in .*config.toml"):
+    with pytest.raises(ConfigError, match="^resume: the experiment deployed is not the one in .*config.toml"
+                                          ".*`seed`"):  # the key that differs is named
         run_deployment(_config(FEDAVG_DP_ROBUST, "seed=7"), transport, resume=run_dir, progress=False)
     sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
     with pytest.raises(ConfigError, match="holds no deployment.jsonl: it is not the run directory of a deploy"):

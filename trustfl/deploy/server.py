@@ -334,7 +334,8 @@ def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | Non
         nodes do not match ``data.num_clients``, or ``resume`` is not a deployment of this experiment.
     """
     from trustfl.config.load import load_config
-    from trustfl.experiment import config_hash, default_run_dir, run_experiment
+    from trustfl.engine.checkpoint import config_difference
+    from trustfl.experiment import config_hash, config_identity, default_run_dir, run_experiment
 
     if resume is not None:
         if out is not None or not isinstance(resume, (str, os.PathLike)):
@@ -345,8 +346,9 @@ def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | Non
         if not saved.is_file():
             raise ConfigError(f"resume: {run_dir} holds no config.toml; it is not a run directory.")
         if config_hash(load_config(saved)) != config_hash(cfg):
-            raise ConfigError(f"resume: the experiment deployed is not the one in {saved}; deploy that file to "
-                              f"resume its run.")
+            differ = config_difference(config_identity(load_config(saved)), config_identity(cfg), saved.name)
+            raise ConfigError(f"resume: the experiment deployed is not the one in {saved}{differ}; deploy that file "
+                              f"to resume its run.")
     else:
         run_dir = Path(out) if out is not None else default_run_dir(cfg)
 

@@ -125,7 +125,7 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
         raise CheckpointError(f"{path} cannot be read ({type(err).__name__}: "
                               f"{' '.join(str(err).split())[:200]}); it is not a trustfl checkpoint.") from None
     if not isinstance(saved, dict) or saved.get("config_hash") != cfg_hash:
-        differ = _config_keys_differ(saved.get("config") if isinstance(saved, dict) else None, config)
+        differ = config_difference(saved.get("config") if isinstance(saved, dict) else None, config)
         raise CheckpointError(f"{path} belongs to another configuration than {run_dir / 'config.toml'}"
                               f"{differ}. Restore that config.toml, or start afresh with --overwrite.")
     if data is not None and saved.get("data_digest") not in (None, data):
@@ -140,15 +140,16 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     return EngineState(**state)
 
 
-def _config_keys_differ(saved: Any, config: str | None) -> str:
-    """`` (it differs at `client.lr`, ...)`` between the checkpoint's config text and ``config``; ``""`` when
-    either is missing or unreadable (a checkpoint from before the text was kept)."""
+def config_difference(saved: Any, config: str | None, where: str = "the checkpoint") -> str:
+    """`` (it differs at `client.lr` (0.1 in the checkpoint, 0.2 now), ...)`` between two configs' TOML texts,
+    ``saved`` (the one in ``where``) and ``config``; ``""`` when either is missing or unreadable (a checkpoint from
+    before the text was kept)."""
     try:
         mine, theirs = _flat(tomllib.loads(config)), _flat(tomllib.loads(saved))  # type: ignore[arg-type]
     except (TypeError, AttributeError, tomllib.TOMLDecodeError):
         return ""
     keys = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, _MISSING) != theirs.get(k, _MISSING))
-    shown = ", ".join(f"`{k}` ({_show(theirs, k)} in the checkpoint, {_show(mine, k)} now)" for k in keys[:5])
+    shown = ", ".join(f"`{k}` ({_show(theirs, k)} in {where}, {_show(mine, k)} now)" for k in keys[:5])
     return f" (it differs at {shown}{', ...' if len(keys) > 5 else ''})" if keys else ""
 
 
