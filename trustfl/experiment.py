@@ -211,20 +211,27 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
                       engine=engine)
 
 
+DEPLOYMENT_JOURNAL = "deployment.jsonl"
+"""The journal a deployment's server writes in its run directory (:mod:`trustfl.deploy.server`)."""
+
+
 def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume: bool, data_dir: str | None,
            progress: bool, checkpoint_every: int | None, stop_after: int | None,
            on_eval: Callable[[dict[str, Any]], None] | None, plots: bool,
            engine: Callable[[Federation], AbstractEngine] | None) -> RunResult:
     """:func:`_run` once the run directory is known (and held by rank 0): build, restore or start, run, save."""
     main = ranks is None or ranks.main
+    if resume and engine is None and (run_dir / DEPLOYMENT_JOURNAL).is_file():
+        raise ConfigError(f"resume: {run_dir} holds {DEPLOYMENT_JOURNAL}: it is the run directory of a deployment, "
+                          f"whose nodes hold their own state (and secrets) of its rounds; resume it as a deployment "
+                          f"(`resume` in the Flower app's run config, docs/deployment.md), not as a simulation.")
     fed = build_federation(cfg, data_dir=data_dir, quiet=not (progress and main))
     if ranks is not None:
         if fed.vertical is not None:
             raise ConfigError(f"`engine.kind` = {fed.info['engine']!r}: the vertical engine does not run under "
                               f"torchrun (WORLD_SIZE={ranks.world_size}); run it in one process.")
         fed.executor = DistributedExecutor(fed.executor, ranks)
-    restart = (resume and engine is None and not (run_dir / CHECKPOINT).is_file()
-               and not (run_dir / "deployment.jsonl").is_file())  # a deployment's nodes hold its rounds' state
+    restart = resume and engine is None and not (run_dir / CHECKPOINT).is_file()  # a deployment's was refused
     engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
     identity = config_identity(cfg)
     cfg_hash = hashlib.sha256(identity.encode()).hexdigest()[:12]

@@ -119,6 +119,10 @@ def test_a_resume_that_cannot_be_the_runs_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="^resume: the experiment deployed is not the one in .*config.toml"
                                           ".*`seed`"):  # the key that differs is named
         run_deployment(_config(FEDAVG_DP_ROBUST, "seed=7"), transport, resume=run_dir, progress=False)
+    # and the other way round: a deployment's directory is not continued as a simulation (its nodes hold state)
+    with pytest.raises(ConfigError, match=r"^resume: .*dep holds deployment.jsonl: it is the run directory of a "
+                                          r"deployment"):
+        run_experiment(None, resume=run_dir, progress=False, plots=False)
     sim = run_experiment(cfg, tmp_path / "sim", progress=False, plots=False)
     with pytest.raises(ConfigError, match="holds no deployment.jsonl: it is not the run directory of a deploy"):
         run_deployment(cfg, transport, resume=sim.run_dir, progress=False)
