@@ -15,27 +15,24 @@ import tomllib
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 import torch
 
 from trustfl.data.datasets import Dataset
 from trustfl.engine.federation import EngineState
 from trustfl.errors import CheckpointError
-from trustfl.simtime.speed import Trace
 
 CHECKPOINT = "checkpoint.pt"
 _DATA_FIELDS = ("train_x", "train_y", "test_x", "test_y", "train_groups")
 
 
-def data_digest(dataset: Dataset, speed: Any = None) -> str:
+def data_digest(dataset: Dataset, files: Mapping[str, torch.Tensor] | None = None) -> str:
     """SHA-256 of the data set's tensors (dtype, shape and bytes of each split, and the training rows' owners):
-    equal for the same data on any device. With ``speed``, a speed model replaying a file (``trace``), also the
-    step times it read (the files a run reads every round); other speed models leave the digest as it was."""
+    equal for the same data on any device. ``files``: named tensors a run read from other files (a speed model's
+    ``file_data()``), covered too; none leaves the digest as it was."""
     digest = hashlib.sha256()
-    named = [(name, getattr(dataset, name)) for name in _DATA_FIELDS]
-    if isinstance(speed, Trace):
-        named += [("speed_clients", speed._clients), ("speed_durations", speed._values)]
+    named = [(name, getattr(dataset, name)) for name in _DATA_FIELDS] + list((files or {}).items())
     for name, tensor in named:
         if tensor is None:
             digest.update(f"{name}:none;".encode())

@@ -156,6 +156,11 @@ class AbstractSpeedModel:
         """n, the number of clients this model is bound to."""
         return self._bound()[0]
 
+    def file_data(self) -> dict[str, torch.Tensor]:
+        """What the model read from files, by name (none; ``trace``: its step times), which a checkpoint's data
+        digest covers so that a resume after the file was edited is refused."""
+        return {}
+
     def mean_step(self, client_ids: torch.Tensor) -> torch.Tensor:
         """The mean step time m_i of each client, float64 of shape ``(m,)`` on the device of ``client_ids``.
 
@@ -460,6 +465,9 @@ class Trace(AbstractSpeedModel):
             c = zero[0]
             raise ConfigError(f"{where}, row {first_row[c]} (line {first_row[c] + 1}): client {c} has only zero "
                               f"durations (mean 0); every client needs a positive mean step time.")
+
+    def file_data(self) -> dict[str, torch.Tensor]:
+        return {"speed_clients": self._clients, "speed_durations": self._values}
 
     def _bind_means(self, num_clients: int, seed: int) -> torch.Tensor:
         where = f"`{_KEY}.path` file {str(self.path)!r}"
