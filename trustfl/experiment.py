@@ -99,9 +99,11 @@ def config_identity(cfg: ExperimentConfig) -> str:
     return dump_toml(data)
 
 
-def config_hash(cfg: ExperimentConfig) -> str:
-    """The hash of :func:`config_identity`, which a checkpoint is stamped with."""
-    return hashlib.sha256(config_identity(cfg).encode()).hexdigest()[:12]
+def config_hash(cfg: ExperimentConfig | str) -> str:
+    """The hash of :func:`config_identity` (of ``cfg``, or the identity text itself), which a checkpoint is
+    stamped with."""
+    identity = cfg if isinstance(cfg, str) else config_identity(cfg)
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
 def default_run_dir(cfg: ExperimentConfig, root: str | Path = "runs") -> Path:
@@ -234,7 +236,7 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     restart = resume and engine is None and not (run_dir / CHECKPOINT).is_file()  # a deployment's was refused
     engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
     identity = config_identity(cfg)
-    cfg_hash = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    cfg_hash = config_hash(identity)
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
     digest = data_digest(fed.dataset, fed.timing and fed.timing.speed.file_data()) if main and (every or resume) else None

@@ -335,7 +335,7 @@ def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | Non
     """
     from trustfl.config.load import load_config
     from trustfl.engine.checkpoint import config_difference
-    from trustfl.experiment import config_hash, config_identity, default_run_dir, run_experiment
+    from trustfl.experiment import config_identity, default_run_dir, run_experiment
 
     if resume is not None:
         if out is not None or not isinstance(resume, (str, os.PathLike)):
@@ -345,8 +345,9 @@ def run_deployment(cfg: Any, transport: AbstractTransport, out: str | Path | Non
         saved = run_dir / "config.toml"
         if not saved.is_file():
             raise ConfigError(f"resume: {run_dir} holds no config.toml; it is not a run directory.")
-        if config_hash(load_config(saved)) != config_hash(cfg):
-            differ = config_difference(config_identity(load_config(saved)), config_identity(cfg), saved.name)
+        saved_identity, identity = config_identity(load_config(saved)), config_identity(cfg)
+        if saved_identity != identity:  # the text a checkpoint's config hash hashes
+            differ = config_difference(saved_identity, identity, saved.name)
             raise ConfigError(f"resume: the experiment deployed is not the one in {saved}{differ}; deploy that file "
                               f"to resume its run.")
     else:
