@@ -41,7 +41,8 @@ from trustfl.deploy.wire import Hello, TrainRequest, Wire, pack_directory, read_
 from trustfl.engine.base import AbstractEngine
 from trustfl.engine.federation import EngineState, Federation, refuse_meta_params
 from trustfl.engine.local import ClientPlan, num_local_steps
-from trustfl.engine.round_parts import Arrivals, admit, conclude, make_plan, round_events, sample_cohort
+from trustfl.engine.round_parts import (Arrivals, admit, client_charges, conclude, make_plan, round_events,
+                                       sample_cohort)
 from trustfl.engine.sync import initial_state
 from trustfl.errors import ConfigError, MessageError
 from trustfl.privacy.correlated import CorrelatedNoise
@@ -277,8 +278,7 @@ class RemoteEngine(AbstractEngine):
             charges = []
             for cid, times in sorted(earlier.items()):
                 plan = make_plan(fed, cid, r)
-                ev = round_events(fed, plan, step_budget(fed, plan))
-                charges += [(cid, e) for e in ([] if ev is None else [ev]) + list(stage_events)] * times
+                charges += [(cid, e) for e in client_charges(fed, plan, step_budget(fed, plan), stage_events)] * times
             fed.ledger.charge([(c, e) for c, e in charges if c in fed.ledger])
         return set(earlier)
 

@@ -102,6 +102,13 @@ def round_events(fed: Federation, plan: ClientPlan, steps: int) -> dp_event.DpEv
     return event if steps == 1 else dp_event.SelfComposedDpEvent(event, steps)
 
 
+def client_charges(fed: Federation, plan: ClientPlan, steps: int, stage_events: list) -> list:
+    """What a round charges the client of ``plan``: its ``steps`` local steps' event (if any), then ``stage_events``
+    (the per-round events of the noise stages its message passes through)."""
+    local = round_events(fed, plan, steps)
+    return ([] if local is None else [local]) + list(stage_events)
+
+
 def screen(x: torch.Tensor, d: int) -> torch.Tensor:
     """Rows the server accepts: right width and every coordinate finite."""
     if x.ndim != 2 or x.shape[1] != d:
@@ -154,8 +161,7 @@ def admit(fed: Federation, r: int, cohort: list[int], metrics: dict[str, Any],
         kept = []
         for p in plans:
             steps = num_local_steps(fed.training, int(p.rows.numel()), p.batch_size)  # the planned work
-            local = round_events(fed, p, steps)
-            parts = ([] if local is None else [local]) + stages
+            parts = client_charges(fed, p, steps, stages)
             if parts and p.client_id in ledger and ledger[p.client_id].would_exceed(
                     parts[0] if len(parts) == 1 else composed(parts)):
                 continue
