@@ -351,7 +351,7 @@ def squared_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor,
         g = g.contiguous()
     grouped = _by_grouped_convolution(layer, g)  # then the unfolded A is not needed
     mat_a, mat_g = (None, g.flatten(2).transpose(1, 2)) if grouped else layer_matrices(layer, a, g)
-    bias = mat_g.sum(1) if layer.bias is not None else None
+    bias = None if layer.bias is None else mat_g[:, 0] if mat_g.shape[1] == 1 else mat_g.sum(1)  # a view at T = 1
     sq = _sq(bias) if bias is not None else g.new_zeros(g.shape[0])
     if layer.weight is None:
         return sq, LayerTerms(None, mat_g, bias, None)
@@ -432,11 +432,12 @@ def _direct_norms(layer: GhostLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[
 
 def _weight_norms(mat_a: torch.Tensor, mat_g: torch.Tensor, sq: torch.Tensor,
                   bias: torch.Tensor | None) -> tuple[torch.Tensor, LayerTerms]:
-    """``sq + ‖G_bᵀ A_b‖²`` for each row ``b`` by the cheapest form, and the terms for :func:`weighted_grads`."""
+    """``sq + ‖G_bᵀ A_b‖²`` for each row ``b`` by the cheapest form, and the terms for :func:`weighted_grads`; ``sq`` is
+    the bias gradients' squared norms when ``bias`` is given (``‖G_b‖²`` itself when ``T = 1``, reused then)."""
     n, t, d = mat_a.shape
     p = mat_g.shape[-1]
     if t == 1:
-        return sq + _sq(mat_a) * _sq(mat_g), LayerTerms(mat_a, mat_g, bias, None)
+        return sq + _sq(mat_a) * (sq if bias is not None else _sq(mat_g)), LayerTerms(mat_a, mat_g, bias, None)
     if _use_gram(t, d, p):
         step = max(1, MATERIALISE_BUDGET // (t * t))
         parts = [(mat_a[s:s + step] @ mat_a[s:s + step].transpose(1, 2)).mul_(
