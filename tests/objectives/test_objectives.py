@@ -162,6 +162,44 @@ def test_a_cross_entropy_subclass_with_its_own_losses_gets_their_gradient_not_th
     torch.testing.assert_close(losses, -(target * torch.log_softmax(out, 1)).sum(1), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name,make", [
+    ("cross_entropy", lambda g, dt: (torch.randn(37, 10, generator=g, dtype=dt) * 4,
+                                     torch.randint(0, 10, (37,), generator=g))),
+    ("cross_entropy", lambda g, dt: (torch.randn(1, 2, generator=g, dtype=dt), torch.randint(0, 2, (1,), generator=g))),
+    ("mse", lambda g, dt: (torch.randn(37, 3, generator=g, dtype=dt), torch.randn(37, 3, generator=g, dtype=dt))),
+])
+def test_autograd_loss_grad_has_the_bits_of_autograd_on_the_weighted_loss_sum(name, make, dtype):
+    """Ghost clipping's closed-form pass relies on these bits matching its hooked pass (autograd): compared with
+    torch.equal against autograd of (ℓ · keep).sum(), for a 0/1 mask (padding rows) and for real-valued weights."""
+    obj = trustfl.build("objective", name)
+    out, y = make(_gen(12), dtype)
+    n = out.shape[0]
+    for weights in ((torch.rand(n, generator=_gen(13)) > 0.3), torch.rand(n, generator=_gen(14), dtype=dtype)):
+        leaf = out.clone().requires_grad_(True)
+        ref_losses = obj.losses(leaf, {"y": y})
+        (ref_grad,) = torch.autograd.grad((ref_losses * weights).sum(), [leaf])
+        losses, grad = obj.autograd_loss_grad(out, {"y": y}, weights)
+        assert not losses.requires_grad and not grad.requires_grad
+        assert torch.equal(losses, ref_losses.detach()) and torch.equal(grad, ref_grad)
+
+
+def test_a_cross_entropy_subclass_with_its_own_losses_gets_their_autograd_bits():
+    from trustfl.objectives.builtin import CrossEntropy
+
+    class Smoothed(CrossEntropy):
+        def losses(self, outputs, batch):
+            return torch.nn.functional.cross_entropy(outputs, batch["y"], reduction="none", label_smoothing=0.2)
+
+    out = torch.randn(6, 3, generator=_gen(2), dtype=DT)
+    y = torch.randint(0, 3, (6,), generator=_gen(3))
+    c = torch.full((6,), 0.5, dtype=DT)
+    leaf = out.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad((Smoothed().losses(leaf, {"y": y}) * c).sum(), [leaf])
+    assert torch.equal(Smoothed().autograd_loss_grad(out, {"y": y}, c)[1], want)
+    assert not torch.equal(CrossEntropy().autograd_loss_grad(out, {"y": y}, c)[1], want)  # the smoothing counts
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # check_data and num_outputs
 # ---------------------------------------------------------------------------------------------------------------

@@ -166,8 +166,9 @@ def ghost_inputs(stack: LinearStack, objective: AbstractObjective, params: Mappi
     The bits of :mod:`trustfl.client.per_example`'s hooked pass (forward hooks, zero probes, autograd through the
     model), without its hooks, probes and graph: one client runs ``F.linear`` as ``nn.Linear`` does (its backward
     product is ``G_k W_k``, as autograd's), a cohort the batched products of the ``vmap`` path (:func:`_forward`);
-    ``G_L`` comes from autograd on the logits alone and ``G_{k−1} = (G_k W_k) ⊙ [h_{k−1} > 0]``, the ReLU's backward
-    on its output (``tests/client/test_linear_stack.py``).
+    ``G_L`` comes from the objective's :meth:`~trustfl.objectives.base.AbstractObjective.autograd_loss_grad` (autograd's
+    bits on the logits alone) and ``G_{k−1} = (G_k W_k) ⊙ [h_{k−1} > 0]``, the ReLU's backward on its output
+    (``tests/client/test_linear_stack.py``).
     """
     m, b = keep.shape
     weights = [params[w].detach() for w, _ in stack.layers]
@@ -182,10 +183,8 @@ def ghost_inputs(stack: LinearStack, objective: AbstractObjective, params: Mappi
                     h = torch.relu(h)
         else:
             inputs, h = _forward(stack, params, batch[objective.input_key], m, b)
-    with torch.enable_grad():
-        leaf = h.detach().requires_grad_(True)
-        losses = objective.losses(leaf.reshape(m * b, -1), flat_batch(batch, 2))
-        (out_grad,) = torch.autograd.grad((losses * keep.reshape(-1)).sum(), [leaf])
+    losses, out_grad = objective.autograd_loss_grad(h.reshape(m * b, -1), flat_batch(batch, 2), keep.reshape(-1))
+    out_grad = out_grad.view(h.shape)
     backprops = [out_grad]
     with torch.no_grad():
         for k in range(len(weights) - 1, 0, -1):
@@ -193,7 +192,7 @@ def ghost_inputs(stack: LinearStack, objective: AbstractObjective, params: Mappi
             out_grad = torch.ops.aten.threshold_backward(below, inputs[k], 0)
             backprops.append(out_grad)
     flat = lambda t: t.reshape(m * b, t.shape[-1])  # noqa: E731
-    return [flat(a) for a in inputs], [flat(g) for g in reversed(backprops)], losses.detach()
+    return [flat(a) for a in inputs], [flat(g) for g in reversed(backprops)], losses
 
 
 def sgd_step(stack: LinearStack, objective: AbstractObjective, params: Mapping[str, torch.Tensor], batch: Batch,

@@ -62,6 +62,13 @@ class AbstractObjective(abc.ABC):
             (grad,) = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), [leaf])
         return losses.detach(), grad
 
+    def autograd_loss_grad(self, outputs: torch.Tensor, batch: Batch,
+                           weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`weighted_loss_grad` returns, with the bits autograd gives for ``(ℓ · c).sum()`` (ghost
+        clipping's closed-form pass matches its hooked pass, which runs autograd, bit for bit): the autograd form by
+        default; cross-entropy calls autograd's own kernels without building a graph."""
+        return AbstractObjective.weighted_loss_grad(self, outputs, batch, weights)
+
     def per_example(self, model: nn.Module, params: Mapping[str, torch.Tensor],
                     batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(losses (N,), outputs)`` of one client's batch."""

@@ -38,6 +38,18 @@ class CrossEntropy(AbstractObjective):
         grad = log_p.exp_().scatter_add_(1, y, torch.full(y.shape, -1.0, dtype=log_p.dtype, device=y.device))
         return losses, grad.mul_(weights.to(grad.dtype).unsqueeze(1))
 
+    def autograd_loss_grad(self, outputs: torch.Tensor, batch: Batch,
+                           weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernels autograd runs for ``(cross_entropy(z, y, reduction="none") · c).sum()`` and its backward
+        (log-softmax, NLL, their backward), called directly: the same bits without a graph."""
+        if type(self).losses is not CrossEntropy.losses:
+            return super().autograd_loss_grad(outputs, batch, weights)
+        log_p = torch.log_softmax(outputs.detach(), 1)
+        y = batch["y"]
+        losses, total_weight = torch.ops.aten.nll_loss_forward(log_p, y, None, 0, -100)  # reduction none
+        grad = torch.ops.aten.nll_loss_backward(weights.to(log_p.dtype), log_p, y, None, 0, -100, total_weight)
+        return losses, torch.ops.aten._log_softmax_backward_data(grad, log_p, 1, log_p.dtype)
+
     def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
         if num_classes == 1 and not targets.is_floating_point():
             raise ConfigError("`objective`: cross_entropy needs >= 2 classes, but the data set holds only one class "
