@@ -147,6 +147,7 @@ def test_weighted_loss_grad_is_the_gradient_of_the_weighted_loss_sum(name, make)
 
 
 def test_a_cross_entropy_subclass_with_its_own_losses_gets_their_gradient_not_the_closed_form():
+    """Both weighted_loss_grad (to float rounding) and autograd_loss_grad (autograd's bits)."""
     from trustfl.objectives.builtin import CrossEntropy
 
     class Smoothed(CrossEntropy):
@@ -160,6 +161,10 @@ def test_a_cross_entropy_subclass_with_its_own_losses_gets_their_gradient_not_th
     target = 0.8 * torch.nn.functional.one_hot(y, 3).to(DT) + 0.2 / 3  # the smoothed target distribution
     torch.testing.assert_close(grad, (torch.softmax(out, 1) - target) * 0.5, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(losses, -(target * torch.log_softmax(out, 1)).sum(1), rtol=1e-12, atol=1e-15)
+    leaf = out.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad((Smoothed().losses(leaf, {"y": y}) * c).sum(), [leaf])
+    assert torch.equal(Smoothed().autograd_loss_grad(out, {"y": y}, c)[1], want)
+    assert not torch.equal(CrossEntropy().autograd_loss_grad(out, {"y": y}, c)[1], want)  # the smoothing counts
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -182,22 +187,6 @@ def test_autograd_loss_grad_has_the_bits_of_autograd_on_the_weighted_loss_sum(na
         losses, grad = obj.autograd_loss_grad(out, {"y": y}, weights)
         assert not losses.requires_grad and not grad.requires_grad
         assert torch.equal(losses, ref_losses.detach()) and torch.equal(grad, ref_grad)
-
-
-def test_a_cross_entropy_subclass_with_its_own_losses_gets_their_autograd_bits():
-    from trustfl.objectives.builtin import CrossEntropy
-
-    class Smoothed(CrossEntropy):
-        def losses(self, outputs, batch):
-            return torch.nn.functional.cross_entropy(outputs, batch["y"], reduction="none", label_smoothing=0.2)
-
-    out = torch.randn(6, 3, generator=_gen(2), dtype=DT)
-    y = torch.randint(0, 3, (6,), generator=_gen(3))
-    c = torch.full((6,), 0.5, dtype=DT)
-    leaf = out.clone().requires_grad_(True)
-    (want,) = torch.autograd.grad((Smoothed().losses(leaf, {"y": y}) * c).sum(), [leaf])
-    assert torch.equal(Smoothed().autograd_loss_grad(out, {"y": y}, c)[1], want)
-    assert not torch.equal(CrossEntropy().autograd_loss_grad(out, {"y": y}, c)[1], want)  # the smoothing counts
 
 
 # ---------------------------------------------------------------------------------------------------------------
