@@ -239,7 +239,8 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
     cfg_hash = config_hash(identity)
     metrics_path = run_dir / "metrics.jsonl"
     every = cfg.engine.checkpoint_every if checkpoint_every is None else checkpoint_every
-    digest = data_digest(fed.dataset, fed.timing and fed.timing.speed.file_data()) if main and (every or resume) else None
+    files = fed.timing.speed.file_data() if fed.timing is not None else None  # a trace's step times
+    digest = data_digest(fed.dataset, files) if main and (every or resume) else None
     if restart and progress and main:  # every draw is seeded: running it again gives the run it would have been
         print(f"notice: {run_dir} has no {CHECKPOINT} (interrupted before its first checkpoint, or "
               f"engine.checkpoint_every = 0): the run starts again from round 1.", file=sys.stderr)
