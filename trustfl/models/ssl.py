@@ -153,11 +153,10 @@ class SCCNN(_EncoderProjector):
         c1, c2 = sizes
         if isinstance(features, bool) or not isinstance(features, int) or features < 1:
             raise ConfigError(f"`model.features` must be a positive integer, found {features!r}.")
-        feat = features
         self.backbone = nn.Sequential(
             nn.Conv2d(shape[0], c1, 3, padding=1), nn.ReLU(),
             nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.ReLU(),
             nn.Conv2d(c2, c2, 3, stride=2, padding=1), nn.ReLU(),
-            _MeanPool(), nn.Linear(c2, feat), nn.ReLU())
-        self.projector = _projector(feat, check_sizes("projector", projector, True), dim)
+            _MeanPool(), nn.Linear(c2, features), nn.ReLU())
+        self.projector = _projector(features, check_sizes("projector", projector, True), dim)
         self._add_predictor(predictor, dim)
