@@ -37,6 +37,8 @@ instead of page-faulting on every step). On a shared 2-core machine wall-clock t
 with other processes' load; CPU time with one thread is steady. For wall-clock figures on an idle machine:
   .venv/bin/python benchmarks/dp_throughput.py --threads 0 --clock wall
 Allocator comparison: ``--malloc default`` (glibc defaults) or ``--malloc mmap0`` (M_MMAP_MAX only).
+OpenMP: by default the process gets the ``GOMP_SPINCOUNT`` the ``trustfl`` command sets (``trustfl.core.openmp``),
+Opacus alike; ``--gomp-spincount default`` leaves libgomp's own.
 
 On a GPU (``--device cuda``, record benchmarks/dp_throughput_cuda.md): models, data, parameters and every generator
 on the device, the clock is the wall clock read after ``torch.cuda.synchronize()`` (every step synchronises, both
@@ -76,9 +78,25 @@ def apply_malloc(mode: str) -> str:
     return f"mallopt {mode} ({'ok' if ok else 'FAILED'})"
 
 
+def apply_spin(mode: str) -> str:
+    """libgomp's idle spin (read when torch loads it, so before ``import torch``): ``trustfl`` sets what the
+    ``trustfl`` command sets (:func:`trustfl.core.openmp.limit_openmp_spin`, unless the environment has it),
+    ``default`` leaves libgomp's default, a number sets that many iterations. It applies to both libraries."""
+    if mode == "default":
+        os.environ.pop("GOMP_SPINCOUNT", None)
+        return "libgomp's default spin"
+    if mode == "trustfl":
+        from trustfl.core.openmp import limit_openmp_spin
+        return f"as the trustfl command: {limit_openmp_spin()}"
+    os.environ["GOMP_SPINCOUNT"] = str(int(mode))
+    return f"GOMP_SPINCOUNT={int(mode)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--malloc", choices=["default", "mmap0", "mmap0+notrim"], default="mmap0+notrim")
+    parser.add_argument("--gomp-spincount", default="trustfl",
+                        help="trustfl (what the trustfl command sets, default), default (libgomp's) or a number")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per method (best kept)")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds per timed run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
@@ -93,6 +111,7 @@ def main() -> None:
     parser.add_argument("--memory-worker", nargs=3, metavar=("MODEL", "COHORT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     malloc_note = apply_malloc(args.malloc)  # before torch allocates anything
+    malloc_note += ", " + apply_spin(args.gomp_spincount)  # before torch loads libgomp
     load_start = os.getloadavg()[0]
 
     import torch
@@ -502,7 +521,8 @@ def cuda_step_peak_mb(step: Callable[[], object], steps: int = 3) -> float:
 def memory_worker(model: str, cohort: int, method: str, args: argparse.Namespace) -> float | None:
     """:func:`step_peak_mb` of one (model, cohort, method) in a fresh process with this run's settings."""
     cmd = [sys.executable, __file__, "--memory-worker", model, str(cohort), method, "--models", model,
-           "--cohorts", str(cohort), "--malloc", args.malloc, "--threads", str(args.threads)]
+           "--cohorts", str(cohort), "--malloc", args.malloc, "--threads", str(args.threads),
+           "--gomp-spincount", args.gomp_spincount]
     out = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1])["peak_mb"] if out.returncode == 0 and lines else None

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+from trustfl.core.openmp import limit_openmp_spin
 from trustfl.core.paths import looked_up
 from trustfl.errors import TrustFLError, UsageError
 
@@ -302,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Only :class:`TrustFLError` is caught: any other exception is a bug and propagates with its traceback.
     """
+    limit_openmp_spin()  # before any command imports torch (see trustfl.core.openmp)
     command, run_dir = None, "RUN_DIR"
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() \
         else None
