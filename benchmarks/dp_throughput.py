@@ -92,10 +92,17 @@ def apply_spin(mode: str) -> str:
     return f"GOMP_SPINCOUNT={int(mode)}"
 
 
+def spin_mode(text: str) -> str:
+    """``--gomp-spincount``'s value: ``trustfl``, ``default`` or a non-negative integer."""
+    if text in ("trustfl", "default") or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"trustfl, default or a non-negative integer expected, found {text!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--malloc", choices=["default", "mmap0", "mmap0+notrim"], default="mmap0+notrim")
-    parser.add_argument("--gomp-spincount", default="trustfl",
+    parser.add_argument("--gomp-spincount", type=spin_mode, default="trustfl",
                         help="trustfl (what the trustfl command sets, default), default (libgomp's) or a number")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per method (best kept)")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds per timed run")
