@@ -44,8 +44,8 @@ from trustfl.engine.loop import (MODEL, Progress, all_rejected, diverged, evalua
                                  save_model, skipped)
 from trustfl.errors import ConfigError, UsageError
 from trustfl.evaluate.base import higher_is_better
-from trustfl.core.runfiles import (hold_run_dir, metric_rows, read_json_object, read_metrics, truncate_metrics,
-                                   write_json, writing)
+from trustfl.core.runfiles import (DEPLOYMENT_JOURNAL, hold_run_dir, metric_rows, read_json_object, read_metrics,
+                                   truncate_metrics, write_json, writing)
 from trustfl.report.plots import plot_run
 from trustfl.report.sweep_points import flatten_config
 
@@ -211,10 +211,6 @@ def _run(cfg: ExperimentConfig, out: str | Path | None, ranks: Ranks | None, *, 
         return _train(cfg, run_dir, ranks, resume=resume is not None, data_dir=data_dir, progress=progress,
                       checkpoint_every=checkpoint_every, stop_after=stop_after, on_eval=on_eval, plots=plots,
                       engine=engine)
-
-
-DEPLOYMENT_JOURNAL = "deployment.jsonl"
-"""The journal a deployment's server writes in its run directory (:mod:`trustfl.deploy.server`)."""
 
 
 def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume: bool, data_dir: str | None,

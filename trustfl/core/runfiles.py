@@ -98,8 +98,12 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoint.pt", "summary.json")
 """Files whose presence marks a directory as holding a run (``--out`` does not write over them by default)."""
 
 
+DEPLOYMENT_JOURNAL = "deployment.jsonl"
+"""A deployment's journal (:class:`trustfl.deploy.server.SendJournal`): its presence marks a deployment's run
+directory, which only a deployment resumes."""
+
 WRITTEN = ("config.toml", "run_info.json", "metrics.jsonl", "summary.json", "model.pt", "checkpoint.pt", "error.log",
-           "deployment.jsonl", "run_info.json.tmp", "summary.json.tmp", "model.pt.tmp", "checkpoint.pt.tmp")
+           DEPLOYMENT_JOURNAL, "run_info.json.tmp", "summary.json.tmp", "model.pt.tmp", "checkpoint.pt.tmp")
 """Every file of a run directory that trustfl writes, besides the plots (named after the run's metrics),
 ``tensorboard/`` and the lock: what ``--overwrite`` removes (``error.log``: a sweep's point that failed;
 ``deployment.jsonl``: a deployment's journal; ``*.tmp``: a write cut short)."""

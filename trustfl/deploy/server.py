@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 from trustfl.core.rng import SERVER
+from trustfl.core.runfiles import DEPLOYMENT_JOURNAL
 from trustfl.deploy.checks import check_deployable
 from trustfl.deploy.wire import Hello, TrainRequest, Wire, pack_directory, read_reply
 from trustfl.engine.base import AbstractEngine
@@ -95,7 +96,7 @@ class SendJournal:
     again (``replayed``).
     """
 
-    NAME = "deployment.jsonl"
+    NAME = DEPLOYMENT_JOURNAL
 
     def __init__(self, run_dir: Path | None, resume: bool) -> None:
         self.path = None if run_dir is None else Path(run_dir) / self.NAME
