@@ -88,8 +88,8 @@ def apply_spin(mode: str) -> str:
     if mode == "trustfl":
         from trustfl.core.openmp import limit_openmp_spin
         return f"as the trustfl command: {limit_openmp_spin()}"
-    os.environ["GOMP_SPINCOUNT"] = str(int(mode))
-    return f"GOMP_SPINCOUNT={int(mode)}"
+    os.environ["GOMP_SPINCOUNT"] = count = str(int(mode))
+    return f"GOMP_SPINCOUNT={count}"
 
 
 def spin_mode(text: str) -> str:
@@ -117,8 +117,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:k] (implies --clock wall)")
     parser.add_argument("--memory-worker", nargs=3, metavar=("MODEL", "COHORT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    malloc_note = apply_malloc(args.malloc)  # before torch allocates anything
-    malloc_note += ", " + apply_spin(args.gomp_spincount)  # before torch loads libgomp
+    settings_note = apply_malloc(args.malloc) + ", " + apply_spin(args.gomp_spincount)  # before torch loads
     load_start = os.getloadavg()[0]
 
     import torch
@@ -199,7 +198,7 @@ def main() -> None:
             opt.pre_step()  # clip + noise + scale; the SGD update itself is not part of the measurement
         return gsm, step
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {malloc_note}, σ={sigma}, C={clip}, "
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {settings_note}, σ={sigma}, C={clip}, "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     rows, checks = [], []
     for label, name, shape, batch, kw in [s for s in setups if s[1] in args.models]:
@@ -286,7 +285,7 @@ def main() -> None:
     lines = [f"`{' '.join(['.venv/bin/python', 'benchmarks/dp_throughput.py'] + sys.argv[1:])}`", "",
              "# DP-SGD throughput: trustfl vs Opacus", "",
              f"torch {torch.__version__}, Opacus {opacus.__version__}, {torch.get_num_threads()} torch thread(s), "
-             f"{malloc_note}, σ = {sigma}, C = {clip}; {unit}, best of {args.repeats} interleaved runs of >= "
+             f"{settings_note}, σ = {sigma}, C = {clip}; {unit}, best of {args.repeats} interleaved runs of >= "
              f"{args.min_time} s; {where}; {cpus()}, load average {load_start:.2f} at the start and "
              f"{os.getloadavg()[0]:.2f} at the end. Opacus has no cohort vectorization, so its cohort loops over "
              "the clients. The ratios divide the best runs' throughputs; *per run* gives the median (min–max) of "
