@@ -23,22 +23,20 @@ def test_sets_the_spin_count_before_torch_is_loaded(clean_env):
     assert os.environ["GOMP_SPINCOUNT"] == str(openmp.SPIN_COUNT)
 
 
-@pytest.mark.parametrize("case", ["user value", "opt-out", "torch first"])
-def test_leaves_the_user_setting_and_a_loaded_torch_alone(clean_env, case):
-    if case == "user value":
-        clean_env.setenv("GOMP_SPINCOUNT", "7")
+@pytest.mark.parametrize("env,unload_torch,said,left", [
+    ({"GOMP_SPINCOUNT": "7"}, True, "GOMP_SPINCOUNT=7", "7"),  # the user's own value
+    ({openmp.OPT_OUT: "1"}, True, f"GOMP_SPINCOUNT unset ({openmp.OPT_OUT}=1)", None),
+    ({}, False, "GOMP_SPINCOUNT unset (torch was imported first)", None),
+], ids=["user value", "opt-out", "torch first"])
+def test_leaves_the_user_setting_and_a_loaded_torch_alone(clean_env, env, unload_torch, said, left):
+    for key, value in env.items():
+        clean_env.setenv(key, value)
+    if unload_torch:
         clean_env.delitem(sys.modules, "torch")
-        assert openmp.limit_openmp_spin() == "GOMP_SPINCOUNT=7"
-        assert os.environ["GOMP_SPINCOUNT"] == "7"
-        return
-    if case == "opt-out":
-        clean_env.setenv(openmp.OPT_OUT, "1")
-        clean_env.delitem(sys.modules, "torch")
-        assert openmp.limit_openmp_spin() == f"GOMP_SPINCOUNT unset ({openmp.OPT_OUT}=1)"
     else:
         assert "torch" in sys.modules
-        assert openmp.limit_openmp_spin() == "GOMP_SPINCOUNT unset (torch was imported first)"
-    assert "GOMP_SPINCOUNT" not in os.environ
+    assert openmp.limit_openmp_spin() == said
+    assert os.environ.get("GOMP_SPINCOUNT") == left
 
 
 def test_the_command_sets_it_before_any_command_imports_torch():
