@@ -51,8 +51,9 @@ def smallest_weights(scores: torch.Tensor, k: int, threshold: torch.Tensor, atol
     """
     below = scores < threshold - atol
     tied = (scores - threshold).abs() <= atol if atol > 0 else scores == threshold
-    share = (k - below.sum(dim=0)) / tied.sum(dim=0).clamp_min(1)
-    return below.to(scores.dtype) + tied.to(scores.dtype) * share.to(scores.dtype)
+    # the share in the scores' dtype: an integer division gives float32, which float64 weights would carry
+    share = (k - below.sum(dim=0)).to(scores.dtype) / tied.sum(dim=0).clamp_min(1).to(scores.dtype)
+    return below.to(scores.dtype) + tied.to(scores.dtype) * share
 
 
 USABLE = ("every message a rule receives is usable: non-finite or misshapen messages are rejected before it, by "
@@ -192,7 +193,7 @@ def _meamed(x: torch.Tensor, f: int, check: bool = True) -> torch.Tensor | None:
     below = dist < threshold
     tied = dist == threshold
     del dist
-    share = (k - below.sum(dim=0)) / tied.sum(dim=0).clamp_min(1)
+    share = (k - below.sum(dim=0)).to(x.dtype) / tied.sum(dim=0).clamp_min(1).to(x.dtype)  # not float32 for float64
     # Select with `where`, not by multiplying with 0/1 weights: 0·inf would turn a trimmed inf into NaN.
-    out = (x.where(below, 0.0).sum(dim=0) + share.to(x.dtype) * x.where(tied, 0.0).sum(dim=0)) / k
+    out = (x.where(below, 0.0).sum(dim=0) + share * x.where(tied, 0.0).sum(dim=0)) / k
     return out if not check or all_finite(out) else None
