@@ -12,7 +12,8 @@ from trustfl.errors import ConfigError, PrivacyError, TrustFLError
 
 @pytest.mark.parametrize("value, kwargs", [
     (1, {"integer": True, "low": 1}), (np.int64(3), {"integer": True, "low": 1}), (0.5, {"low": 0, "high": 1}),
-    (0, {"low": 0}), (np.float32(2.5), {"low": 0, "low_open": True, "finite": True}), (10 ** 400, {"finite": True}),
+    (0, {"low": 0}), (np.float32(2.5), {"low": 0, "low_open": True, "finite": True}), (2 ** 63 - 1, {"finite": True}),
+    (-2 ** 63, {"integer": True}),
     (None, {"allow_none": True, "integer": True}), (math.inf, {"low": 0}),
     (32, {"integer": True, "low": 1, "high": 32}),
     (-3, {"integer": True}),
@@ -41,6 +42,16 @@ def test_refusals_name_the_key_the_rule_and_the_value(value, kwargs, allowed):
     with pytest.raises(ConfigError) as err:
         check_number("some.key", value, **kwargs)
     assert str(err.value) == f"`some.key` must be {allowed}, found {value!r}."
+
+
+@pytest.mark.parametrize("value, integer", [(2 ** 63, True), (-2 ** 63 - 1, True), (10 ** 400, False),
+                                            (2 ** 70, False)])
+def test_python_integers_beyond_64_bits_are_refused(value, integer):
+    # torch takes no wider integer: sigma = 2**70 passed, then `sigma * noise` raised an OverflowError in the round
+    with pytest.raises(ConfigError, match=r"^`k` must fit in a 64-bit integer \(-9223372036854775808\.\."
+                                          r"9223372036854775807" + ("" if integer else "; write a larger number as "
+                                                                   r"a float") + r"\), found -?\d+\.$"):
+        check_number("k", value, integer=integer, finite=True)
 
 
 def test_component_prefix_and_error_class():

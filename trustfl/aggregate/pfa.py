@@ -133,7 +133,8 @@ class PFA(AbstractAggregator):
     def __post_init__(self) -> None:
         if self.clustering not in ("gmm", "kmeans"):
             raise ConfigError(f"`clustering` must be 'gmm' or 'kmeans', found {self.clustering!r}.")
-        check_number("clustering_seed", self.clustering_seed, integer=True, low=0)
+        check_number("clustering_seed", self.clustering_seed, integer=True, low=0, high=2 ** 32 - 1,
+                     note="scikit-learn's random_state")
         k = self.projection_dim
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ConfigError(f"`projection_dim` must be an integer >= 1, found {k!r}.")

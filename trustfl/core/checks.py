@@ -22,6 +22,7 @@ from trustfl.errors import ConfigError, TrustFLError
 __all__ = ["check_number", "describe_value"]
 
 _INTEGERS = (int, np.integer)
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 _NUMBERS = (int, float, np.integer, np.floating)
 
 
@@ -51,7 +52,8 @@ def check_number(name: str, value: Any, *, integer: bool = False, low: Optional[
 
     Args:
       name: the key, written between backticks in the message (```max_iter` must be an integer >= 1, found 0.``).
-      value: a Python or NumPy number; a bool is never one. NaN fails every bound.
+      value: a Python or NumPy number; a bool is never one. NaN fails every bound, and so does a Python integer
+        beyond 64 bits (torch cannot take it).
       integer: only integers (Python or NumPy) pass.
       low, high: bounds, inclusive unless ``low_open`` / ``high_open``.
       finite: refuse ±inf (an interval with both bounds refuses it anyway).
@@ -72,6 +74,10 @@ def check_number(name: str, value: Any, *, integer: bool = False, low: Optional[
         allowed += " or None" if allow_none else ""
         allowed += f" ({note})" if note else ""
         raise error(f"{where + ': ' if where else ''}`{name}` must be {allowed}, found {value!r}.")
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:  # torch takes no wider integer
+        raise error(f"{where + ': ' if where else ''}`{name}` must fit in a 64-bit integer "
+                    f"({INT64_MIN}..{INT64_MAX}{'' if integer else '; write a larger number as a float'}), "
+                    f"found {value!r}.")
     return value
 
 
