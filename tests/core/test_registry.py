@@ -64,3 +64,42 @@ def test_build_turns_ill_typed_parameters_into_config_errors(kind, name, params,
     # a config reports these with the key (build_component); the Python API said TypeError / KeyError / AttributeError
     with pytest.raises(ConfigError, match=fragment):
         trustfl.build(kind, name, **params)
+
+
+def _scalar_parameters():
+    """(kind, name, key, type, optional) of every registered factory's parameter annotated bool, int or float (or
+    that or None) that can be set alone (every other parameter has a default)."""
+    cases = []
+    for kind in trustfl.kinds():
+        for name in trustfl.names(kind):
+            try:
+                signature = registry.inspect.signature(trustfl.lookup(kind, name))
+            except (TypeError, ValueError):
+                continue
+            for key, p in signature.parameters.items():
+                annotation = p.annotation.__name__ if isinstance(p.annotation, type) else p.annotation
+                base = annotation.removesuffix(" | None") if isinstance(annotation, str) else None
+                others_default = all(q.default is not q.empty or q.kind in (q.VAR_KEYWORD, q.VAR_POSITIONAL)
+                                     for k, q in signature.parameters.items() if k != key)
+                if base in ("bool", "int", "float") and others_default:
+                    cases.append((kind, name, key, base, annotation != base))
+    return cases
+
+
+SCALAR_PARAMETERS = _scalar_parameters()
+
+
+def test_the_scalar_type_check_covers_many_parameters():
+    assert len(SCALAR_PARAMETERS) > 60 and {c[3] for c in SCALAR_PARAMETERS} == {"bool", "int", "float"}
+    assert ("aggregator", "weiavg", "per_client_metrics", "bool", False) in SCALAR_PARAMETERS
+    assert ("attack", "gaussian", "around_honest_mean", "bool", False) in SCALAR_PARAMETERS
+
+
+@pytest.mark.parametrize("kind, name, key, annotation, optional", SCALAR_PARAMETERS)
+def test_a_value_of_another_type_is_refused_naming_the_key(kind, name, key, annotation, optional):
+    # '3' and True for a number, 1 and '3' for a flag: a factory that does not check its flags (per_client_metrics)
+    # or its numbers' types (alie_ls's start) took them
+    bad_values = ["3", 1] if annotation == "bool" else ["3", True]
+    for bad in bad_values + ([] if optional else [None]):
+        with pytest.raises(ConfigError, match=f"^{kind} '{name}': `{key}` must be "):
+            trustfl.build(kind, name, **{key: bad})

@@ -17,6 +17,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+import numpy as np
+
 from trustfl.errors import ConfigError, RegistryError, TrustFLError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -175,9 +177,35 @@ def keyword_parameters(signature: inspect.Signature) -> list[str]:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"]
 
 
+_SCALARS = {"bool": ((bool, np.bool_), "true or false"), "int": ((int, np.integer), "an integer"),
+            "float": ((int, float, np.integer, np.floating), "a number")}
+"""A parameter annotated with one of these names (or ``... | None``) takes only values of these types (never a
+bool for a number), and what its error calls it."""
+
+
+def check_scalar_types(kind: str, name: str, signature: inspect.Signature, params: dict[str, Any]) -> None:
+    """Refuse a value of another type for a parameter annotated ``bool``, ``int`` or ``float`` (``"3"``, ``True``
+    for a number, ``1`` for a flag): a factory that does not check a flag or a number itself would take it."""
+    for key, value in params.items():
+        parameter = signature.parameters.get(key)
+        annotation = parameter.annotation if parameter is not None else None
+        annotation = annotation.__name__ if isinstance(annotation, type) else annotation
+        if not isinstance(annotation, str):
+            continue
+        optional = annotation.endswith(" | None")
+        wanted = _SCALARS.get(annotation.removesuffix(" | None"))
+        if wanted is None or (optional and value is None):
+            continue
+        types, what = wanted
+        if not isinstance(value, types) or (isinstance(value, (bool, np.bool_)) and bool not in types):
+            allowed = what + (" or None" if optional else "")
+            raise ConfigError(f"{kind} {name!r}: `{key}` must be {allowed}, found {value!r}.")
+
+
 def build(kind: str, name: str, **params: Any) -> Any:
     """Build the component registered as ``name`` under ``kind`` with its parameters (a parameter it does not take,
-    or a required one left out, is a ConfigError that lists what it takes)."""
+    or a required one left out, is a ConfigError that lists what it takes; so is a value of another type for a
+    parameter annotated ``bool``, ``int`` or ``float``: :func:`check_scalar_types`)."""
     factory = lookup(kind, name)
     try:
         signature = inspect.signature(factory)
@@ -188,6 +216,7 @@ def build(kind: str, name: str, **params: Any) -> Any:
     except TypeError as err:
         takes = keyword_parameters(signature)
         raise ConfigError(f"{kind} {name!r}: {err}; it takes {', '.join(takes) or 'no parameters'}.") from None
+    check_scalar_types(kind, name, signature, params)
     try:
         return factory(**params)
     except (TypeError, ValueError) as err:  # a parameter of the wrong type: as a config's `[table]` reports it
