@@ -66,3 +66,20 @@ def test_poisoning_data_with_an_update_level_attack_is_refused_naming_it(name):
     from trustfl.errors import ConfigError
     with pytest.raises(ConfigError, match=f"^attack {name!r} is an update-level attack"):
         trustfl.build("attack", name).poison(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 10)
+
+
+@pytest.mark.parametrize("name", [n for n in trustfl.names("attack") if not trustfl.build("attack", n).data_level])
+def test_no_round_context_crafts_or_says_what_needs_it(name):
+    # craft(h, f, None) suits an attack that draws nothing (alie's example); gaussian, mimic and the line searches
+    # raised AttributeError ('NoneType' object has no attribute 'generator' / 'seed')
+    attack = trustfl.build("attack", name)
+    try:
+        out = attack.craft(honest(), F, None, Mean())
+    except MessageError as err:
+        assert name in ("gaussian", "mimic", "alie_ls", "foe_ls")
+        assert str(err).startswith(f"attack {name!r}: `ctx` must be the round's RoundContext (")
+        assert str(err).endswith("found NoneType.")
+    else:
+        assert name not in ("gaussian", "mimic", "alie_ls", "foe_ls")
+        assert out.shape == (F, D)
+        assert torch.allclose(out, attack.craft(honest(), F, ctx(), Mean()), rtol=0, atol=0, equal_nan=True)

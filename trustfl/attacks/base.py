@@ -99,6 +99,15 @@ def check_honest(honest: torch.Tensor, num_byzantine: int, min_rows: int = 1,
     check_number("num_byzantine", num_byzantine, integer=True, low=0, where=who)
 
 
+def round_context(ctx: object, attack: AbstractAttack, why: str) -> RoundContext:
+    """``ctx`` if it is a :class:`~trustfl.types.RoundContext`, else a :class:`~trustfl.errors.MessageError` naming
+    the attack and ``why`` it needs one (``craft(h, f, None)`` suits only the attacks that draw nothing)."""
+    if not isinstance(ctx, RoundContext):
+        raise MessageError(f"{attack.label()}: `ctx` must be the round's RoundContext ({why}), found "
+                           f"{type(ctx).__name__}.")
+    return ctx
+
+
 def without_overflow(fn: Callable[[torch.Tensor], torch.Tensor], honest: torch.Tensor) -> torch.Tensor:
     """``fn(honest)`` for a positively homogeneous ``fn`` (``fn(c·H) = c·fn(H)``, ``c > 0``), never inf from overflow.
 

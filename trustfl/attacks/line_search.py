@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from trustfl.attacks.base import AbstractAttack, check_honest, repeat_row, without_overflow
+from trustfl.attacks.base import AbstractAttack, check_honest, repeat_row, round_context, without_overflow
 from trustfl.attacks.update import alie_vector
 from trustfl.core.checks import check_number
 from trustfl.core.registry import build, register
@@ -150,6 +150,7 @@ class LineSearchAttack(AbstractAttack):
         The aggregator is called as ``agg(x, seed=ctx.seed)`` (uniform weights) on ``x = [H; B(t)·1_f]``.
         """
         check_honest(honest, num_byzantine, min_rows=2, attack=self)
+        ctx = round_context(ctx, self, "the aggregator it searches against runs with the round's seed")
         agg = self._resolve(aggregator)
         mean = without_overflow(lambda h: h.mean(dim=0), honest).to(torch.float64)
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trustfl.attacks.base import (AbstractAttack, check_finite_number, check_honest, repeat_row, saturate,
-                                  without_overflow)
+from trustfl.attacks.base import (AbstractAttack, check_finite_number, check_honest, repeat_row, round_context,
+                                  saturate, without_overflow)
 from trustfl.core.checks import check_number
 from trustfl.core.registry import register
 from trustfl.errors import ConfigError
@@ -177,6 +177,7 @@ class Mimic(AbstractAttack):
         check_honest(honest, num_byzantine, attack=self)
         h = honest.shape[0]
         if self.index is None:
+            ctx = round_context(ctx, self, "it draws the copied row from the round's generator; or set `index`")
             k = int(torch.randint(h, (1,), generator=ctx.generator("attack")))
         elif self.index >= h:
             raise ConfigError(f"mimic: `index` must be < the number of honest rows {h}, found {self.index}.")
@@ -212,6 +213,7 @@ class GaussianAttack(AbstractAttack):
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
         check_honest(honest, num_byzantine, attack=self)
+        ctx = round_context(ctx, self, "it draws its rows from the round's generator")
         draw_dtype = torch.float64 if honest.dtype == torch.float64 else torch.float32
         noise = torch.randn((num_byzantine, honest.shape[1]), generator=ctx.generator("attack", device=honest.device),
                             dtype=draw_dtype, device=honest.device)
