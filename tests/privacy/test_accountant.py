@@ -127,6 +127,36 @@ def test_describe_round_trips_nested_events():
         ev.without_replacement_sampled(PLAIN, 10, 20)
 
 
+@pytest.mark.parametrize("build, fragment", [
+    (lambda: ev.gaussian_event(True), "`noise_multiplier` must be a finite number >= 0, found True"),
+    (lambda: ev.gaussian_event("1"), "`noise_multiplier` must be a finite number >= 0, found '1'"),
+    (lambda: ev.poisson_sampled(PLAIN, True), "`q` must be a number in [0, 1] (the sampling probability), found True"),
+    (lambda: ev.poisson_sampled(PLAIN, "0.1"), "found '0.1'"),
+    (lambda: ev.self_composed(PLAIN, True), "`count` must be an integer >= 0, found True"),
+    (lambda: ev.without_replacement_sampled(PLAIN, True, 1), "found n=True, b=1"),
+    (lambda: ev.composed(PLAIN), "`events` must be a list of dp_accounting DpEvents, found GaussianDpEvent"),
+])
+def test_event_builders_take_numbers_not_flags_or_strings(build, fragment):
+    # float() took True as 1.0 (poisson_sampled(ev, True) dropped the subsampling) and '1' as 1.0
+    with pytest.raises(PrivacyError) as err:
+        build()
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("description, fragment", [
+    ({"type": "GaussianDpEvent", "noise_multiplier": -1}, "`noise_multiplier` must be a finite number >= 0"),
+    ({"type": "SelfComposedDpEvent", "event": {"type": "GaussianDpEvent", "noise_multiplier": 1.0}, "count": -3},
+     "`count` must be an integer >= 0, found -3"),
+    ({"type": "PoissonSampledDpEvent", "sampling_probability": 2.0,
+      "event": {"type": "GaussianDpEvent", "noise_multiplier": 1.0}}, "`q` must be a number in [0, 1]"),
+])
+def test_a_described_event_is_checked_as_its_builder_checks(description, fragment):
+    # a ledger restored from a checkpoint rebuilt GaussianDpEvent(noise_multiplier=-1) unchecked
+    with pytest.raises(PrivacyError) as err:
+        ev.event_from_dict(description)
+    assert str(err.value).startswith(f"Cannot rebuild {description['type']} from ") and fragment in str(err.value)
+
+
 def test_check_schedule_message_and_value():
     eps = check_schedule(3, Budget(100.0, DELTA), PLAIN, 10)
     assert eps == pytest.approx(epsilon_subsampled_gaussian(4.0, 1.0, 10, DELTA))

@@ -83,6 +83,20 @@ def test_calibrate_clients_gives_each_client_its_own_noise():
         budgets.calibrate_clients([1.0], 1e-5, 1.0, 10, accountant="moments")
 
 
+@pytest.mark.parametrize("args, fragment", [
+    ((1.0, 1e-5, 0.1, 100), "`epsilons` must be a sequence of one ε per client, found 1.0"),
+    ((["1"], 1e-5, 0.1, 100), "`epsilons[0]` must be a number, found '1'"),
+    (([True, 2.0], 1e-5, 0.1, 100), "`epsilons[0]` must be a number, found True"),
+    (([1.0], "1e-5", 0.1, 100), "`delta` must be a number, found '1e-5'"),
+    (([1.0, 2.0], 1e-5, [0.1, True], 100), "`sample_rates[1]` must be a number, found True"),
+])
+def test_calibrate_clients_takes_numbers_only(args, fragment):
+    # a float budget raised "'float' object is not iterable"; float() took '1' and True as budgets of 1.0
+    with pytest.raises(PrivacyError) as err:
+        budgets.calibrate_clients(*args)
+    assert fragment in str(err.value)
+
+
 def test_calibrate_clients_rhdp_matches_compute_z():
     # Robust-HDP style: q = b/N, steps = E·N/b (a real number), classic conversion, z rounded to 2 decimals.
     b, rounds = [16, 32], [200, 30]

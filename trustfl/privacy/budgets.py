@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from trustfl.core.checks import check_number
 from trustfl.core.rng import numpy_rng
 from trustfl.errors import ConfigError, PrivacyError
 from trustfl.privacy.analysis.gaussian import calibrate_noise_multiplier
@@ -214,7 +215,9 @@ def calibrate_clients(epsilons: Sequence[float], delta: Union[float, Sequence[fl
         decimals, which can spend up to about 1% past ε_i under that conversion (for reproducing the paper; a run
         rounds up and re-checks every schedule with its own accountant, refusing one that overspends).
     """
-    eps = [float(e) for e in epsilons]
+    if np.isscalar(epsilons) or not isinstance(epsilons, Iterable):
+        raise PrivacyError(f"`epsilons` must be a sequence of one ε per client, found {epsilons!r}.")
+    eps = [float(check_number(f"epsilons[{i}]", e, error=PrivacyError)) for i, e in enumerate(epsilons)]
     n = len(eps)
     if n == 0:
         return []
@@ -223,6 +226,9 @@ def calibrate_clients(epsilons: Sequence[float], delta: Union[float, Sequence[fl
     deltas = _broadcast("delta", delta, n)
     rates = _broadcast("sample_rates", sample_rates, n)
     step_list = _broadcast("steps", steps, n)
+    for name, values in (("delta", deltas), ("sample_rates", rates), ("steps", step_list)):
+        for i, v in enumerate(values):  # numbers, not strings or flags that float() would take
+            check_number(f"{name}[{i}]" if len(values) > 1 else name, v, error=PrivacyError)
     cache: dict[tuple[float, float, float, float], float] = {}
     out = []
     for key in zip(eps, (float(d) for d in deltas), (float(q) for q in rates), step_list):

@@ -12,11 +12,11 @@ Example:
 """
 from __future__ import annotations
 
-import math
 import numbers
 import types
 from typing import TYPE_CHECKING, Any, Mapping
 
+from trustfl.core.checks import check_number
 from trustfl.errors import PrivacyError
 
 if TYPE_CHECKING:
@@ -52,10 +52,8 @@ def gaussian_event(noise_multiplier: float) -> dp_event.GaussianDpEvent:
     Args:
       noise_multiplier: z = σ / Δ₂ >= 0; z = 0 means no noise (the event is non-private).
     """
-    z = float(noise_multiplier)
-    if not z >= 0 or math.isinf(z):
-        raise PrivacyError(f"`noise_multiplier` must be a finite number >= 0, found {noise_multiplier!r}.")
-    return _dp_event().GaussianDpEvent(z)
+    check_number("noise_multiplier", noise_multiplier, low=0, finite=True, error=PrivacyError)
+    return _dp_event().GaussianDpEvent(float(noise_multiplier))
 
 
 def poisson_sampled(event: DpEvent, q: float) -> DpEvent:
@@ -66,9 +64,7 @@ def poisson_sampled(event: DpEvent, q: float) -> DpEvent:
       q: the sampling probability in [0, 1]. q = 1 is no subsampling, so ``event`` is returned unchanged.
     """
     _check_event(event)
-    rate = float(q)
-    if not 0.0 <= rate <= 1.0:
-        raise PrivacyError(f"`q` (sampling probability) must be in [0, 1], found {q!r}.")
+    rate = float(check_number("q", q, low=0, high=1, note="the sampling probability", error=PrivacyError))
     if rate == 1.0:
         return event
     return _dp_event().PoissonSampledDpEvent(rate, event)
@@ -83,7 +79,7 @@ def without_replacement_sampled(event: DpEvent, n: int, b: int) -> DpEvent:
       ``neighboring="replace_one"``. The PLD accountant does not support it.
     """
     _check_event(event)
-    if not isinstance(n, numbers.Integral) or not isinstance(b, numbers.Integral) or not 0 < b <= n:
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (n, b)) or not 0 < b <= n:
         raise PrivacyError(f"`n` and `b` must be integers with 0 < b <= n, found n={n!r}, b={b!r}.")
     return _dp_event().SampledWithoutReplacementDpEvent(int(n), int(b), event)
 
@@ -91,13 +87,14 @@ def without_replacement_sampled(event: DpEvent, n: int, b: int) -> DpEvent:
 def self_composed(event: DpEvent, count: int) -> DpEvent:
     """``count`` adaptive repetitions of ``event`` (count >= 0)."""
     _check_event(event)
-    if not isinstance(count, numbers.Integral) or count < 0:
-        raise PrivacyError(f"`count` must be an integer >= 0, found {count!r}.")
+    check_number("count", count, integer=True, low=0, error=PrivacyError)
     return _dp_event().SelfComposedDpEvent(event, int(count))
 
 
 def composed(events: list[DpEvent]) -> DpEvent:
     """The adaptive composition of several events, in order."""
+    if not isinstance(events, (list, tuple)):
+        raise PrivacyError(f"`events` must be a list of dp_accounting DpEvents, found {type(events).__name__}.")
     for i, ev in enumerate(events):
         _check_event(ev, f"events[{i}]")
     return _dp_event().ComposedDpEvent(list(events))
@@ -148,6 +145,24 @@ def event_from_dict(data: Mapping[str, Any]) -> DpEvent:
         raise PrivacyError(f"Unknown DP event description {data!r}: `type` must name a dp_accounting DpEvent.")
     fields = {f.name: _decode(data[f.name]) for f in attr.fields(cls) if f.name in data}
     try:
-        return cls(**fields)
+        event = cls(**fields)
     except TypeError as exc:
         raise PrivacyError(f"Cannot rebuild {name} from {dict(data)!r}: {exc}.") from exc
+    check = _BUILDERS.get(str(name))
+    if check is not None:  # the builder's checks: a description's values are not trusted more than a caller's
+        try:
+            check(event)
+        except PrivacyError as exc:
+            raise PrivacyError(f"Cannot rebuild {name} from {dict(data)!r}: {exc}") from None
+    return event
+
+
+_BUILDERS = {
+    "GaussianDpEvent": lambda e: gaussian_event(e.noise_multiplier),
+    "PoissonSampledDpEvent": lambda e: poisson_sampled(e.event, e.sampling_probability),
+    "SampledWithoutReplacementDpEvent": lambda e: without_replacement_sampled(e.event, e.source_dataset_size,
+                                                                              e.sample_size),
+    "SelfComposedDpEvent": lambda e: self_composed(e.event, e.count),
+    "ComposedDpEvent": lambda e: composed(e.events),
+}
+"""What :func:`event_from_dict` checks a rebuilt event of each type with: the builder of that type."""
