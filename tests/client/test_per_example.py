@@ -224,6 +224,22 @@ def test_errors_name_the_argument():
     with pytest.raises(ConfigError, match="expected_batch_size"):
         noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, torch.tensor([1.0, 0.0]),
                            [torch.Generator(), torch.Generator()])
+    # a string batch size or a generator that is not one raised TypeError from torch; integer sums torch's
+    # NotImplementedError; 1e-300, positive but 0 in float32, was called not positive
+    two = [torch.Generator(), torch.Generator()]
+    with pytest.raises(ConfigError, match=r"^`expected_batch_size` must be a positive number .*found '5'\.$"):
+        noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, "5", two)
+    with pytest.raises(ConfigError, match=r"found True\.$"):
+        noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, True, two)
+    with pytest.raises(ConfigError, match=r"^`generators` must hold one torch.Generator per client \(2\), found "
+                                          r"\['int', 'Generator'\]\.$"):
+        noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, 1.0, [1, torch.Generator()])
+    with pytest.raises(ConfigError, match=r"^`grad_sum_stacked\['w'\]` must have a floating dtype"):
+        noisy_clipped_mean({"w": torch.zeros(2, 2, dtype=torch.long)}, 1.0, 1.0, 1.0, two)
+    with pytest.raises(PrivacyError, match="beyond torch.float32's range"):
+        noisy_clipped_mean({"w": torch.zeros(2, 2)}, 1.0, 1.0, 1e-300, two)
+    assert torch.equal(noisy_clipped_mean({"w": torch.ones(2, 2)}, 0.0, 1.0, torch.tensor([2, 4]), two)["w"],
+                       torch.tensor([[0.5, 0.5], [0.25, 0.25]]))  # an integer tensor of sizes is still one
     assert issubclass(ConfigError, TrustFLError) and issubclass(PrivacyError, TrustFLError)
 
 

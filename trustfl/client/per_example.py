@@ -25,8 +25,10 @@ References:
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import grad, vmap
@@ -262,15 +264,18 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
     check_number("noise_multiplier", noise_multiplier, low=0, finite=True, error=PrivacyError)
     _check_norm(max_norm)
     m = _check_stacked(grad_sum_stacked)
-    if len(generators) != m:
-        raise ConfigError(f"`generators` must hold one generator per client ({m}), found {len(generators)}.")
+    if len(generators) != m or not all(isinstance(g, torch.Generator) for g in generators):
+        raise ConfigError(f"`generators` must hold one torch.Generator per client ({m}), found "
+                          f"{[type(g).__name__ for g in generators]}.")
     first = next(iter(grad_sum_stacked.values()))
+    bad_sum = next((k for k, v in grad_sum_stacked.items() if not v.is_floating_point()), None)
+    if bad_sum is not None:
+        raise ConfigError(f"`grad_sum_stacked[{bad_sum!r}]` must have a floating dtype, found "
+                          f"{grad_sum_stacked[bad_sum].dtype}.")
+    _check_expected_batch_size(expected_batch_size, m)
     ebs = torch.as_tensor(expected_batch_size, dtype=first.dtype, device=first.device)
     if ebs.dim() == 0:
         ebs = ebs.expand(m)
-    if ebs.shape != (m,) or not bool((ebs > 0).all()) or not bool(torch.isfinite(ebs).all()):
-        raise ConfigError(f"`expected_batch_size` must be a positive number or an ({m},) tensor of positive "
-                          f"numbers, found {expected_batch_size!r}.")
     noise_scale, mean_scale = noise_multiplier * max_norm / ebs, 1.0 / ebs  # (m,), once for every parameter
     if not bool((torch.isfinite(noise_scale) & torch.isfinite(mean_scale)).all()):
         raise PrivacyError(f"σ·C/E|S| = {noise_multiplier!r}·{max_norm!r}/{expected_batch_size!r} or 1/E|S| is beyond "
@@ -284,6 +289,21 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
         shape = (m, *([1] * (v.dim() - 1)))
         out[k] = noise[k].mul_(noise_scale.view(shape)).addcmul_(v, mean_scale.view(shape))
     return out
+
+
+def _check_expected_batch_size(value: float | torch.Tensor, m: int) -> None:
+    """Refuse anything but a positive finite number or a ``()`` / ``(m,)`` tensor of them (not a string or a flag
+    that ``torch.as_tensor`` would take); checked before the conversion to the sums' dtype, which may round a tiny
+    one to 0 (that one is refused as beyond the dtype's range, after)."""
+    if isinstance(value, torch.Tensor):
+        ok = value.dtype != torch.bool and not value.is_complex() and value.shape in ((), (m,)) and \
+            bool((value > 0).all()) and bool(torch.isfinite(value).all())
+    else:
+        ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
+            and 0 < value < math.inf
+    if not ok:
+        raise ConfigError(f"`expected_batch_size` must be a positive number or an ({m},) tensor of positive "
+                          f"numbers, found {value!r}.")
 
 
 def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch,
