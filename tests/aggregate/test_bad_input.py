@@ -66,7 +66,8 @@ def test_bad_messages_raise_a_message_error_naming_component_and_rows(kind, name
 
 
 @pytest.mark.parametrize("weights", [torch.tensor([1.0, float("nan"), 1.0]), torch.tensor([1.0, -1.0, 1.0]),
-                                     torch.zeros(3), torch.ones(2)], ids=["nan", "negative", "zero_sum", "shape"])
+                                     torch.zeros(3), torch.ones(2), "abc", [[1.0, 2.0], [3.0]]],
+                         ids=["nan", "negative", "zero_sum", "shape", "string", "ragged"])  # the last two: TypeError
 def test_bad_weights_raise_a_message_error(weights):
     with pytest.raises(MessageError, match="aggregator 'mean': `weights`"):
         trustfl.build("aggregator", "mean")(torch.ones(3, 2), weights)

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
-from trustfl.core.checks import check_number
+from trustfl.core.checks import check_number, describe_value
 from trustfl.core.finite import all_finite, finite_rows
 from trustfl.core.registry import component_name, register
 from trustfl.core.stage import AbstractStage
@@ -72,10 +72,14 @@ def check_messages(x: Any, stage: object | None = None, kind: str = "aggregator"
 
 def check_weights(weights: Any, n: int, stage: object | None = None, kind: str = "aggregator") -> None:
     """Raise :class:`MessageError` unless ``weights`` is a finite, non-negative ``(n,)`` vector with a positive sum."""
-    w = torch.as_tensor(weights)
+    who = kind if stage is None else component_name(kind, stage)
+    try:
+        w = torch.as_tensor(weights)
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # a string, a ragged list, None: no vector at all
+        raise MessageError(f"{who}: `weights` must be a finite, non-negative ({n},) vector with a positive sum, "
+                           f"found {describe_value(weights)}.") from None
     if (w.shape != (n,) or w.is_complex() or w.dtype == torch.bool or not bool(torch.isfinite(w).all())
             or bool((w < 0).any()) or not float(w.sum()) > 0):
-        who = kind if stage is None else component_name(kind, stage)
         raise MessageError(f"{who}: `weights` must be a finite, non-negative ({n},) vector with a positive sum, "
                            f"found shape {tuple(w.shape)}: {w.tolist()}.")
 
