@@ -143,6 +143,9 @@ F32_MAX = torch.finfo(torch.float32).max
     (QSGDMinMax(l2=True), [[1e20, -1e20, 3.0]]),
     (QSGDMinMax(l2=True, levels=3), [[F32_MAX, F32_MAX, -F32_MAX]]),
     (QSGDMinMax(levels=16), [[0.0, 1e-44, 5e-45]]),  # a unit below float32 (1/unit overflowed)
+    (QSGD(levels=4), [[1e-40, -1e-40, 1e-40, 1e-40]]),  # squares below float32: norm 0, decoded as zeros
+    (QSGD(levels=4, bucket=2), [[1e-30, -1e-30, 1e-20, 0.0]]),
+    (QSGDMinMax(l2=True, levels=4), [[1e-40, -1e-40, 1e-40]]),
 ])
 def test_huge_and_tiny_ranges_stay_finite_and_unbiased(comp, x):
     """Scales computed in float32 overflowed, and finite messages decoded to NaN."""

@@ -42,9 +42,11 @@ _HUGE = 2.0 ** 127  # a scale above it may round level·unit past float32's larg
 def _norm(y: torch.Tensor, dim: int) -> torch.Tensor:
     """The float32 L2 norm of ``y`` along ``dim``. Where the float32 sum of squares overflows (a norm above ~1.8e19)
     though ``y`` is finite, it is summed in float64 instead and capped at float32's largest value, which is still
-    >= every ``|y_j|`` (all the quantizers need of their scale to stay unbiased)."""
+    >= every ``|y_j|`` (all the quantizers need of their scale to stay unbiased); where it may have underflowed (a
+    norm below 1e-18: squares below float32's range, a row of 1e-40 had norm 0 and decoded as zeros), it is summed
+    in float64 too."""
     norm = torch.linalg.vector_norm(y, dim=dim)
-    over = torch.isinf(norm)
+    over = torch.isinf(norm) | (norm < 1e-18)
     if bool(over.any()):  # rare: ordinary norms are left bit for bit as they were
         wide = torch.linalg.vector_norm(y.double(), dim=dim)
         wide = torch.where(torch.isfinite(wide), wide.clamp(max=_F32_MAX), wide).to(torch.float32)
