@@ -157,7 +157,7 @@ def test_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):
     assert _one_line(capsys) == "trustfl: error: first line second line"
 
 
-def test_keyboard_interrupt_exits_130(monkeypatch, capsys):
+def test_keyboard_interrupt_exits_130(monkeypatch, capsys, tmp_path):
     def interrupted(args):
         raise KeyboardInterrupt
 
@@ -166,8 +166,13 @@ def test_keyboard_interrupt_exits_130(monkeypatch, capsys):
     assert main(["run", "x.toml"]) == 130
     line = _one_line(capsys)
     assert "interrupted" in line and "--resume RUN_DIR" in line
-    assert main(["run", "x.toml", "--out", "runs/mine"]) == 130
-    assert "--resume runs/mine" in _one_line(capsys)
+    assert main(["run", "x.toml", "--out", "runs/mine"]) == 130  # not written yet: --resume would be refused
+    assert _one_line(capsys) == ("trustfl: interrupted before the run wrote its config.toml (run the same command "
+                                 "again to start it)")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.toml").write_text('name = "x"\n')
+    assert main(["run", "x.toml", "--out", str(tmp_path / "mine")]) == 130
+    assert f"--resume {tmp_path / 'mine'}`" in _one_line(capsys)
     assert main(["list"]) == 130
     line = _one_line(capsys)
     assert line == "trustfl: interrupted"

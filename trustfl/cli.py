@@ -322,7 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(RANK0_GRACE_S)  # before it printed; a rank 0 that never meets the error costs this wait
         return EXIT_USER_ERROR
     except KeyboardInterrupt as err:
-        hint = f" (resume with `trustfl run --resume {run_dir}`)" if command == "run" else ""
+        hint = ""
+        if command == "run":  # a directory without its config.toml (not made yet, or only locked) resumes nothing
+            started = run_dir == "RUN_DIR" or (Path(run_dir) / "config.toml").is_file()
+            hint = f" (resume with `trustfl run --resume {run_dir}`)" if started else \
+                " before the run wrote its config.toml (run the same command again to start it)"
         if command == "sweep":
             hint = " (re-run the same command to resume the sweep)"
         terminated = isinstance(err, Terminated)
