@@ -130,3 +130,6 @@ def test_invalid_matrices():
     bad[0, 0] = float("inf")
     with pytest.raises(MessageError, match="non-finite"):
         pcp(bad)
+    # finite entries whose sum of squares overflows float64: called non-finite before, now their norm is given
+    with pytest.raises(MessageError, match=r"^`M` has Frobenius norm 3e\+160 > 1e\+150"):
+        pcp(torch.full((3, 3), 1e160, dtype=torch.float64))

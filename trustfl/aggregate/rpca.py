@@ -49,6 +49,7 @@ from typing import Literal
 import torch
 
 from trustfl.core.checks import check_number
+from trustfl.core.finite import all_finite
 from trustfl.errors import ConfigError, MessageError
 
 MuRule = Literal["candes", "code", "spectral"]
@@ -174,7 +175,10 @@ def pcp(M: torch.Tensor, *, lam: float | None = None, mu: float | None = None, m
     m = M.detach().t().to(torch.float64).contiguous()  # (n, p), no copy for x.T of a float64 x
     norm_f = float(torch.linalg.vector_norm(m))
     if not math.isfinite(norm_f):
-        raise MessageError("`M` has non-finite entries (inf or nan); PCP needs a finite matrix.")
+        if not all_finite(m):
+            raise MessageError("`M` has non-finite entries (inf or nan); PCP needs a finite matrix.")
+        peak = m.abs().max()  # finite entries whose sum of squares overflowed: the norm for the message below
+        norm_f = float(peak * torch.linalg.vector_norm(m / peak))
     if norm_f > _MAX_NORM:
         raise MessageError(f"`M` has Frobenius norm {norm_f:.3g} > {_MAX_NORM:.0e}: PCP forms M Mᵀ, whose entries "
                            "would overflow float64 (any float32 matrix is fine); rescale `M`.")
