@@ -55,6 +55,15 @@ def test_running_experiment_never_spends_past_a_budget(small_config):
     assert len(fed.ledger[1].events) == 4 and len(fed.ledger[0].events) == 1
 
 
+@pytest.mark.parametrize("mode", ["per_example", "batch_clip"])
+def test_clipping_without_noise_is_charged_as_no_privacy(small_config, mode):
+    # noise_multiplier 0 (the default without a budget) charged nothing: every client reported ε = 0
+    cfg = small_config(cohort={"sampler": "all"}, rounds=1, client__dp={"mode": mode})
+    fed = build_federation(cfg, quiet=True)
+    run_round(fed, initial_state(fed))
+    assert all(fed.ledger[c].epsilon_spent() == math.inf for c in range(8))
+
+
 def test_smaller_epsilon_gets_larger_noise(small_config):
     cfg = small_config(client={"epochs": 1, "batch_size": 16, "lr": 0.5, "batch_sampler": "poisson"},
                        client__dp={"mode": "per_example", "epsilons": [0.5, 1.0, 2.0, 4.0, 0.5, 1.0, 2.0, 4.0]},

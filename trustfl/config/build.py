@@ -5,6 +5,7 @@ ConfigError naming its key path before any training starts.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import sys
@@ -280,6 +281,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                           f"`engine.kind` is {cfg.engine.kind!r}.")
     client_stages = _stage_chain("client_stage", cfg.client_stages, "client_stages")
     server_stages = _stage_chain("server_stage", cfg.server_stages, "server_stages")
+    if client_stages.round_events() or server_stages.round_events():
+        training = dataclasses.replace(training, noise_elsewhere=True)
     try:
         noise, ledger = setup_privacy(cfg, training, sizes, batch_sizes, byzantine, info,
                                       client_stages.round_events() + server_stages.round_events(), for_client,

@@ -39,6 +39,7 @@ class LocalTraining:
     clip: float = 1.0
     dp_method: str = "ghost"
     lr_schedule: str = "constant"  # constant | cosine: the local learning rate of each round (round_lr)
+    noise_elsewhere: bool = False  # a client or server stage adds noise: a noiseless step's clipping is part of it
 
     @property
     def private(self) -> bool:
@@ -161,7 +162,8 @@ def _stream(training: LocalTraining, plan: ClientPlan, seed: int, round_: int) -
 
 
 def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | None:
-    """The DP event of one local step of this client (``None`` without sample-level DP).
+    """The DP event of one local step of this client (``None`` without sample-level DP, or without noise of its own
+    where a noise stage accounts for the run's privacy).
 
     Poisson sampling is accounted as Poisson-subsampled Gaussian; shuffling and fixed-size sampling as sampling
     without replacement of ``b`` of ``n`` (the standard DP-SGD accounting for shuffled batches, documented as an
@@ -173,9 +175,13 @@ def step_event(training: LocalTraining, plan: ClientPlan) -> dp_event.DpEvent | 
     (:func:`event_noise_multiplier`). So is a mini-batch clipping step: one example added, removed or replaced can
     move the clipped batch mean anywhere in the ball of radius ``C``, by up to ``2C``.
     """
-    if not training.private or plan.noise_multiplier <= 0:
+    if not training.private:
         return None
     from dp_accounting import dp_event  # here: a run without DP never imports dp_accounting (and scipy)
+
+    if plan.noise_multiplier <= 0:  # clipping without noise: the sensitivity of a noise stage's mechanism (CafCor),
+        # else no privacy at all, charged as such (ε = inf) rather than left out (ε = 0 was reported)
+        return None if training.noise_elsewhere else dp_event.GaussianDpEvent(0.0)
 
     gauss = dp_event.GaussianDpEvent(event_noise_multiplier(training, plan.noise_multiplier))
     if training.dp_mode == "batch_clip":
