@@ -187,6 +187,18 @@ def test_a_batch_larger_than_a_client_s_rows_is_said(capsys):
     assert "notice" not in build_federation(_cfg(client={"batch_size": 16}), quiet=False).info
 
 
+@pytest.mark.parametrize("sampler", ["poisson", "fixed"])
+@pytest.mark.parametrize("batch", [{"batch_size": 400}, {"batch_sizes": [16, 400]}])
+def test_a_batch_larger_than_a_client_s_rows_is_refused_where_the_sampler_cannot_draw_it(sampler, batch):
+    """Poisson and fixed-size sampling draw b of n: validate passed (with the notice above) and the run failed in its
+    first round."""
+    key = next(iter(batch))
+    with pytest.raises(ConfigError, match=rf"^`client\.{key}`: [0-9]+ of the 4 clients hold fewer rows than their "
+                                          rf"batch size \(client [0-9]: [0-9]+ rows, batch 400\), which "
+                                          rf"batch_sampler '{sampler}' cannot draw; "):
+        build_federation(_cfg(client={**batch, "batch_sampler": sampler}), quiet=True)
+
+
 @pytest.mark.parametrize("schedule, expected", [
     ({"name": "synchronous", "zz_typo": 1}, r"^`engine.schedule.zz_typo` is set but does nothing: .*; remove it\.$"),
     ({"name": "synchronous", "a": 1, "b": 2},

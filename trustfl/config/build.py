@@ -26,7 +26,7 @@ from trustfl.config.sensitivity import check_privacy_stages
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.memory import out_of_memory_as_error
-from trustfl.core.registry import import_module_or_file, keyword_parameters, lookup
+from trustfl.core.registry import component_name, import_module_or_file, keyword_parameters, lookup
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
 from trustfl.engine import chunking
@@ -275,6 +275,9 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
                              momentum=cfg.client.momentum, weight_decay=cfg.client.weight_decay,
                              dp_mode=dp.mode, clip=dp.clip, dp_method=dp.method, lr_schedule=cfg.client.lr_schedule)
     check_local_steps(training, sizes, batch_sizes)
+    if not vertical:
+        check_batches_fit(sampler, sizes, batch_sizes, "client.batch_sizes" if cfg.client.batch_sizes
+                          else "client.batch_size")
     batch_note = None if vertical else whole_data_batches(sizes, batch_sizes)
     if cfg.client.lr_schedule != "constant" and cfg.engine.kind != "sync":
         raise ConfigError(f"`client.lr_schedule` = {cfg.client.lr_schedule!r} runs in the synchronous engine only; "
@@ -411,6 +414,21 @@ def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective, siz
 def add_notice(info: dict[str, Any], note: str) -> None:
     """Append ``note`` to the run's notice (``run_info.json``, the summary and the CLI's last lines)."""
     info["notice"] = f"{info['notice']} {note}" if "notice" in info else note
+
+
+def check_batches_fit(sampler: Any, sizes: Sequence[int], batch_sizes: Sequence[int], key: str) -> None:
+    """Refuse, before training, a batch larger than a client's rows where the sampler cannot draw one (Poisson and
+    fixed-size sampling draw b of n: the run failed in its first round, after a notice that such clients step on
+    all their rows, which only the shuffle sampler does)."""
+    if getattr(sampler, "max_batch_is_n", True):
+        return
+    short = [i for i, (rows, batch) in enumerate(zip(sizes, batch_sizes)) if 0 < rows < batch]
+    if short:
+        i = short[0]
+        raise ConfigError(f"`{key}`: {len(short)} of the {len(sizes)} clients hold fewer rows than their batch size "
+                          f"(client {i}: {sizes[i]} rows, batch {batch_sizes[i]}), "
+                          f"which {component_name('batch_sampler', sampler)} cannot draw; lower the batch "
+                          f"size, or use `client.batch_sampler = \"shuffle\"`, which steps on all their rows.")
 
 
 def whole_data_batches(sizes: Sequence[int], batch_sizes: Sequence[int]) -> str | None:
