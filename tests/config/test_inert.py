@@ -210,3 +210,13 @@ def test_parameters_of_an_unused_default_component_are_named_one_by_one(schedule
     parameter table alone was named before, hiding which key the user wrote."""
     with pytest.raises(ConfigError, match=expected):
         check_inert_settings(_cfg(engine__schedule=schedule))
+
+
+@pytest.mark.parametrize("rule, report", [("pfa", "reported_epsilon"), ("weiavg", "reported_epsilon"),
+                                          ("oracle", "oracle_noise_variance")])
+def test_a_rule_reading_reports_nobody_gives_is_refused_before_training(rule, report):
+    """validate passed and the run failed in round 1: only algorithm robust_hdp reports the clients' ε."""
+    with pytest.raises(ConfigError, match=rf"^`aggregator`: aggregator '{rule}' reads the clients' report "
+                                          rf"'{report}', which this run does not give \(it gives \['num_samples'\]"):
+        build_federation(_cfg(aggregator={"name": rule}), quiet=True)
+    build_federation(_cfg(aggregator={"name": "dpfedavg"}), quiet=True)  # its report, num_samples, every run gives

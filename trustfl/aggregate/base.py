@@ -102,6 +102,9 @@ class AbstractAggregator(AbstractStage):
     pairwise: ClassVar[bool] = False
     """Whether the rule forms the ``n × n`` Gram matrix of its rows (:func:`~trustfl.aggregate.geometric.gram_matrix`;
     its memory grows as ``n²``, checked against the machine when a run is built)."""
+    reports: ClassVar[tuple[str, ...]] = ()
+    """The per-row reports (``ctx.reports`` keys) the rule reads; a run refuses, before training, a rule whose
+    reports nobody gives (``reported_epsilon``: only algorithm ``robust_hdp`` reports it)."""
 
     def min_messages(self) -> int:
         """The fewest messages the rule accepts (its requirement, e.g. ``n > 2f``): 1 by default."""
@@ -162,6 +165,10 @@ class PreAggregated(AbstractAggregator):
     @property  # type: ignore[override]
     def pairwise(self) -> bool:  # a stage of the chain forms the Gram matrix of what reaches it
         return self.inner.pairwise or any(p.pairwise for p in self.pre)
+
+    @property  # type: ignore[override]
+    def reports(self) -> tuple[str, ...]:  # what the inner rule reads
+        return self.inner.reports
 
     def init(self, layout: ParamLayout) -> dict[str, Any]:
         return {"pre": [p.init(layout) for p in self.pre], "inner": self.inner.init(layout)}

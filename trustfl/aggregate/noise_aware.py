@@ -24,7 +24,7 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import torch
 
@@ -132,6 +132,7 @@ class DPFedAvg(AbstractAggregator):
       [3.0]
     """
 
+    reports: ClassVar[tuple[str, ...]] = ("num_samples",)
     per_client_metrics: bool = False
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
@@ -148,6 +149,7 @@ class WeiAvg(AbstractAggregator):
       The reported ε is not verified: a client that reports 10× its ε gets about 10× the weight.
     """
 
+    reports: ClassVar[tuple[str, ...]] = ("reported_epsilon",)
     per_client_metrics: bool = False
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:
@@ -160,6 +162,7 @@ class WeiAvg(AbstractAggregator):
 class OracleNoiseWeights(AbstractAggregator):
     """Eq. 8 with the true variances ``ctx.reports["oracle_noise_variance"]`` (simulation-only reference)."""
 
+    reports: ClassVar[tuple[str, ...]] = ("oracle_noise_variance",)
     per_client_metrics: bool = False
 
     def apply(self, x: torch.Tensor, state: Any, ctx: RoundContext) -> StageOut:

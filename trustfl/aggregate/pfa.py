@@ -27,7 +27,7 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -124,6 +124,7 @@ class PFA(AbstractAggregator):
       ([1.8, 0.0], 2.0)
     """
 
+    reports: ClassVar[tuple[str, ...]] = ("reported_epsilon",)
     clustering: Literal["gmm", "kmeans"] = "gmm"
     clustering_seed: int = 0
     public_ids: tuple[int, ...] | None = None

@@ -357,6 +357,13 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if recipe is not None:
         recipe.finalize(fed, cfg)
     fed.reports = on_device(fed.reports, device)  # after the recipe, which may add its own (reported_epsilon, ...)
+    missing = [key for key in getattr(fed.aggregator, "reports", ()) if key not in fed.reports]
+    if missing:  # the rule would fail in round 1
+        rule = component_name("aggregator", getattr(fed.aggregator, "inner", fed.aggregator))
+        raise ConfigError(f"`aggregator`: {rule} reads the clients' report {missing[0]!r}, which this run does not "
+                          f"give (it gives "
+                          f"{sorted(fed.reports)}; algorithm \"robust_hdp\" reports reported_epsilon and "
+                          f"oracle_noise_variance).")
     engine = resolve_engine(cfg)
     if hasattr(engine, "check"):
         engine.check(fed)
