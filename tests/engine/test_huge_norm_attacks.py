@@ -125,3 +125,22 @@ def test_a_run_whose_honest_clients_all_diverged_goes_on():
     assert idle[0] is None and all(1 <= k <= 4 for k in idle[1:])
     row_bytes = result.rows[0]["bytes_up"] // 10
     assert [r["bytes_up"] for r in result.rows[1:]] == [(10 - k) * row_bytes for k in idle[1:]]
+    assert result.summary["rounds_all_rejected"] == 3  # honest messages were sent, and rejected
+
+
+def test_alie_with_one_honest_message_leaves_its_clients_idle_and_an_idle_cohort_is_no_rejection():
+    """ALIE needs two honest rows (their standard deviation): with one, its clients send nothing, as with none,
+    instead of stopping the run in round 1; and a round whose whole cohort is idle Byzantine clients is not
+    summed up as one whose messages were all rejected (it was blamed on a diverging local step)."""
+    import tempfile
+
+    from trustfl.engine.loop import all_rejected
+    cfg = load_config(ROOT / "configs/quickstart.toml", [
+        "rounds=2", "engine.checkpoint_every=0", "data.num_clients=3", 'cohort={sampler="all"}',
+        'aggregator={name="cwmed"}', 'attack={name="alie", num_byzantine=2}'])
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_experiment(cfg, tmp, progress=False, plots=False)
+    assert [(r["attack_idle"], r["rejected"], r["cohort_size"]) for r in result.rows] == [(2, 2, 3), (2, 2, 3)]
+    assert result.summary["rounds_all_rejected"] == 0
+    assert not all_rejected({"cohort_size": 5, "rejected": 5, "attack_idle": 5})
+    assert all_rejected({"cohort_size": 5, "rejected": 5, "attack_idle": 2})

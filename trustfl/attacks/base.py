@@ -38,6 +38,9 @@ class AbstractAttack(abc.ABC):
     """
 
     data_level: ClassVar[bool] = False
+    min_honest: ClassVar[int] = 1
+    """The fewest honest rows :meth:`craft` needs (ALIE's standard deviation: 2); a round with fewer leaves the
+    Byzantine clients idle (they send nothing, the row's ``attack_idle``)."""
 
     @abc.abstractmethod
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,

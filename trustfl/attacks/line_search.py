@@ -12,7 +12,7 @@ the best-effort exploration of the authors' group ("LineMaximize" in ByzFL; docs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import torch
 
@@ -110,6 +110,8 @@ class LineSearchAttack(AbstractAttack):
       aggregator_params: its parameters.
     """
 
+    min_honest: ClassVar[int] = 2  # the standard deviation of the honest rows
+
     family: str
     evals: int = 16
     start: float = 0.0
@@ -149,7 +151,7 @@ class LineSearchAttack(AbstractAttack):
 
         The aggregator is called as ``agg(x, seed=ctx.seed)`` (uniform weights) on ``x = [H; B(t)·1_f]``.
         """
-        check_honest(honest, num_byzantine, min_rows=2, attack=self)
+        check_honest(honest, num_byzantine, min_rows=self.min_honest, attack=self)
         ctx = round_context(ctx, self, "the aggregator it searches against runs with the round's seed")
         agg = self._resolve(aggregator)
         mean = without_overflow(lambda h: h.mean(dim=0), honest).to(torch.float64)
@@ -168,7 +170,7 @@ class LineSearchAttack(AbstractAttack):
           ConfigError: if no aggregator is passed or configured.
           MessageError: if ``H`` has fewer than 2 rows.
         """
-        check_honest(honest, num_byzantine, min_rows=2, attack=self)
+        check_honest(honest, num_byzantine, min_rows=self.min_honest, attack=self)
         if num_byzantine == 0:
             return honest.new_empty((0, honest.shape[1]))
         best, _, _ = self.search(honest, num_byzantine, ctx, aggregator)

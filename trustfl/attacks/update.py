@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -140,6 +140,7 @@ class ALittleIsEnough(AbstractAttack):
       MessageError: at :meth:`craft` time, with fewer than 2 honest rows (the std needs two).
     """
 
+    min_honest: ClassVar[int] = 2  # the standard deviation of the honest rows
     z: float | None = None
 
     def __post_init__(self) -> None:
@@ -148,7 +149,7 @@ class ALittleIsEnough(AbstractAttack):
 
     def craft(self, honest: torch.Tensor, num_byzantine: int, ctx: RoundContext,
               aggregator: AbstractAggregator | None = None) -> torch.Tensor:
-        check_honest(honest, num_byzantine, min_rows=2, attack=self)
+        check_honest(honest, num_byzantine, min_rows=self.min_honest, attack=self)
         if num_byzantine == 0:
             return honest.new_empty((0, honest.shape[1]))
         z = baruch_z(honest.shape[0] + num_byzantine, num_byzantine) if self.z is None else self.z

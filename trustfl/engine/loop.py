@@ -131,9 +131,13 @@ class Progress:
 
 
 def all_rejected(row: dict[str, Any]) -> bool:
-    """Whether a round's metrics row says the server rejected every message of a non-empty cohort."""
+    """Whether a round's metrics row says the server rejected every message of a non-empty cohort, some of them sent
+    (idle Byzantine clients, ``attack_idle``, send nothing and count as rejected: a cohort of them alone was blamed on
+    a diverging local step)."""
     size = row.get("cohort_size")
-    return isinstance(size, int) and size > 0 and row.get("rejected") == size
+    idle = row.get("attack_idle", 0)
+    return isinstance(size, int) and size > 0 and row.get("rejected") == size and \
+        not (isinstance(idle, int) and idle >= size)
 
 
 def diverged(row: dict[str, Any]) -> bool:

@@ -263,12 +263,13 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
     if crafted:
         # The adversary sees the honest messages the server would accept (a diverged client's NaN row is not one).
         honest_rows = _finite_rows_among(view, honest)
-        if honest_rows:
+        if len(honest_rows) >= fed.attack.min_honest:
             byz = fed.attack.craft(view[honest_rows], len(crafted),
                                    ctx_train.select(torch.tensor(honest_rows, dtype=torch.long)), fed.aggregator)
             for i, c in enumerate(crafted):
                 rows[c] = byz[i] if isinstance(byz, torch.Tensor) and byz.ndim == 2 and i < byz.shape[0] else byz
-        else:  # nothing to craft from (an all-Byzantine cohort, or every honest client diverged): they send nothing
+        else:  # nothing to craft from (an all-Byzantine cohort, every honest client diverged, or one honest row for
+            # ALIE's standard deviation): they send nothing
             metrics["attack_idle"] = len(crafted)
     # Crafted clients' extras are zero (the attack acts on the message only) or, with `attack.extras = "crafted"`,
     # the attack applied to the honest clients' finite extras as to their messages.
@@ -277,7 +278,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         for key, by_client in extras.items():
             sent = results.extras[key]
             keep = _finite_rows_among(sent, honest)
-            if keep:
+            if len(keep) >= fed.attack.min_honest:
                 chosen = ctx_train.select(torch.tensor(keep, dtype=torch.long))
                 by_client.update(zip(crafted, fed.attack.craft(sent[keep], len(crafted), chosen, fed.aggregator)))
     arrivals = Arrivals(cohort, rows, extras, events, dict(out.metrics),
