@@ -263,7 +263,7 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
     if crafted:
         # The adversary sees the honest messages the server would accept (a diverged client's NaN row is not one).
         honest_rows = _finite_rows_among(view, honest)
-        if len(honest_rows) >= fed.attack.min_honest:
+        if len(honest_rows) >= getattr(fed.attack, "min_honest", 1):  # an attack of your own: 1
             byz = fed.attack.craft(view[honest_rows], len(crafted),
                                    ctx_train.select(torch.tensor(honest_rows, dtype=torch.long)), fed.aggregator)
             for i, c in enumerate(crafted):
@@ -278,15 +278,24 @@ def deliver(fed: Federation, state: EngineState, plans: list[ClientPlan], crafte
         for key, by_client in extras.items():
             sent = results.extras[key]
             keep = _finite_rows_among(sent, honest)
-            if len(keep) >= fed.attack.min_honest:
+            if len(keep) >= getattr(fed.attack, "min_honest", 1):
                 chosen = ctx_train.select(torch.tensor(keep, dtype=torch.long))
                 by_client.update(zip(crafted, fed.attack.craft(sent[keep], len(crafted), chosen, fed.aggregator)))
-    arrivals = Arrivals(cohort, rows, extras, events, dict(out.metrics),
-                        float(results.train_loss.mean()) if len(results.train_loss) else None, bits_row, failures,
+    arrivals = Arrivals(cohort, rows, extras, events, dict(out.metrics), _trained_loss(results), bits_row, failures,
                         uplink.to_server is not None)
     state = dataclasses.replace(state, client_stages=client_state, attack_view=view_state,
                                 clients=store.state_dict())
     return conclude(fed, state, arrivals, bytes_down, metrics, uplink.scale, extra_bytes_up)
+
+
+def _trained_loss(results: ClientResults) -> float | None:
+    """The mean local loss of the clients that took a step (``None``: none did). A client the clock or its step
+    budget stopped before its first step has no loss; its 0 was averaged in (a QuAFL round of 3 steps in 5 clients
+    reported 3/5 of the loss)."""
+    losses = results.train_loss
+    if len(results.num_steps) == len(losses):
+        losses = losses[[i for i, n in enumerate(results.num_steps) if n > 0]]
+    return float(losses.mean()) if len(losses) else None
 
 
 def _finite_rows_among(x: torch.Tensor, rows: list[int]) -> list[int]:
