@@ -220,3 +220,18 @@ def test_a_rule_reading_reports_nobody_gives_is_refused_before_training(rule, re
                                           rf"'{report}', which this run does not give \(it gives \['num_samples'\]"):
         build_federation(_cfg(aggregator={"name": rule}), quiet=True)
     build_federation(_cfg(aggregator={"name": "dpfedavg"}), quiet=True)  # its report, num_samples, every run gives
+
+
+def test_label_flipping_is_refused_where_it_poisons_nothing():
+    """label_flip beside a self-supervised objective (no label read) ran bitwise as the run without it; with
+    attack.byzantine_hold_data = false its clients held no data to flip."""
+    cfg = load_config(ROOT / "configs/fedsc/digits_canvas_2class.toml",
+                      ['attack={name="label_flip", num_byzantine=1}'])
+    with pytest.raises(ConfigError, match=r"^`attack.name`: 'label_flip' poisons class labels, but objective "
+                                          r"SpectralContrastive reads no label"):
+        build_federation(cfg, quiet=True)
+    with pytest.raises(ConfigError, match=r"^`attack.byzantine_hold_data` = false: 'label_flip' poisons the "
+                                          r"Byzantine clients' own data, and they would hold none"):
+        build_federation(_cfg(attack={"name": "label_flip", "num_byzantine": 1, "byzantine_hold_data": False}),
+                         quiet=True)
+    build_federation(_cfg(attack={"name": "label_flip", "num_byzantine": 1}), quiet=True)

@@ -301,6 +301,14 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         if attack.data_level and dataset.task != "classification":
             raise ConfigError(f"`attack.name`: {cfg.attack.name!r} poisons class labels, but data set {name!r} "
                               f"has real-valued targets.")
+        if attack.data_level and not getattr(objective, "reads_labels", True):  # the self-supervised objectives
+            raise ConfigError(f"`attack.name`: {cfg.attack.name!r} poisons class labels, but objective "
+                              f"{type(objective).__name__} reads no label: the run would be bitwise the run without "
+                              f"the attack.")
+        if attack.data_level and not cfg.attack.byzantine_hold_data:
+            raise ConfigError(f"`attack.byzantine_hold_data` = false: {cfg.attack.name!r} poisons the Byzantine "
+                              f"clients' own data, and they would hold none; set it to true or choose an attack on "
+                              f"messages.")
     aggregator = build_component("aggregator", cfg.aggregator, "aggregator")
     if cfg.pre_aggregators:
         pre = tuple(build_component("pre_aggregator", c, f"pre_aggregators[{i}]")

@@ -39,6 +39,9 @@ class AbstractObjective(abc.ABC):
     task: ClassVar[str] = "custom"
     input_key: ClassVar[str] = "x"
     batch_coupled: ClassVar[bool] = False
+    reads_labels: ClassVar[bool] = True
+    """Whether the loss reads the batch's labels (the self-supervised objectives do not: an attack poisoning labels
+    is refused beside them)."""
 
     def forward(self, model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch) -> torch.Tensor:
         """The model's outputs for ``batch`` (a functional call, so it runs under ``vmap`` and ``grad``)."""

@@ -63,6 +63,7 @@ class BYOL(AbstractObjective):
     """
 
     task: ClassVar[str] = "custom"
+    reads_labels: ClassVar[bool] = False
     input_key: ClassVar[str] = "views"
     batch_coupled: ClassVar[bool] = True
     ema: float = 0.99

@@ -104,6 +104,7 @@ class InfoNCE(AbstractObjective):
     """
 
     task: ClassVar[str] = "custom"
+    reads_labels: ClassVar[bool] = False
     input_key: ClassVar[str] = "views"
     batch_coupled: ClassVar[bool] = True
     temperature: float = 0.1

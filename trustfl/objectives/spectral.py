@@ -215,6 +215,7 @@ class SpectralContrastive(AbstractObjective):
     """
 
     task: ClassVar[str] = "custom"
+    reads_labels: ClassVar[bool] = False
     input_key: ClassVar[str] = "views"
     batch_coupled: ClassVar[bool] = True
     alpha: float = 1.0
