@@ -235,3 +235,13 @@ def test_label_flipping_is_refused_where_it_poisons_nothing():
         build_federation(_cfg(attack={"name": "label_flip", "num_byzantine": 1, "byzantine_hold_data": False}),
                          quiet=True)
     build_federation(_cfg(attack={"name": "label_flip", "num_byzantine": 1}), quiet=True)
+
+
+def test_correlated_noise_needs_every_client_in_every_round():
+    """Outside cafcor a partial cohort kept the absent clients' pair terms in the aggregate (accuracy 0.15 against
+    0.91 with every client); refused before training."""
+    stages = [{"name": "clip_l2", "max_norm": 1.0}, {"name": "correlated_noise", "sigma_cor": 0.5}]
+    with pytest.raises(ConfigError, match=r"^`client_stages\[1\]`: correlated_noise's pair terms cancel only when "
+                                          r"every client sends .* found 'uniform' and 'sync'"):
+        build_federation(_cfg(client_stages=stages, cohort={"sampler": "uniform", "size": 2}), quiet=True)
+    build_federation(_cfg(client_stages=stages, cohort={"sampler": "all"}), quiet=True)

@@ -283,6 +283,12 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         raise ConfigError(f"`client.lr_schedule` = {cfg.client.lr_schedule!r} runs in the synchronous engine only; "
                           f"`engine.kind` is {cfg.engine.kind!r}.")
     client_stages = _stage_chain("client_stage", cfg.client_stages, "client_stages")
+    pairs = next((i for i, c in enumerate(cfg.client_stages) if c.name == "correlated_noise"), None)
+    if pairs is not None and (cfg.cohort.sampler != "all" or cfg.engine.kind != "sync"):
+        raise ConfigError(f"`client_stages[{pairs}]`: correlated_noise's pair terms cancel only when every client "
+                          f"sends in the same round: it needs `cohort.sampler = \"all\"` and `engine.kind = "
+                          f"\"sync\"`, found {cfg.cohort.sampler!r} and {cfg.engine.kind!r} (the aggregate kept the "
+                          f"absent clients' pair noise).")
     server_stages = _stage_chain("server_stage", cfg.server_stages, "server_stages")
     if client_stages.round_events() or server_stages.round_events():
         training = dataclasses.replace(training, noise_elsewhere=True)
