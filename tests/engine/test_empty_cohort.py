@@ -15,7 +15,6 @@ PARTS = {
     "gaussian_noise": {"client_stages": [{"name": "gaussian_noise", "std": 1.0}]},
     "clip_and_noise": {"client_stages": [{"name": "clip_l2", "max_norm": 1.0},
                                          {"name": "gaussian_noise", "noise_multiplier": 1.0, "sensitivity": 1.0}]},
-    "correlated_noise": {"client_stages": [{"name": "correlated_noise", "sigma_cor": 1.0, "sigma_ind": 0.1}]},
     "worker_momentum": {"client_stages": [{"name": "worker_momentum", "beta": 0.9}]},
     "scaffold": {"algorithm": "scaffold"},
     "scaffold_median_extras": {"algorithm": "scaffold", "server": {"extras": "median"}},
@@ -45,6 +44,15 @@ def test_a_round_without_clients_leaves_the_model_and_goes_on(tmp_path, name, ex
     full = run_experiment(_cfg(PARTS[name], executor, 1.0), tmp_path / "full", progress=False, plots=False)
     assert [r["cohort_size"] for r in full.rows] == [4, 4]  # the same parts move the model when clients come
     assert torch.equal(empty.params, _initial(cfg)) and not torch.equal(empty.params, full.params)
+
+
+def test_correlated_noise_is_refused_on_a_cohort_that_can_be_empty():
+    """Its pair terms cancel only when every client sends: a Poisson cohort, empty or not, is refused when the run
+    is built (it ran, and a partial cohort kept the absent clients' pair noise)."""
+    from trustfl.errors import ConfigError
+    part = {"client_stages": [{"name": "correlated_noise", "sigma_cor": 1.0, "sigma_ind": 0.1}]}
+    with pytest.raises(ConfigError, match=r"^`client_stages\[0\]`: correlated_noise's pair terms cancel only when"):
+        build_federation(_cfg(part, "vectorized", 1e-9), quiet=True)
 
 
 def _initial(cfg):

@@ -146,6 +146,10 @@ class Generator:
                     if key in options:
                         options[key] = min(options[key], cap)
                 data["data"]["options"] = options
+                clients, client = data["data"].get("num_clients"), data.get("client", {})
+                if isinstance(clients, int) and isinstance(client.get("batch_size"), int):  # a batch each client
+                    client["batch_size"] = min(client["batch_size"], max(1, FAKE_TRAIN // clients // 4))  # of the
+                    # fake's fewer rows holds (fixed-size sampling cannot draw more: refused when the run is built)
             self.parsed[name] = data
         self.count = 0
 
