@@ -245,3 +245,12 @@ def test_correlated_noise_needs_every_client_in_every_round():
                                           r"every client sends .* found 'uniform' and 'sync'"):
         build_federation(_cfg(client_stages=stages, cohort={"sampler": "uniform", "size": 2}), quiet=True)
     build_federation(_cfg(client_stages=stages, cohort={"sampler": "all"}), quiet=True)
+
+
+def test_component_tables_name_the_missing_or_unknown_key():
+    """An unknown attack parameter was reported as `attack.std` (it sits in `attack.params`), and a missing required
+    parameter as the factory's "__init__() missing 1 required positional argument"."""
+    with pytest.raises(ConfigError, match=r"^Unknown key `attack.params.std` for attack 'gaussian'; allowed: mu, "):
+        build_federation(_cfg(attack={"name": "gaussian", "num_byzantine": 1, "params": {"std": 1.0}}), quiet=True)
+    with pytest.raises(ConfigError, match=r"^`aggregator.f` is required by aggregator 'krum' \(it takes f\)\.$"):
+        build_federation(_cfg(aggregator={"name": "krum"}), quiet=True)

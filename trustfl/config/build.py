@@ -26,7 +26,8 @@ from trustfl.config.sensitivity import check_privacy_stages
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.memory import out_of_memory_as_error
-from trustfl.core.registry import component_name, import_module_or_file, keyword_parameters, lookup
+from trustfl.core.registry import (check_scalar_types, component_name, import_module_or_file, keyword_parameters,
+                                   lookup)
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
 from trustfl.engine import chunking
@@ -45,8 +46,9 @@ from trustfl.server.downlink import Downlink
 from trustfl.types import ParamLayout
 
 
-def build_component(kind: str, comp: Component, path: str, **extra: Any) -> Any:
-    """Build ``comp`` from the ``kind`` registry; errors carry the TOML key path."""
+def build_component(kind: str, comp: Component, path: str, params_path: str | None = None, **extra: Any) -> Any:
+    """Build ``comp`` from the ``kind`` registry; errors carry the TOML key path (``params_path``: the table its
+    parameters sit in, when not ``path`` itself: ``attack.params``)."""
     try:
         factory = lookup(kind, comp.name)
     except RegistryError as err:
@@ -54,12 +56,18 @@ def build_component(kind: str, comp: Component, path: str, **extra: Any) -> Any:
     sig = inspect.signature(factory)
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
     allowed = [n for n in keyword_parameters(sig) if n not in extra]
+    where = params_path or path
     for key in comp.params:
         if key not in allowed and not accepts_any:
-            raise ConfigError(f"Unknown key `{path}.{key}` for {kind} {comp.name!r}; allowed: "
+            raise ConfigError(f"Unknown key `{where}.{key}` for {kind} {comp.name!r}; allowed: "
                               f"{', '.join(allowed) or '(none)'}.")
+    missing = [n for n in allowed if sig.parameters[n].default is sig.parameters[n].empty and n not in comp.params]
+    if missing:  # said by key, not as the factory's TypeError ("__init__() missing 1 required positional argument")
+        raise ConfigError(f"`{where}.{missing[0]}` is required by {kind} {comp.name!r} (it takes "
+                          f"{', '.join(allowed)}).")
     extra = {k: v for k, v in extra.items() if accepts_any or k in sig.parameters}  # context it declares only
     try:
+        check_scalar_types(kind, comp.name, sig, dict(comp.params))
         return factory(**extra, **comp.params)
     except (TrustFLError, TypeError, ValueError) as err:
         raise ConfigError(f"`{path}` ({kind} {comp.name!r}): {err}") from None
@@ -303,7 +311,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
 
     attack = None
     if cfg.attack.name != "none":
-        attack = build_component("attack", Component(cfg.attack.name, dict(cfg.attack.params)), "attack")
+        attack = build_component("attack", Component(cfg.attack.name, dict(cfg.attack.params)), "attack",
+                                 "attack.params")
         if attack.data_level and dataset.task != "classification":
             raise ConfigError(f"`attack.name`: {cfg.attack.name!r} poisons class labels, but data set {name!r} "
                               f"has real-valued targets.")
