@@ -41,6 +41,23 @@ def test_rounds_whose_every_message_is_rejected_are_said(tmp_path, capsys):
     assert json.loads((tmp_path / "good" / "summary.json").read_text())["rounds_all_rejected"] == 0
 
 
+def test_lattice_decode_failures_are_said_once(tmp_path, capsys):
+    # 4 bits at step 1e-3 decode within ±0.008 of the key: most coordinates of a trained model's message fail, and
+    # the run said nothing (accuracy below chance, the count only in metrics.jsonl)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('name = "lat"\nrounds = 2\n[data]\nnum_clients = 4\n[model]\nname = "logreg"\n[client]\nlr = 0.5\n'
+                   '[compress]\nuplink = { name = "lattice", bits = 4, step = 1e-3 }\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["decode_failures"] > 0
+    assert err.count("decoded wrong") == 1
+    assert f"[lat] warning: round 1: {rows[0]['decode_failures']} coordinates fell outside the lattice" in err
+    assert main(["run", str(cfg), "--out", str(tmp_path / "q"), "--set", "compress.uplink.bits=16",
+                 "--set", "compress.uplink.step=1e-4"]) == 0
+    assert "decoded wrong" not in capsys.readouterr().err
+
+
 def test_rounds_left_with_too_few_messages_for_the_rule_are_skipped_and_said(tmp_path, capsys):
     # 4 NaN senders of 6 leave 2 messages, under cwtm's 3 for f = 1: each round is skipped, the run goes on
     cfg = tmp_path / "c.toml"

@@ -105,6 +105,13 @@ class Progress:
             self._say(f"[{self.name}] warning: round {round_} was skipped, so the model did not move: "
                       f"{row['cohort_size'] - row['rejected']} of {row['cohort_size']} messages passed screening, "
                       f"fewer than the aggregator needs. `skipped` and `rejected` in metrics.jsonl mark such rounds.")
+        failures = row.get("decode_failures") if row is not None else None
+        if self.enabled and "decode" not in self.warned and isinstance(failures, int) and failures > 0:
+            self.warned.add("decode")
+            self._say(f"[{self.name}] warning: round {round_}: {failures} coordinates fell outside the lattice "
+                      f"quantizer's decoding radius and were decoded wrong (a model drifted more than 2**bits·step/2 "
+                      f"from its key); raise `bits` or `step` of `compress.uplink` / `downlink`. `decode_failures` in "
+                      f"metrics.jsonl counts them per round.")
         if self.enabled and row is not None and "diverged" not in self.warned and diverged(row):
             self.warned.add("diverged")
             self._say(f"[{self.name}] warning: round {round_}'s server step would have made the model non-finite "
