@@ -17,6 +17,8 @@ from trustfl.aggregate.base import PreAggregated
 from trustfl.client.gradients import AbstractGradientMethod, BatchClipped, PerExampleClipped, PlainGradient
 from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, WeightDecay
 from trustfl.config.device import device_info, on_device, refuse_meta_default, resolve_engine_device
+from trustfl.config.fit import (check_batches_fit, check_data_attack, check_enough_messages, check_pair_noise,
+                                check_reports, whole_data_batches)
 from trustfl.config.inert import check_inert_settings
 from trustfl.config.model import build_config_model, check_model_fits
 from trustfl.config.partition import partition_clients
@@ -26,8 +28,7 @@ from trustfl.config.sensitivity import check_privacy_stages
 from trustfl.config.vertical import check_horizontal_config, check_vertical_config, feature_blocks, vertical_setup
 from trustfl.config.schema import Component, ExperimentConfig
 from trustfl.core.memory import out_of_memory_as_error
-from trustfl.core.registry import (check_scalar_types, component_name, import_module_or_file, keyword_parameters,
-                                   lookup)
+from trustfl.core.registry import check_scalar_types, import_module_or_file, keyword_parameters, lookup
 from trustfl.core.stage import chain
 from trustfl.data.datasets import Dataset, dataset_available, load_dataset
 from trustfl.engine import chunking
@@ -291,18 +292,13 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         raise ConfigError(f"`client.lr_schedule` = {cfg.client.lr_schedule!r} runs in the synchronous engine only; "
                           f"`engine.kind` is {cfg.engine.kind!r}.")
     client_stages = _stage_chain("client_stage", cfg.client_stages, "client_stages")
-    pairs = next((i for i, c in enumerate(cfg.client_stages) if c.name == "correlated_noise"), None)
-    if pairs is not None and (cfg.cohort.sampler != "all" or cfg.engine.kind != "sync"):
-        raise ConfigError(f"`client_stages[{pairs}]`: correlated_noise's pair terms cancel only when every client "
-                          f"sends in the same round: it needs `cohort.sampler = \"all\"` and `engine.kind = "
-                          f"\"sync\"`, found {cfg.cohort.sampler!r} and {cfg.engine.kind!r} (the aggregate kept the "
-                          f"absent clients' pair noise).")
+    check_pair_noise(cfg)
     server_stages = _stage_chain("server_stage", cfg.server_stages, "server_stages")
-    if client_stages.round_events() or server_stages.round_events():
+    stage_events = client_stages.round_events() + server_stages.round_events()
+    if stage_events:
         training = dataclasses.replace(training, noise_elsewhere=True)
     try:
-        noise, ledger = setup_privacy(cfg, training, sizes, batch_sizes, byzantine, info,
-                                      client_stages.round_events() + server_stages.round_events(), for_client,
+        noise, ledger = setup_privacy(cfg, training, sizes, batch_sizes, byzantine, info, stage_events, for_client,
                                       checked_noise)
     except PrivacyError as err:
         if isinstance(err, BudgetExceededError):  # keep the class (callers tell budgets apart), name the key
@@ -313,24 +309,14 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if cfg.attack.name != "none":
         attack = build_component("attack", Component(cfg.attack.name, dict(cfg.attack.params)), "attack",
                                  "attack.params")
-        if attack.data_level and dataset.task != "classification":
-            raise ConfigError(f"`attack.name`: {cfg.attack.name!r} poisons class labels, but data set {name!r} "
-                              f"has real-valued targets.")
-        if attack.data_level and not getattr(objective, "reads_labels", True):  # the self-supervised objectives
-            raise ConfigError(f"`attack.name`: {cfg.attack.name!r} poisons class labels, but objective "
-                              f"{type(objective).__name__} reads no label: the run would be bitwise the run without "
-                              f"the attack.")
-        if attack.data_level and not cfg.attack.byzantine_hold_data:
-            raise ConfigError(f"`attack.byzantine_hold_data` = false: {cfg.attack.name!r} poisons the Byzantine "
-                              f"clients' own data, and they would hold none; set it to true or choose an attack on "
-                              f"messages.")
+        check_data_attack(cfg, attack, dataset.task, objective, name)
     aggregator = build_component("aggregator", cfg.aggregator, "aggregator")
     if cfg.pre_aggregators:
         pre = tuple(build_component("pre_aggregator", c, f"pre_aggregators[{i}]")
                     for i, c in enumerate(cfg.pre_aggregators))
         aggregator = PreAggregated(pre, aggregator)
     if cfg.engine.kind in ("sync", "async"):  # the async engine's server step aggregates at most `cohort.size`
-        _check_enough_messages(cfg, aggregator)
+        check_enough_messages(cfg, aggregator)
     server_opt = build_component("server_optimizer", Component(cfg.server.optimizer, _server_params(cfg)),
                                  "server")
     executor = (VectorizedExecutor(cfg.engine.max_clients_per_batch) if cfg.engine.executor == "vectorized"
@@ -380,13 +366,7 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     if recipe is not None:
         recipe.finalize(fed, cfg)
     fed.reports = on_device(fed.reports, device)  # after the recipe, which may add its own (reported_epsilon, ...)
-    missing = [key for key in getattr(fed.aggregator, "reports", ()) if key not in fed.reports]
-    if missing:  # the rule would fail in round 1
-        rule = component_name("aggregator", getattr(fed.aggregator, "inner", fed.aggregator))
-        raise ConfigError(f"`aggregator`: {rule} reads the clients' report {missing[0]!r}, which this run does not "
-                          f"give (it gives "
-                          f"{sorted(fed.reports)}; algorithm \"robust_hdp\" reports reported_epsilon and "
-                          f"oracle_noise_variance).")
+    check_reports(fed.aggregator, fed.reports)
     engine = resolve_engine(cfg)
     if hasattr(engine, "check"):
         engine.check(fed)
@@ -395,18 +375,6 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
         if not quiet:
             print(batch_note, file=sys.stderr)
     return fed
-
-
-def _check_enough_messages(cfg: ExperimentConfig, aggregator: Any) -> None:
-    """Refuse a rule (with its pre-aggregators) that needs more messages than a round (a server step of the async
-    engine) can ever bring: every round would stop with the rule's error, or be skipped (e.g. cwtm with f = 100 on a
-    cohort of 10, krum under FedAsync's one client per step)."""
-    most = cfg.data.num_clients if cfg.cohort.sampler != "uniform" else min(cfg.cohort.size, cfg.data.num_clients)
-    problem = aggregator.too_few(most)
-    if problem is not None:
-        key = "cohort.size" if cfg.cohort.sampler == "uniform" else "data.num_clients"
-        raise ConfigError(f"`aggregator`: {problem} (a round brings at most {most} messages: `{key}`); lower `f`, "
-                          f"or aggregate more clients.")
 
 
 def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective, sizes: list[int],
@@ -444,31 +412,6 @@ def build_selfsup_parts(cfg: ExperimentConfig, objective: AbstractObjective, siz
 def add_notice(info: dict[str, Any], note: str) -> None:
     """Append ``note`` to the run's notice (``run_info.json``, the summary and the CLI's last lines)."""
     info["notice"] = f"{info['notice']} {note}" if "notice" in info else note
-
-
-def check_batches_fit(sampler: Any, sizes: Sequence[int], batch_sizes: Sequence[int], key: str) -> None:
-    """Refuse, before training, a batch larger than a client's rows where the sampler cannot draw one (Poisson and
-    fixed-size sampling draw b of n: the run failed in its first round, after a notice that such clients step on
-    all their rows, which only the shuffle sampler does)."""
-    if getattr(sampler, "max_batch_is_n", True):
-        return
-    short = [i for i, (rows, batch) in enumerate(zip(sizes, batch_sizes)) if 0 < rows < batch]
-    if short:
-        i = short[0]
-        raise ConfigError(f"`{key}`: {len(short)} of the {len(sizes)} clients hold fewer rows than their batch size "
-                          f"(client {i}: {sizes[i]} rows, batch {batch_sizes[i]}), "
-                          f"which {component_name('batch_sampler', sampler)} cannot draw; lower the batch "
-                          f"size, or use `client.batch_sampler = \"shuffle\"`, which steps on all their rows.")
-
-
-def whole_data_batches(sizes: Sequence[int], batch_sizes: Sequence[int]) -> str | None:
-    """The notice that clients holding fewer rows than their batch size step on all of them (never silent)."""
-    short = [i for i, (rows, batch) in enumerate(zip(sizes, batch_sizes)) if 0 < rows < batch]
-    if not short:
-        return None
-    i = short[0]
-    return (f"NOTICE: {len(short)} of the {len(sizes)} clients hold fewer rows than their batch size (client {i}: "
-            f"{sizes[i]} rows, batch {batch_sizes[i]}); each of their local steps uses all their rows.")
 
 
 def check_unused_tables(cfg: ExperimentConfig) -> None:
