@@ -142,6 +142,6 @@ def check_budget_has_a_use(cfg: ExperimentConfig, stage_events: list[Any]) -> No
                                                                       "delta", "accountant"))
     if given:
         raise ConfigError(f"`client.dp.{given[0]}` is set but nothing in this run is private: `client.dp.mode` is "
-                          f'"off" and no client or server stage adds noise that a ledger is charged for (correlated_noise is '
-                          f'accounted only by algorithm cafcor); set `client.dp.mode` to '
+                          f'"off" and no client or server stage adds noise that a ledger is charged for '
+                          f'(correlated_noise is accounted only by algorithm cafcor); set `client.dp.mode` to '
                           f'"per_example" or "batch_clip", add a noise stage, or remove it.')
