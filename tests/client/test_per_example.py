@@ -375,3 +375,37 @@ def test_a_noise_scale_beyond_the_dtype_is_refused_not_returned_as_inf(sigma, cl
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     with pytest.raises(PrivacyError, match=r"beyond torch.float32's range"):
         noisy_clipped_mean({"w": torch.ones(2, 3)}, sigma, clip, ebs, gens)
+
+
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+@pytest.mark.parametrize("labels, message", [
+    (torch.full((2, 5), 7), r"^`batch\['y'\]` holds a label outside the model's outputs"),
+    (torch.full((2, 5), -100), r"^`batch\['y'\]` holds the negative label -100;"),  # torch's loss ignored it: 0
+    (torch.zeros(2, 5), r"^`batch\['y'\]`: cross_entropy needs integer class labels, found dtype torch.float32"),
+    (None, r"^`batch\['y'\]`: cross_entropy needs integer class labels, found no 'y' entry"),
+    (torch.zeros(2, 5, 2, dtype=torch.long), r"^`batch\['y'\]` must have the shape \(2, 5\)"),
+])
+def test_labels_the_loss_cannot_read_are_refused_by_name(method, labels, message):
+    """Direct calls with such labels raised torch's IndexError, RuntimeError, KeyError or AssertionError; -100
+    (cross-entropy's ignore index) gave a zero gradient for every example."""
+    model = nn.Linear(4, 3)
+    params = {k: v.detach().unsqueeze(0).repeat(2, *[1] * v.dim()) for k, v in model.named_parameters()}
+    batch = {"x": torch.randn(2, 5, 4)} | ({} if labels is None else {"y": labels})
+    with pytest.raises(ConfigError, match=message):
+        clipped_grad_sum(model, params, batch, torch.ones(2, 5), 1.0, method=method)
+    if labels is not None and labels.dim() == 2:
+        with pytest.raises(ConfigError, match=message):
+            clipped_batch_mean(model, params, batch, torch.ones(2, 5), 1.0)
+
+
+def test_padding_rows_may_hold_any_label():
+    """Only real rows' labels are checked: padding is blanked first."""
+    model = nn.Linear(4, 3)
+    params = {k: v.detach().unsqueeze(0).repeat(2, *[1] * v.dim()) for k, v in model.named_parameters()}
+    y = torch.tensor([[0, 1, -100, 99], [2, 2, 1, -1]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    batch = {"x": torch.randn(2, 4, 4), "y": y}
+    sums, norms = clipped_grad_sum(model, params, batch, mask, 1.0)
+    clean = {"x": batch["x"], "y": torch.where(mask.bool(), y, 0)}
+    ref_sums, ref_norms = clipped_grad_sum(model, params, clean, mask, 1.0)
+    assert torch.equal(norms, ref_norms) and all(torch.equal(sums[k], ref_sums[k]) for k in sums)

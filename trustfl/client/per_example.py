@@ -25,8 +25,9 @@ References:
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -95,8 +96,10 @@ def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], batc
       torch.Size([5, 3, 4])
     """
     _check_batch(batch, None, 1)
+    objective.check_batch(batch, tuple(next(iter(batch.values())).shape[:1]))
     params = {k: v.detach() for k, v in params.items()}
-    return vmap(grad(_one_example_loss(model, objective)), in_dims=(None, 0), chunk_size=chunk_size)(params, batch)
+    with _labels_in_range(objective):
+        return vmap(grad(_one_example_loss(model, objective)), in_dims=(None, 0), chunk_size=chunk_size)(params, batch)
 
 
 def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch,
@@ -150,6 +153,27 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
     params, batch, keep = _prepare(model, params_stacked, batch, mask, max_norm, objective)
     if keep.numel() == 0:  # no client or no example: nothing to clip
         return _nothing(params, keep, return_loss)
+    with _labels_in_range(objective):
+        return _clipped_grad_sum(model, params, batch, keep, max_norm, objective, method, chunk_size, cohort_layers,
+                                 return_loss)
+
+
+@contextlib.contextmanager
+def _labels_in_range(objective: AbstractObjective) -> Iterator[None]:
+    """Cross-entropy on a label past the model's outputs: torch's IndexError or RuntimeError, as a ConfigError (no
+    check in the step's path: the loss kernels find it)."""
+    try:
+        yield
+    except (IndexError, RuntimeError) as e:
+        if isinstance(objective, CrossEntropy) and "out of bounds" in str(e):
+            raise ConfigError(f"`batch['y']` holds a label outside the model's outputs (class labels are 0 .. "
+                              f"outputs-1): {e}") from e
+        raise
+
+
+def _clipped_grad_sum(model: nn.Module, params: Params, batch: Batch, keep: torch.Tensor, max_norm: float,
+                      objective: AbstractObjective, method: str, chunk_size: int | None, cohort_layers: bool | None,
+                      return_loss: bool) -> tuple:
     if method == "ghost":
         layers = ghost_plan(model, params, batch, objective)
         if layers is not None:
@@ -327,7 +351,8 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
     params, batch, keep = _prepare(model, params_stacked, batch, mask, max_norm, objective)
     # the per-client mean gradients by plain autograd on the stacked leaves (no torch.func.grad, whose first call
     # imports torch._dynamo: about a second of the first round)
-    g, losses = batched_mean_grad(model, objective, params, batch, keep)
+    with _labels_in_range(objective):
+        g, losses = batched_mean_grad(model, objective, params, batch, keep)
     norms = sum(v.reshape(v.shape[0], -1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
     clipped = {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}
@@ -342,7 +367,9 @@ def _prepare(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch
     _check_batch(batch, mask, 2, m)
     _check_fit(model, params_stacked, batch, objective)
     keep = mask != 0
-    return {k: v.detach() for k, v in params_stacked.items()}, _blank_padding(batch, keep), keep
+    blanked = _blank_padding(batch, keep)
+    objective.check_batch(blanked, tuple(keep.shape))  # after blanking: padding rows may hold any label
+    return {k: v.detach() for k, v in params_stacked.items()}, blanked, keep
 
 
 def _check_fit(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,

@@ -112,6 +112,12 @@ class AbstractObjective(abc.ABC):
         """Raise ConfigError when the training targets cannot be what this objective expects."""
         return None
 
+    def check_batch(self, batch: Batch, lead: tuple[int, ...]) -> None:
+        """Raise ConfigError when a batch given to a direct call (leading dims ``lead``) lacks what the loss reads;
+        no host read on a device. Default: the model's input."""
+        if self.input_key not in batch:
+            raise ConfigError(f"`batch` has no {self.input_key!r} entry (the model's input); found {sorted(batch)}.")
+
     def num_outputs(self, targets: torch.Tensor, num_classes: int) -> int:
         """How many outputs the model needs: the classes, or the size of one target."""
         return num_classes if num_classes >= 2 else max(1, math.prod(targets.shape[1:]))

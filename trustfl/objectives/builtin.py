@@ -50,6 +50,21 @@ class CrossEntropy(AbstractObjective):
         grad = torch.ops.aten.nll_loss_backward(weights.to(log_p.dtype), log_p, y, None, 0, -100, total_weight)
         return losses, torch.ops.aten._log_softmax_backward_data(grad, log_p, 1, log_p.dtype)
 
+    def check_batch(self, batch: Batch, lead: tuple[int, ...]) -> None:
+        """Integer labels ``y`` of the batch's leading shape; on the CPU none negative (``-100``, which torch's loss
+        ignores, would silently drop the example)."""
+        super().check_batch(batch, lead)
+        y = batch.get("y")
+        if not isinstance(y, torch.Tensor) or y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            found = "no 'y' entry" if y is None else (f"dtype {y.dtype}" if isinstance(y, torch.Tensor)
+                                                        else type(y).__name__)
+            raise ConfigError(f"`batch['y']`: cross_entropy needs integer class labels, found {found}.")
+        if tuple(y.shape) != tuple(lead):
+            raise ConfigError(f"`batch['y']` must have the shape {tuple(lead)} (one label per example), found "
+                              f"{tuple(y.shape)}.")
+        if y.device.type == "cpu" and y.numel() and int(y.min()) < 0:
+            raise ConfigError(f"`batch['y']` holds the negative label {int(y.min())}; class labels are 0 .. classes-1.")
+
     def check_data(self, targets: torch.Tensor, num_classes: int) -> None:
         if num_classes == 1 and not targets.is_floating_point():
             raise ConfigError("`objective`: cross_entropy needs >= 2 classes, but the data set holds only one class "
