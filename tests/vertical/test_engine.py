@@ -49,6 +49,21 @@ def test_resume_reproduces_the_uninterrupted_run(vertical_config, tmp_path):
     assert whole.summary["epsilon"] == resumed.summary["epsilon"]
 
 
+def test_rows_carry_the_running_byte_totals_warm_up_pass_included(vertical_config, tmp_path):
+    """Vertical rows had bytes_up / bytes_down but no totals, which `trustfl report` and the bytes axis read."""
+    cfg = vertical_config("dpzv", rounds=3)
+    rows = run_experiment(cfg, tmp_path, progress=False, plots=False).rows
+    samples = build_federation(cfg).vertical.num_samples
+    warm_up = 4 * 4 * samples * 4  # 4 parties' float32 embeddings (dim 4) of every training sample, sent once
+    for key in ("bytes_up", "bytes_down"):
+        totals = [r[f"{key}_total"] for r in rows]
+        steps = [r[key] for r in rows]
+        assert all(s > 0 for s in steps)
+        assert [b - a for a, b in zip(totals, totals[1:])] == steps[1:]
+    assert rows[0]["bytes_down_total"] == rows[0]["bytes_down"]
+    assert rows[0]["bytes_up_total"] - rows[0]["bytes_up"] == warm_up
+
+
 @pytest.mark.parametrize("algorithm", ["dpzv", "vafl", "zoo_vfl", "czofo"])
 def test_the_budget_is_spent_exactly_and_never_exceeded(vertical_config, tmp_path, algorithm):
     cfg = vertical_config(algorithm, recipe={"epsilon": 1.5, "delta": 1e-3})

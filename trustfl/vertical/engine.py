@@ -148,6 +148,8 @@ class VerticalEngine(AbstractEngine):
         metrics: dict[str, Any] = {"round": state.round + 1, "train_loss": float(loss_sum) / count,
                                    "iterations": last, "rejected": rejected_n,
                                    "bytes_up": up * count, "bytes_down": down * count}
+        metrics.update({"bytes_up_total": state.bytes_up_total + up * count,  # the warm-up pass's included
+                        "bytes_down_total": state.bytes_down_total + down * count})
         if setup.times is not None:
             metrics["sim_time"] = float(setup.times[last - 1])
         shared = {"cache": server.cache.contiguous(), "head_velocity": server.velocity.clone(),
