@@ -133,9 +133,9 @@ def _rows_of_one_matrix(received: list[Any], width: int, like: torch.Tensor) -> 
 
 
 def stack_rows(received: list[Any], width: int, like: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
-    """Stack well-formed rows (width, ``like``'s dtype and device); a malformed one becomes a NaN row."""
-    shaped = [isinstance(m, torch.Tensor) and m.shape == (width,) and m.dtype == like.dtype
-              and m.device == like.device for m in received]
+    """Stack well-formed rows (dense, width, ``like``'s dtype and device); a malformed one becomes a NaN row."""
+    shaped = [isinstance(m, torch.Tensor) and m.layout == torch.strided and m.shape == (width,)
+              and m.dtype == like.dtype and m.device == like.device for m in received]
     if not received:
         return like.new_zeros((0, width)), shaped
     whole = _rows_of_one_matrix(received, width, like)
