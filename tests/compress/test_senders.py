@@ -94,3 +94,17 @@ def test_a_non_finite_message_arrives_non_finite_for_screening_to_reject(name, p
     sent = Links(trustfl.build("compressor", name, **params), None, seed=0).up(x, None, 0, [0, 1, 2, 3])
     assert torch.isfinite(sent.decoded[0]).all() and not torch.isfinite(sent.decoded[1:]).all(dim=1).any()
     assert screen(sent.decoded, 6).tolist() == [True, False, False, False]
+
+
+@pytest.mark.parametrize("mode", ["paper", "code"])
+@pytest.mark.parametrize("value", [1e30, 4e34, 3e38])
+def test_a_finite_message_whose_coding_overflows_counts_every_coordinate_as_failed(mode, value):
+    """Past about 3e34 at step 1e-4, the rotated row times 1/step overflows float32: the oracle's exact decode came
+    out NaN, and `|decoded − exact| > s/2` is False for NaN, so none of the wrongly decoded coordinates was counted."""
+    d = 256
+    x = torch.stack([torch.full((d,), value), torch.randn(d, generator=torch.Generator().manual_seed(1)) * 0.01])
+    links = Links(trustfl.build("compressor", "lattice", bits=14, step=1e-4, mode=mode), None, seed=0)
+    sent = links.up(x, None, 0, [0, 1])
+    assert not bool(torch.isclose(sent.decoded[0], x[0], rtol=1e-3).any())  # decoded wrong, every coordinate
+    assert sent.decode_failures == d
+    assert torch.allclose(sent.decoded[1], x[1], atol=5e-4)  # the honest row, decoded to within a few steps

@@ -66,8 +66,10 @@ class Links:
             # Simulation oracle: decoding against the sender's own value is always exact, so any coordinate the
             # receiver decoded differently landed on a wrong lattice point (the receiver's own check only sees
             # coordinates near the edge of its decoding window). One exact decode per message, not per receiver.
+            # A message whose coding overflowed float32 (a finite row times 1/step past 3.4e38) decodes to NaN even
+            # against itself: every such coordinate is a failure (`not <=` counts NaN, `>` did not).
             exact, _ = comp.decode(sent, x, self.shared_seed(r, direction))
-            failures = max(failures, int(((decoded - exact).abs() > 0.5 * getattr(comp, "step", 0.0)).sum()))
+            failures = max(failures, int((~((decoded - exact).abs() <= 0.5 * getattr(comp, "step", 0.0))).sum()))
         # No quantizer's code carries NaN or ±inf (the lattice's integer cast lands them on a finite point near the
         # key): a row that held one arrives as not-a-number, for screening to reject, as on a float32 link.
         decoded = torch.where(finite_rows(x).view(-1, 1), decoded, torch.nan)
