@@ -311,3 +311,47 @@ def test_dp_calr_ledgers_resume_with_the_spend_before_the_interruption(tmp_path,
     assert [[r[k] for k in eps] for r in resumed.rows] == [[r[k] for k in eps] for r in whole.rows]
     assert resumed.summary["epsilon"] == whole.summary["epsilon"]
     assert torch.equal(resumed.params, whole.params)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.3])
+def test_honest_uploads_meet_the_admission_bound_and_forged_ones_do_not(sigma):
+    """‖R̃_j‖_F <= μ + σ(H + 10): honest uploads (norm-clipped representations, Gaussian noise) are admitted; a huge,
+    negated or one-sided matrix, which passed the finite check and then reached every other client's objective
+    (training stalled, probe accuracy 0.68 → 0.33), is not."""
+    from trustfl.objectives.spectral import norm_clip
+    from trustfl.selfsup.correlation import add_matrix_noise
+    from trustfl.selfsup.share import FedSCCorrelation
+    stat = FedSCCorrelation(mu=4.0, sigma=sigma, sizes=(50,) * 4)
+    h, gen = 16, torch.Generator().manual_seed(0)
+    z = norm_clip(torch.randn(4, 50, h, generator=gen) * 10 + 3, 2.0)  # every ‖z‖ = √μ: the largest honest norm
+    honest = torch.einsum("jnh,jnk->jhk", z, z) / 50
+    honest = torch.stack([add_matrix_noise(m, sigma, torch.Generator().manual_seed(j)) for j, m in enumerate(honest)])
+    assert stat.admissible([0, 1, 2, 3], honest).tolist() == [True] * 4
+    eye = torch.eye(h)
+    forged = torch.stack([torch.full((h, h), 1e30), -1e6 * eye, torch.triu(torch.full((h, h), 1e3)),
+                          (4.0 + sigma * (h + 10)) * 1.01 * eye / h ** 0.5])
+    assert stat.admissible([0, 1, 2, 3], forged).tolist() == [False] * 4
+    assert stat.admissible([0], (4.0 + sigma * (h + 10)) * 0.99 * eye[None] / h ** 0.5).tolist() == [True]
+
+
+def test_a_refused_first_upload_does_not_hold_sharing_back(one_torch_thread, monkeypatch):
+    """The store waited for a first sharing round in which every upload was accepted: one client sending a bad
+    matrix every round kept FedSC on the plain SC loss for the whole run, silently. Sharing now starts with the
+    refused clients' matrices set to the others' q-weighted mean, until their own accepted upload replaces them."""
+    from trustfl.selfsup.share import FedSCCorrelation
+    compute = FedSCCorrelation.compute
+
+    def client_0_forges(self, represent, x, mask, client_ids, generator, augment=None):
+        r = compute(self, represent, x, mask, client_ids, generator, augment)
+        return torch.where(torch.tensor([c == 0 for c in client_ids]).view(-1, 1, 1), 1e30, r)
+
+    monkeypatch.setattr(FedSCCorrelation, "compute", client_0_forges)
+    fed = build_federation(_cfg(rounds=2), quiet=True)
+    state, metrics = run_round(fed, initial_state(fed))
+    assert (metrics["fedsc_correlation/uploads"], metrics["fedsc_correlation/rejected"]) == (4, 1)
+    st = state.statistics["fedsc_correlation"]
+    q = st["weights"].to(st["matrices"].dtype)
+    others = torch.einsum("j,jhk->hk", q[1:], st["matrices"][1:]) / q[1:].sum()
+    torch.testing.assert_close(st["matrices"][0], others, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(st["total"], others, rtol=1e-5, atol=1e-6)  # R̃ is the accepted uploads' mean
+    assert bool(torch.isfinite(st["matrices"]).all()) and float(st["total"].norm()) <= 4.0

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
+from trustfl.core.finite import finite_rows
+
 if TYPE_CHECKING:
     from dp_accounting import dp_event
 
@@ -53,6 +55,11 @@ class AbstractClientStatistic(abc.ABC):
                 generator: GeneratorFor, augment: Any = None) -> torch.Tensor:
         """One value per uploader, ``(m, ...)``, from its examples ``x`` ``(m, N, ...)`` (``mask`` ``(m, N)``: real
         rows) at the received model."""
+
+    def admissible(self, client_ids: Sequence[int], values: torch.Tensor) -> torch.Tensor:
+        """``(m,)`` bool: the uploads the server folds in (an upload is a message, screened like any). Default: the
+        finite ones; a statistic whose honest values are bounded also refuses what exceeds the bound."""
+        return finite_rows(values.reshape(values.shape[0], -1))
 
     @abc.abstractmethod
     def server_update(self, state: Mapping[str, Any], client_ids: Sequence[int],

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from trustfl.core.finite import finite_rows
 from trustfl.core.rng import make_generator
 from trustfl.engine.federation import EngineState, Federation
 from trustfl.engine.local import ClientPlan
@@ -72,7 +71,7 @@ def exchange(fed: Federation, state: EngineState, r: int, plans: list[ClientPlan
                                   lambda c, stream: make_generator(fed.seed, r, c, f"{name}/{stream}",
                                                                    device=x_all.device), fed.augment)
             flat = values.reshape(len(ids), -1)
-            ok = finite_rows(flat).tolist()
+            ok = stat.admissible(ids, values).tolist()
             charged = [(c, events[c]) for c in ids if events[c] is not None]
             if fed.ledger is not None and charged:  # released (sent), so charged, accepted or not
                 fed.ledger.charge([(c, e) for c, e in charged if c in fed.ledger])

@@ -8,8 +8,10 @@ with V views x_v ∼ 𝒜(·|x̄) from the client's ``"<name>/views"`` stream an
 stream. One upload is the Gaussian mechanism with sensitivity Δ = √2·μ/|D_j| (replace-one; μ/|D_j| for
 ``neighboring = "zero_out"``), charged as :func:`trustfl.privacy.analysis.fedsc.release_event`.
 
-Server half (Algorithm 1): the :class:`~trustfl.selfsup.correlation.CorrelationStore` of every client's last upload
-and R̃ = Σ_j q_j R̃_j. The first sharing round every client uploads (Algorithm 1's t = 1, whatever the cohort); later
+Server half (Algorithm 1): the :class:`~trustfl.selfsup.correlation.CorrelationStore` of every client's last accepted
+upload and R̃ = Σ_j q_j R̃_j. An upload is admitted when finite with ``‖R̃_j‖_F <= μ + σ_j(H + 10)``, which every
+honest one meets (:meth:`FedSCCorrelation.admissible`); a refused first upload starts as the accepted ones' weighted
+mean. The first sharing round every client uploads (Algorithm 1's t = 1, whatever the cohort); later
 sharing rounds only the round's participants, whose matrices replace their old ones incrementally (line 13); absent
 clients' matrices stay (stale). Each participant j then receives ``reference`` = R̃_{−j} = (R̃ − q_j R̃_j)/(1 − q_j)
 and ``alpha`` = α_t (:func:`trustfl.objectives.spectral.alpha_schedule`, App. C; or α = q_j, Eq. 5's provable form,
@@ -44,6 +46,22 @@ ALPHA_MODES = ("schedule", "q")
 SIGMA_RANGE = (1e-30, 1e30)
 """σ's range besides 0: the noise σ·N(0, 1) is drawn in float32, where σ beyond it rounds to 0 or its draws to inf
 (with μ in :data:`~trustfl.objectives.spectral.MU_RANGE`, σ/Δ stays within what the accountant computes)."""
+
+
+ADMIT_TAIL = 10.0
+"""t in the bound ``μ + σ·(H + t)`` on an honest upload's Frobenius norm (:meth:`FedSCCorrelation.admissible`)."""
+
+
+def _with_absent_as_mean(values: torch.Tensor, client_ids: Sequence[int], weights: torch.Tensor) -> torch.Tensor:
+    """Every client's first matrix ``(J, H, H)``: the accepted uploads ``values`` of ``client_ids``, and for the
+    others the q-weighted mean of those (so R̃ is that mean), until their own next upload replaces it. Sharing starts
+    without waiting for a first round in which every upload is accepted, which one bad sender could put off for ever."""
+    ids = torch.as_tensor(list(client_ids), dtype=torch.long, device=values.device)
+    w = weights[ids]
+    mean = torch.einsum("j,jhk->hk", w / w.sum(), values)
+    full = mean.expand(weights.numel(), *mean.shape).clone()
+    full[ids] = values
+    return full
 
 
 def check_sigma(name: str, value: Any) -> Any:
@@ -150,11 +168,22 @@ class FedSCCorrelation(AbstractClientStatistic):
             return None
         return release_event(sigma, self.mu, self.sizes[client_id], self.neighboring)
 
+    def admissible(self, client_ids, values):
+        """Finite, and ``‖R̃_j‖_F <= μ + σ_j·(H + 10)``. An honest upload meets it: the clipped correlation is a mean
+        of ``z zᵀ`` with ``‖z‖² <= μ``, so its norm is at most μ, and the noise's norm, σ_j-Lipschitz in a standard
+        Gaussian of mean at most σ_j·H, exceeds ``σ_j·(H + t)`` with probability at most ``exp(−t²/2)`` (e^−50
+        here). A huge or malformed matrix would reach every other client's objective through R̃_{−j}."""
+        h = values.shape[-1]
+        sigmas = torch.tensor([self.sigma_of(c) for c in client_ids], dtype=torch.float64, device=values.device)
+        norms = torch.linalg.vector_norm(values.reshape(values.shape[0], -1).to(torch.float64), dim=1)
+        return torch.isfinite(norms) & (norms <= self.mu + sigmas * (h + ADMIT_TAIL))
+
     def server_update(self, state, client_ids, values):
         if state["matrices"] is None:
-            if len(client_ids) != state["weights"].numel():  # a first upload that was not everyone's
-                return dict(state)
-            store = CorrelationStore.init(values, state["weights"].to(values.dtype).to(values.device))
+            weights = state["weights"].to(values.dtype).to(values.device)
+            if len(client_ids) != weights.numel():  # some first uploads were refused: they start as the others' mean
+                values = _with_absent_as_mean(values, client_ids, weights)
+            store = CorrelationStore.init(values, weights)
         else:
             store = CorrelationStore(state["matrices"], state["weights"].to(state["matrices"].dtype).to(
                 state["matrices"].device), state["total"]).update(torch.tensor(client_ids), values)
