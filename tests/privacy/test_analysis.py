@@ -247,3 +247,22 @@ def test_pld_refuses_a_noise_multiplier_whose_grid_would_take_hours():
     with pytest.raises(PrivacyError, match=r"too small for the 'pld' accountant.*use the 'rdp' accountant"):
         epsilon_subsampled_gaussian(0.01, 0.01, 1000, 1e-5, "pld")
     assert epsilon_subsampled_gaussian(0.01, 0.01, 1000, 1e-5, "rdp") > 1e3
+
+
+def test_pld_refuses_steps_whose_losses_reach_past_its_grid_and_calibration_steps_around_them(monkeypatch):
+    """q = 0.01, z = 1.1, 1e9 steps grew past 16 GB without answering (or yielding to SIGTERM); the RDP bound
+    (1.3e5 there) refuses such a composition at once. 1e5 steps (ε 21) still run on the PLD grid, and a PLD
+    calibration whose search passes through such a z treats it as not private enough, not as an error."""
+    from trustfl.errors import PrivacyError
+    from trustfl.privacy.analysis.gaussian import (PLD_MAX_LOSS_RANGE, calibrate_noise_multiplier,
+                                                   epsilon_subsampled_gaussian)
+    with pytest.raises(PrivacyError, match=r"^steps = 1000000000 at noise_multiplier = 1.1, sample_rate = 0.01 spend "
+                                           r"ε <= 1.28\de\+05 \(RDP\), beyond the 200 .*use the 'rdp' accountant"):
+        epsilon_subsampled_gaussian(1.1, 0.01, 10**9, 1e-5, "pld")
+    pld = epsilon_subsampled_gaussian(1.1, 0.01, 10**5, 1e-5, "pld")
+    assert 20 < pld < epsilon_subsampled_gaussian(1.1, 0.01, 10**5, 1e-5, "rdp") < PLD_MAX_LOSS_RANGE
+    from trustfl.privacy.analysis import gaussian
+    monkeypatch.setattr(gaussian, "PLD_MAX_LOSS_RANGE", 3.5)  # a span the search crosses, at PLD's cheap ε
+    z = calibrate_noise_multiplier(3.0, 1e-5, 1.0, 4, "pld", tol=0.01)
+    assert epsilon_subsampled_gaussian(0.8 * z, 1.0, 4, 1e-5, "rdp") > 3.5  # the search started past the span
+    assert 2.99 <= epsilon_subsampled_gaussian(z, 1.0, 4, 1e-5, "pld") <= 3.0
