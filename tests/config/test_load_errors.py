@@ -234,6 +234,23 @@ def test_cohort_larger_than_the_population_is_said(capsys):
                                             quiet=True).info
 
 
+def test_clients_left_empty_by_min_size_0_and_columns_left_to_no_party_are_said(capsys):
+    """The partition's and the feature split's notices reach the run's notice and stderr (they were silent)."""
+    cfg = config_from_dict({"rounds": 1, "data": {"num_clients": 12, "partition": {
+        "name": "dirichlet", "alpha": 0.001, "min_size": 0}}, "model": {"name": "logreg"}})
+    fed = build_federation(cfg)
+    empty = [i for i, s in enumerate(fed.info["partition"]["sizes"]) if s == 0]
+    said = fed.info["partition"]["notice"]
+    assert empty and f"clients {', '.join(map(str, empty))} hold no training examples" in said
+    assert said in fed.info["notice"] and said in capsys.readouterr().err
+    vertical = config_from_dict({"algorithm": "vafl", "rounds": 1, "data": {
+        "num_clients": 2, "features": {"name": "columns", "columns": [[0, 1], [5]]}},
+        "model": {"name": "vertical", "party_hidden": [4], "embedding_dim": 2, "head_hidden": [4]},
+        "client": {"lr": 1e-2, "batch_size": 16}, "engine": {"kind": "vertical"}})
+    notice = build_federation(vertical, quiet=True).info["notice"]
+    assert "leaves columns 2, 3, 4, 6, 7, … (61 in all) of the 64 features to no party" in notice
+
+
 @pytest.mark.parametrize("key, value, expected", [
     ("plugins", "x", "`plugins` must be a list of strings, found 'x'."),
     ("evaluators", "acc", "`evaluators` must be a list of components (names or tables), found 'acc'."),

@@ -367,3 +367,31 @@ def test_real_idx_datasets(name: str, counts0: int) -> None:
     small = load_dataset(name, seed=1, max_train=1000, max_test=500)
     assert small.train_x.shape[0] == 1000 and small.test_x.shape[0] == 500
     json.dumps(small.source)
+
+
+_NAN_IMAGES = np.random.default_rng(1).random((20, 28, 28), dtype=np.float32)
+_NAN_IMAGES[[3, 7], 5, 5] = [np.nan, np.inf]
+
+
+@pytest.mark.parametrize("role,arr,match", [
+    ("test_images", np.zeros((0, 28, 28), np.uint8), r"holds 0 images .*the test split needs at least one"),
+    ("train_images", np.zeros((0, 28, 28), np.uint8), r"holds 0 images .*the train split needs at least one"),
+    ("train_labels", np.arange(20, dtype=np.float32) % 10 + 0.5, "holds float32 labels; class labels must be integers"),
+    ("train_labels", np.arange(20, dtype=np.int8) % 10 - 1, "labels outside 0..9: -1 in label 0, -1 in label 10"),
+    ("test_labels", np.arange(10, dtype=np.uint8) + 3, "labels outside 0..9: 10 in label 7, 11 in label 8"),
+    ("train_images", _NAN_IMAGES, r"holds NaN or Inf in image 3, image 7\."),
+])
+def test_idx_files_are_checked_like_your_own_files(tmp_path: Path, role: str, arr: np.ndarray, match: str) -> None:
+    """An empty split, non-integer or out-of-range labels and NaN/Inf pixels are refused naming the file (they gave
+    accuracy 0.0 every round, truncated labels, or blamed `data.partition`)."""
+    arrays = _fake_arrays()
+    arrays[role] = arr
+    if arr.shape[0] == 0:  # the labels of an empty split are empty too
+        arrays[role.replace("images", "labels")] = np.zeros(0, np.uint8)
+    paths = _write_arrays(tmp_path / "mnist", arrays)
+    with pytest.raises(DataError, match=match) as info:
+        load_dataset("mnist", data_dir=str(tmp_path), verify=False)
+    assert str(paths[role]) in str(info.value)
+    float_images = dict(_fake_arrays(), train_images=np.random.default_rng(0).random((20, 28, 28), np.float32))
+    _write_arrays(tmp_path / "ok" / "mnist", float_images)  # finite float pixels still load
+    assert load_dataset("mnist", data_dir=str(tmp_path / "ok"), verify=False).train_x.shape == (20, 1, 28, 28)

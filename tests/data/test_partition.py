@@ -8,6 +8,7 @@ import pytest
 
 import trustfl
 from trustfl.data import IID, Dirichlet, Partition, QuantitySkew, Shards, split_features
+from trustfl.data.vertical import check_columns, unused_columns_notice
 from trustfl.errors import ConfigError
 
 # Unequal classes, as in MNIST: class c has 150 + 17c examples (10 classes, 2,265 in all), in shuffled order.
@@ -170,3 +171,80 @@ def test_class_groups_give_the_first_clients_only_their_classes() -> None:
         trustfl.build("partitioner", "class_groups", share=1.0)
     with pytest.raises(ConfigError, match="classes"):
         trustfl.build("partitioner", "class_groups", classes=[11])(labels, 8, np.random.default_rng(0))
+
+
+# 46 examples of class 0 and 4 of class 1 (the probe's skew.csv): too few of class 1 for the clients that hold it.
+SKEWED = np.array([0] * 46 + [1] * 4)
+
+
+def test_no_partitioner_gives_a_client_zero_examples() -> None:
+    """Refused naming the empty clients and the class or group short of examples (they trained on nothing)."""
+    cpc = trustfl.build("partitioner", "classes_per_client", classes_per_client=1)
+    with pytest.raises(ConfigError, match=r"^classes_per_client: client 9 holds no training examples "
+                                          r"\(class 1 has 4 for 5 clients\); use fewer clients\.$"):
+        cpc(SKEWED, 10, np.random.default_rng(0))
+    assert min(cpc(SKEWED, 8, np.random.default_rng(0)).summary["sizes"]) == 1  # 4 rows for 4 clients: allowed
+    groups = trustfl.build("partitioner", "class_groups", classes=[1], share=0.5)
+    with pytest.raises(ConfigError, match=r"^class_groups: client 4 holds no training examples: 5 clients share "
+                                          r"the 4 examples of `classes` \[1\]"):
+        groups(SKEWED, 10, np.random.default_rng(0))
+    with pytest.raises(ConfigError, match="no example has group 1 .*client 1 would hold none"):
+        trustfl.build("partitioner", "natural")(np.array([0, 1, 0, 1]), 3, np.random.default_rng(0),
+                                                groups=np.array([0, 2, 0, 2]))
+
+    class Lopsided(IID):  # any partitioner: the check is in the common finishing step
+        def _split(self, labels, num_clients, rng):
+            return [np.arange(labels.size)] + [np.zeros(0, np.int64)] * (num_clients - 1)
+
+    with pytest.raises(ConfigError, match=r"'iid': clients 1, 2 hold no training examples \(2 of the 3 clients\)"):
+        Lopsided()(LABELS, 3, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dirichlet_min_size_zero_allows_empty_clients_and_says_so(seed: int) -> None:
+    part = Dirichlet(alpha=0.01, min_size=0)(SKEWED, 10, np.random.default_rng(seed))
+    sizes = part.summary["sizes"]
+    empty = [i for i, s in enumerate(sizes) if s == 0]
+    assert empty and sum(sizes) == SKEWED.size  # Dir(0.01) over 10 clients with 2 classes: at most 2 hold data
+    notice = part.summary["notice"]
+    assert notice.startswith("NOTICE:") and f"({len(empty)} of the 10 clients, as `min_size` = 0 allows)" in notice
+    shown = ", ".join(map(str, empty[:5])) + (f", … ({len(empty)} in all)" if len(empty) > 5 else "")
+    assert f"'dirichlet': clients {shown} hold no training examples" in notice
+    assert "notice" not in Dirichlet(alpha=100.0, min_size=0)(LABELS, 5, np.random.default_rng(seed)).summary
+
+
+def test_direct_calls_refuse_bad_arguments_by_name() -> None:
+    """The documented entry point ``trustfl.build("partitioner", name)(labels, num_clients, rng)``: every bad
+    argument a ConfigError naming it, never a raw numpy error."""
+    iid, rng = trustfl.build("partitioner", "iid"), np.random.default_rng
+    huge = iid(np.array([0, 10 ** 12, 0, 10 ** 12]), 2, rng(0))  # a 10**12-bin histogram was a MemoryError
+    assert huge.summary["sizes"] == [2, 2] and huge.summary["num_classes"] == 10 ** 12 + 1
+    assert "label_histograms" not in huge.summary  # above SUMMARY_MAX_CELLS
+    small = np.array([0, 1, 0, 1, 2, 2])
+    as_uint = Dirichlet(alpha=1.0, min_size=1)(small.astype(np.uint64), 2, rng(0))  # was a TypeError in bincount
+    as_int = Dirichlet(alpha=1.0, min_size=1)(small, 2, rng(0))
+    assert all(np.array_equal(a, b) for a, b in zip(as_uint.indices, as_int.indices))
+    assert as_uint.summary == as_int.summary
+    with pytest.raises(ConfigError, match="`labels` must fit in int64"):
+        iid(np.array([0, 2 ** 64 - 1], dtype=np.uint64), 2, rng(0))
+    with pytest.raises(ConfigError, match="`rng` must be a numpy Generator"):
+        iid(small, 2, None)
+    natural = trustfl.build("partitioner", "natural")
+    for bad in (np.array(list("abab")), np.array([0.0, 1.0, 0.0, 1.0]), np.array([[0, 1], [0, 1]])):
+        with pytest.raises(ConfigError, match="`groups` must be a 1-D integer array"):
+            natural(small[:4], 2, rng(0), groups=bad)
+    with pytest.raises(ConfigError, match=r"`groups` must be client indices >= 0, found -1 \(example 2\)"):
+        natural(small[:4], 2, rng(0), groups=np.array([0, 1, -1, 1]))
+    with pytest.raises(ConfigError, match="3 group ids for 4 examples"):
+        natural(small[:4], 2, rng(0), groups=np.array([0, 1, 1]))
+    ok = natural(small[:4], 2, rng(0), groups=np.array([1, 0, 1, 0], dtype=np.uint64))
+    assert [i.tolist() for i in ok.indices] == [[1, 3], [0, 2]]
+
+
+def test_columns_left_to_no_party_are_named() -> None:
+    blocks = check_columns([[0], [1]], 3, 2)
+    assert unused_columns_notice(blocks, 3) == ("NOTICE: `data.features` leaves column 2 of the 3 features to no "
+                                                "party (1 unused); no party trains on them.")
+    assert "columns 0, 3, 4, 5, 6, … (7 in all)" in unused_columns_notice(check_columns([[1], [2]], 9, 2), 9)
+    assert unused_columns_notice(check_columns([[0, 2], [1]], 3, 2), 3) is None
+    assert unused_columns_notice(split_features(10, 3), 10) is None

@@ -261,6 +261,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     else:
         partitioner = build_component("partitioner", cfg.data.partition, "data.partition")
         client_rows, info["partition"] = partition_clients(cfg, dataset, partitioner, holders, seed)
+        if "notice" in info["partition"]:  # clients left without examples by the user's choice (min_size = 0)
+            add_notice(info, info["partition"]["notice"])
 
     blocks = feature_blocks(cfg, dataset, seed, info) if vertical else None
     if "notice" in info and not quiet:

@@ -16,7 +16,7 @@ from trustfl.config.schema import ClientConfig, Component, ExperimentConfig, Sam
 from trustfl.core.memory import out_of_memory_as_error
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import Dataset
-from trustfl.data.vertical import check_columns, split_features
+from trustfl.data.vertical import check_columns, split_features, unused_columns_notice
 from trustfl.errors import ConfigError, TrustFLError
 from trustfl.vertical.activation import activation_order
 from trustfl.vertical.engine import VerticalSetup
@@ -113,7 +113,11 @@ def feature_blocks(cfg: ExperimentConfig, dataset: Dataset, seed: int,
         if comp.name == "columns":
             if "columns" not in comp.params:
                 raise ConfigError("needs `columns` = [[...], ...], one list of column indices per party.")
-            return check_columns(comp.params["columns"], num_features, parties)
+            blocks = check_columns(comp.params["columns"], num_features, parties)
+            note = unused_columns_notice(blocks, num_features)
+            if note is not None and info is not None:  # build.add_notice's format (build imports this module)
+                info["notice"] = f"{info['notice']} {note}" if "notice" in info else note
+            return blocks
         unit = comp.params.get("unit", 0)
         if unit == 0:
             unit = int(dataset.input_shape[-1]) if len(dataset.input_shape) >= 2 else 1

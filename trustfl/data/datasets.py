@@ -32,6 +32,7 @@ import torch
 from trustfl.core.registry import lookup, register
 from trustfl.core.rng import numpy_rng
 from trustfl.data.idx import array_sha256, read_idx
+from trustfl.data.own_targets import _check_features, _list
 from trustfl.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -167,24 +168,43 @@ def _decode(name: str, files: tuple[tuple[str, str, int, int], ...], verify: boo
                     f"{name} file {path!r} decodes to an array with SHA-256 {digest}, expected "
                     f"{EXPECTED_SHA256[name][role]}; the file is corrupt or not {name}. Delete it and run `make data`."
                 )
+    paths = {role: path for role, path, _, _ in files}
     for split in ("train", "test"):
-        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
-        if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
-            raise DataError(f"{name} {split} files hold images {images.shape} and labels {labels.shape}; "
-                            f"expected (N, 28, 28) and (N,).")
-        if labels.size and int(labels.max()) >= 10:
-            raise DataError(f"{name} {split} labels reach {int(labels.max())}; expected 0..9.")
+        _check_idx_split(name, split, arrays[f"{split}_images"], arrays[f"{split}_labels"],
+                         paths[f"{split}_images"], paths[f"{split}_labels"])
     for arr in arrays.values():
         arr.flags.writeable = False  # shared by every later load
     return arrays
+
+
+def _check_idx_split(name: str, split: str, images: np.ndarray, labels: np.ndarray, image_file: str,
+                     label_file: str) -> None:
+    """Refuse a split that is not N >= 1 images of 28×28 with N integer labels in 0..9 and finite pixels, naming the
+    file (the checks of your own files: a float label truncated or NaN pixels trained on nothing)."""
+    if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
+        raise DataError(f"{name} {split} files {image_file!r} and {label_file!r} hold images {images.shape} and "
+                        f"labels {labels.shape}; expected (N, 28, 28) and (N,).")
+    if images.shape[0] == 0:
+        raise DataError(f"{name} file {image_file!r} holds 0 images ({label_file!r} 0 labels); the {split} split "
+                        f"needs at least one.")
+    if labels.dtype.kind not in "iu":
+        raise DataError(f"{name} file {label_file!r} holds {labels.dtype} labels; class labels must be integers "
+                        f"(IDX type uint8, int8, int16 or int32).")
+    bad = np.flatnonzero((labels < 0) | (labels >= 10))
+    if bad.size:
+        raise DataError(f"{name} file {label_file!r} holds labels outside 0..9: "
+                        f"{_list([f'{int(labels[i])} in label {int(i)}' for i in bad])}.")
+    if images.dtype.kind == "f":
+        _check_features(images, f"{name} file {image_file!r}", lambda i: f"image {i}")
 
 
 def load_idx_arrays(name: str, data_dir: str | os.PathLike | None = None, verify: bool = True) -> dict[str, np.ndarray]:
     """The decoded, read-only uint8 arrays of an IDX data set, keyed by the roles of :data:`IDX_FILES`.
 
     Raises:
-      DataError: files missing (the message names the directory and ``make data``), corrupt, or (with
-        ``verify``) not matching :data:`EXPECTED_SHA256`.
+      DataError: files missing (the message names the directory and ``make data``), corrupt, (with ``verify``)
+        not matching :data:`EXPECTED_SHA256`, or (without) not a split of N >= 1 images with integer labels 0..9
+        and finite pixels (:func:`_check_idx_split`, naming the file).
     """
     paths = _find_idx_files(name, data_dir)
     key = []

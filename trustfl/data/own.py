@@ -52,7 +52,7 @@ from trustfl.core.paths import looked_up
 from trustfl.core.registry import register
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import TEST_FRACTION, Dataset, _stratified_choice
-from trustfl.data.own_targets import _encode_targets, _groups, _is_numeric, _list, _non_finite_rows
+from trustfl.data.own_targets import _check_features, _encode_targets, _groups, _list
 from trustfl.errors import ConfigError, DataError
 
 DEFAULT_CLIENT_COLUMN = "client_id"
@@ -277,17 +277,6 @@ def _concat_targets(train: np.ndarray, test: np.ndarray) -> np.ndarray:
     if train.dtype.kind in "OU" or test.dtype.kind in "OU":
         return np.concatenate([train.astype(object), test.astype(object)])
     return np.concatenate([train, test])
-
-
-def _check_features(x: np.ndarray, describe: str, row: Callable[[int], str]) -> np.ndarray:
-    """``x`` as float64 (float32 unless it was float64), refusing non-numeric dtypes and NaN/Inf (naming the rows)."""
-    if not _is_numeric(x):
-        raise DataError(f"{describe} must be numeric, found dtype {x.dtype}.")
-    x = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
-    bad = _non_finite_rows(x)
-    if bad.size:
-        raise DataError(f"{describe} holds NaN or Inf in {_list([row(int(i)) for i in bad])}.")
-    return x
 
 
 def _exists(p: Path, where: str, what: str) -> None:

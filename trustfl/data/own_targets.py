@@ -1,6 +1,6 @@
 """The targets and client ids of your own files (:mod:`trustfl.data.own`): strings, integers and numbers parsed
-alike for CSV and npz, class labels encoded as indices 0..K-1, client ids as 0..M-1; every refusal a DataError
-naming the file's rows."""
+alike for CSV and npz, class labels encoded as indices 0..K-1, client ids as 0..M-1; and the feature check shared
+by every file reader (own files and IDX); every refusal a DataError naming the file's rows."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -54,6 +54,17 @@ def _is_numeric(arr: np.ndarray) -> bool:
 
 def _non_finite_rows(x: np.ndarray) -> np.ndarray:
     return np.flatnonzero(~np.isfinite(x.reshape(x.shape[0], -1)).all(axis=1))
+
+
+def _check_features(x: np.ndarray, describe: str, row: Callable[[int], str]) -> np.ndarray:
+    """``x`` as float64 (float32 unless it was float64), refusing non-numeric dtypes and NaN/Inf (naming the rows)."""
+    if not _is_numeric(x):
+        raise DataError(f"{describe} must be numeric, found dtype {x.dtype}.")
+    x = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    bad = _non_finite_rows(x)
+    if bad.size:
+        raise DataError(f"{describe} holds NaN or Inf in {_list([row(int(i)) for i in bad])}.")
+    return x
 
 
 def _encode_targets(raw: np.ndarray, task: str, describe: str,

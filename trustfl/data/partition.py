@@ -2,7 +2,9 @@
 
 Each partitioner is a frozen dataclass registered as ``@register("partitioner", name)`` and called as
 ``partitioner(labels, num_clients, rng) -> Partition``. Every partition is disjoint, covers every index exactly once
-(no remainder is dropped), and is a deterministic function of ``rng``'s state. ``Partition.summary`` is plain JSON
+(no remainder is dropped), gives every client at least one example (refused otherwise, naming the empty clients;
+only ``dirichlet`` with ``min_size = 0`` allows empty clients, and its summary's ``notice`` names them), and is a
+deterministic function of ``rng``'s state. ``Partition.summary`` is plain JSON
 (sizes, per-client label histograms, the partitioner's name and parameters) and is saved with the run.
 
 Example:
@@ -21,6 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from trustfl.core.registry import register
+from trustfl.data.own_targets import _list
 from trustfl.errors import ConfigError
 
 
@@ -31,7 +34,8 @@ class Partition:
     Attributes:
       indices: ``num_clients`` sorted int64 arrays of indices into the labels passed to the partitioner.
       summary: ``{"partitioner", "params", "num_clients", "num_samples", "num_classes", "sizes",
-        "label_histograms"}``; ``label_histograms[i][c]`` counts client i's examples of class c.
+        "label_histograms"}``; ``label_histograms[i][c]`` counts client i's examples of class c (left out above
+        :data:`SUMMARY_MAX_CELLS` clients × classes), ``notice`` where some client holds no example.
     """
 
     indices: list[np.ndarray]
@@ -40,19 +44,32 @@ class Partition:
 
 SUMMARY_MAX_CLIENTS = 10_000
 """Above this many clients a partition summary holds size quantiles instead of per-client lists."""
+SUMMARY_MAX_CELLS = 10_000_000
+"""Above this many clients × classes (class ids 0..max label) a summary holds no ``label_histograms``."""
 
 
-def _check_call(labels: np.ndarray, num_clients: int) -> np.ndarray:
+def _check_call(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+    """``labels`` as int64 after checking the arguments every partitioner takes (ConfigError naming the argument)."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ConfigError(f"`labels` must be a 1-D integer array, found shape {labels.shape} dtype {labels.dtype}.")
     if labels.size and int(labels.min()) < 0:
         raise ConfigError(f"`labels` must be >= 0, found {int(labels.min())}.")
+    if labels.size and int(labels.max()) > np.iinfo(np.int64).max:  # uint64 beyond int64
+        raise ConfigError(f"`labels` must fit in int64, found {int(labels.max())}.")
     if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) \
             or not 1 <= num_clients <= labels.size:
         raise ConfigError(f"`num_clients` must be an int in [1, {labels.size}] (the number of examples), "
                           f"found {num_clients!r}.")
-    return labels
+    if not isinstance(rng, np.random.Generator):
+        raise ConfigError(f"`rng` must be a numpy Generator (numpy.random.default_rng(seed)), found {rng!r}.")
+    return labels.astype(np.int64, copy=False)
+
+
+def _empty(ids: np.ndarray | list[int]) -> str:
+    """``client 2 holds no training examples`` / ``clients 1, 2 hold …``."""
+    many = len(ids) > 1
+    return f"client{'s' if many else ''} {_list([int(i) for i in ids])} hold{'' if many else 's'} no training examples"
 
 
 def _check_cover(name: str, indices: list[np.ndarray], n: int) -> None:
@@ -106,9 +123,14 @@ class AbstractPartitioner:
 
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
                  groups: np.ndarray | None = None) -> Partition:
-        labels = _check_call(labels, num_clients)
+        labels = _check_call(labels, num_clients, rng)
         parts = self._split(labels, int(num_clients), rng)
         return self._finish(labels, parts)
+
+    def _empty_allowed_by(self) -> str:
+        """The setting by which the user allowed clients without examples (``dirichlet``'s ``min_size = 0``), or
+        ``""``: empty clients are refused."""
+        return ""
 
     def _split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         raise NotImplementedError
@@ -116,8 +138,13 @@ class AbstractPartitioner:
     def _finish(self, labels: np.ndarray, parts: list[np.ndarray]) -> Partition:
         num_classes = int(labels.max()) + 1 if labels.size else 0
         indices = [np.sort(p).astype(np.int64) for p in parts]
-        _check_cover(getattr(self, "name", type(self).__name__), indices, labels.size)
+        name = getattr(self, "name", type(self).__name__)
+        _check_cover(name, indices, labels.size)
         sizes = np.array([p.size for p in indices], dtype=np.int64)
+        empty = np.flatnonzero(sizes == 0)
+        if empty.size and not self._empty_allowed_by():
+            raise ConfigError(f"partitioner {name!r}: {_empty(empty)} ({empty.size} of the {sizes.size} clients); "
+                              f"every client must hold data: use fewer clients or another partition.")
         params: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore
         summary: dict[str, Any] = {
             "partitioner": self.name,
@@ -127,13 +154,17 @@ class AbstractPartitioner:
             "num_classes": num_classes,
         }
         if len(indices) <= SUMMARY_MAX_CLIENTS:
-            owner = np.repeat(np.arange(len(indices)), sizes)
-            flat = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
-            hist = np.bincount(owner * num_classes + labels[flat], minlength=len(indices) * num_classes)
             summary["sizes"] = sizes.tolist()
-            summary["label_histograms"] = hist.reshape(len(indices), num_classes).tolist()
+            if len(indices) * num_classes <= SUMMARY_MAX_CELLS:  # class ids as large as 10**12: no histograms
+                owner = np.repeat(np.arange(len(indices)), sizes)
+                flat = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+                hist = np.bincount(owner * num_classes + labels[flat], minlength=len(indices) * num_classes)
+                summary["label_histograms"] = hist.reshape(len(indices), num_classes).tolist()
         else:  # a large population: quantiles instead of one list per client
             summary["size_quantiles"] = {str(q): float(np.quantile(sizes, q)) for q in (0, 0.25, 0.5, 0.75, 1)}
+        if empty.size:  # allowed by the user's choice, said
+            summary["notice"] = (f"NOTICE: partitioner {name!r}: {_empty(empty)} ({empty.size} of the {sizes.size} "
+                                 f"clients, as {self._empty_allowed_by()} allows); they train on nothing.")
         return Partition(indices=indices, summary=summary)
 
 
@@ -184,6 +215,12 @@ class ClassGroups(AbstractPartitioner):
             raise ConfigError(f"`classes` {list(self.classes)} must hold some but not all of the examples.")
         a = np.array_split(rng.permutation(np.flatnonzero(in_first)), first)
         b = np.array_split(rng.permutation(np.flatnonzero(~in_first)), num_clients - first)
+        empty = [i for i, p in enumerate(a + b) if p.size == 0]
+        if empty:  # name the group short of examples
+            n, m, what = ((int(in_first.sum()), first, f"`classes` {list(self.classes)}") if empty[0] < first
+                          else (int((~in_first).sum()), num_clients - first, "the other classes"))
+            raise ConfigError(f"class_groups: {_empty(empty)}: {m} clients share the {n} examples of {what}; use "
+                              f"fewer clients or {'lower' if empty[0] < first else 'raise'} `share`.")
         return a + b
 
 
@@ -243,6 +280,9 @@ class Dirichlet(AbstractPartitioner):
             f"`min_size`={self.min_size} examples ({labels.size} examples, {num_clients} clients, "
             f"`alpha`={self.alpha}); raise `alpha`, lower `min_size` or use fewer clients."
         )
+
+    def _empty_allowed_by(self) -> str:
+        return "`min_size` = 0" if self.min_size == 0 else ""
 
 
 @register("partitioner", "shards")
@@ -362,19 +402,37 @@ class Natural(AbstractPartitioner):
             raise ConfigError("partitioner 'natural' needs a data set with per-example groups, saying which client "
                               "owns each example (a csv or parquet file with a `client_id` column, an npz file "
                               "with a `client_id` array, or fedprox_synthetic); this data set has none.")
-        groups = np.asarray(groups)
-        count = int(groups.max()) + 1 if groups.size else 0
-        if groups.shape != np.shape(labels):
-            raise ConfigError(f"partitioner 'natural': {groups.shape[0] if groups.ndim else 0} group ids for "
-                              f"{np.shape(labels)[0]} examples.")
+        groups, count = _check_groups(groups, np.shape(labels))
         if num_clients != count:
             raise ConfigError(f"partitioner 'natural' gives each of the data set's {count} clients (distinct "
                               f"client ids) its own examples, so {count} clients must hold data, found "
                               f"{num_clients}: set `data.num_clients` = {count} (with "
                               f"`attack.byzantine_hold_data` = false: {count} + `attack.num_byzantine`).")
-        labels = _check_call(labels, num_clients)
+        labels = _check_call(labels, num_clients, rng)
         order = np.argsort(groups, kind="stable")
         return self._finish(labels, np.split(order, np.cumsum(np.bincount(groups, minlength=count))[:-1]))
+
+
+def _check_groups(groups: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """``natural``'s ``groups`` as int64 client indices 0..G−1 (each one used) and G; ConfigError otherwise."""
+    groups = np.asarray(groups)
+    if groups.ndim != 1 or not np.issubdtype(groups.dtype, np.integer):
+        raise ConfigError(f"partitioner 'natural': `groups` must be a 1-D integer array (the client index of every "
+                          f"example), found shape {groups.shape} dtype {groups.dtype}.")
+    if groups.shape != shape:
+        raise ConfigError(f"partitioner 'natural': {groups.shape[0]} group ids for {shape[0] if shape else 0} "
+                          f"examples.")
+    if groups.size and int(groups.min()) < 0:
+        raise ConfigError(f"partitioner 'natural': `groups` must be client indices >= 0, found "
+                          f"{int(groups.min())} (example {int(np.argmin(groups))}).")
+    ids = np.unique(groups)
+    count = int(ids[-1]) + 1 if ids.size else 0
+    if ids.size < count:  # a gap: the client of an unused id would hold no example
+        first = int(np.argmax(ids != np.arange(ids.size)))
+        raise ConfigError(f"partitioner 'natural': no example has group {first} ({count - ids.size} of the ids "
+                          f"0..{count - 1} unused), so client {first} would hold none; `groups` must number the "
+                          f"clients 0..G-1, each with examples.")
+    return groups.astype(np.int64), count
 
 
 @register("partitioner", "classes_per_client")
@@ -422,4 +480,10 @@ class ClassesPerClient(AbstractPartitioner):
             owners = holders[int(cl)]
             for owner, chunk in zip(owners, np.array_split(rng.permutation(np.flatnonzero(labels == cl)), len(owners))):
                 parts[owner].append(chunk)
-        return [np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts]
+        merged = [np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts]
+        empty = [i for i, m in enumerate(merged) if m.size == 0]
+        if empty:  # name the classes short of examples
+            short = sorted({int(order[(i * k + j) % c]) for i in empty for j in range(k)})
+            counts = [f"class {cl} has {int((labels == cl).sum())} for {len(holders[cl])} clients" for cl in short]
+            raise ConfigError(f"classes_per_client: {_empty(empty)} ({_list(counts, 3)}); use fewer clients.")
+        return merged

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trustfl.data.own_targets import _list
 from trustfl.errors import ConfigError
 
 
@@ -61,7 +62,8 @@ def split_features(num_features: int, num_parties: int, rng: np.random.Generator
 
 def check_columns(columns: object, num_features: int, num_parties: int) -> list[np.ndarray]:
     """Validate explicit per-party column sets: ``num_parties`` non-empty lists of distinct integers in
-    ``[0, num_features)``, no column held by two parties (columns held by nobody are simply unused).
+    ``[0, num_features)``, no column held by two parties. Columns held by nobody are allowed and unused (no party
+    trains on them); :func:`unused_columns_notice` says which.
 
     Raises:
       ConfigError: naming the party and the offending column.
@@ -86,3 +88,16 @@ def check_columns(columns: object, num_features: int, num_parties: int) -> list[
             owner[int(c)] = m
         out.append(np.sort(np.asarray(cols, dtype=np.int64)))
     return out
+
+
+def unused_columns_notice(blocks: list[np.ndarray], num_features: int) -> str | None:
+    """The one-line notice naming the columns that no party holds (explicit ``columns`` may leave some out), or
+    ``None`` when the parties hold every column."""
+    held = np.zeros(num_features, dtype=bool)
+    if blocks:
+        held[np.concatenate(blocks)] = True
+    unused = np.flatnonzero(~held)
+    if not unused.size:
+        return None
+    return (f"NOTICE: `data.features` leaves column{'s' if unused.size > 1 else ''} {_list(unused.tolist())} of the "
+            f"{num_features} features to no party ({unused.size} unused); no party trains on them.")
