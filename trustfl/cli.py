@@ -2,10 +2,12 @@
 
 Errors: every error a user can cause (a bad config or flag, a missing data set, an exhausted privacy budget) is
 a :class:`~trustfl.errors.TrustFLError`; the command prints it as one line, ``trustfl: error: <message>``, on
-stderr and exits with code 2. Ctrl-C exits with code 130 and one line. Anything else is a bug and keeps its
-traceback (exit code 1). Under torchrun (``RANK`` set) only rank 0 prints, errors included; every rank exits with
-the same code. A rank other than 0 that meets a user error first waits (at most :data:`RANK0_GRACE_S`) before it
-exits: torchrun stops every rank as soon as one exits, which could stop rank 0 before it printed the error.
+stderr and exits with code 2; so does a path argument given as ``''`` (which would stand for the working
+directory). Ctrl-C exits with code 130 and one line; a stdout closed by its reader (``| head``) ends the command
+quietly, with code 141. Anything else is a bug and keeps its traceback (exit code 1). Under torchrun (``RANK``
+set) only rank 0 prints, errors included; every rank exits with the same code. A rank other than 0 that meets a
+user error first waits (at most :data:`RANK0_GRACE_S`) before it exits: torchrun stops every rank as soon as one
+exits, which could stop rank 0 before it printed the error.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ _DEVICE_HELP = "set engine.device: cpu, cuda, cuda:N or auto (cuda when present,
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 """128 + SIGTERM: a scheduler (or `kill`) stopped the command; handled as Ctrl-C is, with its own exit code."""
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: the reader of stdout went away (``trustfl report RUN | head -1``); the command stops quietly."""
 RANK0_GRACE_S = 20.0
 """How long a torchrun rank other than 0 waits, after a user error, for rank 0 to report it and exit."""
 
@@ -189,6 +193,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"\nleft out (no metrics yet): {', '.join(result.skipped)}")
     if result.unfinished:
         print(f"\nleft out (unfinished): {'; '.join(result.unfinished)}")
+    if result.incomplete:
+        print(f"\nleft out (rows missing): {'; '.join(result.incomplete)}")
     for notice in result.notices:
         print(f"warning: {notice}", file=sys.stderr)
     where = sorted({str(f.parent) for f in result.files})
@@ -297,9 +303,42 @@ def _one_line(err: BaseException) -> str:
     return re.sub(r"\s*\n\s*", " ", str(err)).strip() or type(err).__name__
 
 
+_PATH_ARGS = ("config", "out", "resume", "run_dir", "runs", "data_dir")
+"""The destinations of the arguments that name a file or directory: none may be the empty string."""
+
+
+def _refuse_empty_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (UsageError naming the flag) a path argument of the command given as ``''``: ``Path('')`` is the
+    working directory, where ``--out ''`` would write over a run and ``--resume ''`` read as no --resume. An
+    argument whose default is ``''`` (``deploy app --run-dir``: the default place) takes it as that default."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                _refuse_empty_paths(chosen, args)
+        elif action.dest in _PATH_ARGS and action.default != "":
+            value = getattr(args, action.dest, None)
+            if value == "" or isinstance(value, list) and "" in value:
+                flag = max(action.option_strings, key=len, default="") or action.metavar or action.dest.upper()
+                what = "file" if action.dest == "config" else "directory"
+                raise UsageError(f"{flag} is an empty path: name the {what}" +
+                                 (" (`.` for the working directory)." if what == "directory" else "."))
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on it)."""
+    try:
+        import select
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no file descriptor (a test's capture)
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit code: 0, 2 (a user error, one line on stderr), 130 (interrupted: Ctrl-C)
-    or 143 (terminated: SIGTERM, e.g. a cluster's scheduler).
+    """Run the command; returns the exit code: 0, 2 (a user error, one line on stderr), 130 (interrupted: Ctrl-C),
+    141 (stdout closed by its reader: quietly) or 143 (terminated: SIGTERM, e.g. a cluster's scheduler).
 
     Only :class:`TrustFLError` is caught: any other exception is a bug and propagates with its traceback.
     """
@@ -308,13 +347,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() \
         else None
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
         command = args.command
+        _refuse_empty_paths(parser, args)
         run_dir = getattr(args, "out", None) or getattr(args, "resume", None) or run_dir
         if command == "privacy":
             from trustfl import cli_privacy
-            return cli_privacy.run(args)
-        return args.func(args)
+            code = cli_privacy.run(args)
+        else:
+            code = args.func(args)
+        sys.stdout.flush()  # here, where a closed stdout is caught, not at exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():  # another pipe (a worker's): a bug, with its traceback
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush finds nowhere to fail
+        return EXIT_BROKEN_PIPE
     except TrustFLError as err:
         if _rank() == 0:  # torchrun: every rank meets the same error; rank 0 says it, the others exit quietly
             print(f"trustfl: error: {_one_line(err)}", file=sys.stderr)

@@ -86,9 +86,19 @@ def writing(run_dir: Path) -> Iterator[None]:
                          f"its disk have room).") from None
 
 
+def named(path: str | Path, what: str) -> Path:
+    """``path`` looked up (:func:`~trustfl.core.paths.looked_up`), refused (UsageError naming ``what``) when it is
+    the empty string, which ``Path`` would take for the working directory: a run there would be written over, or
+    read, without being named."""
+    if isinstance(path, (str, bytes)) and not path:
+        raise UsageError(f"{what} is an empty path: name the directory (`.` for the working directory).")
+    return looked_up(path, what, UsageError)
+
+
 def check_out_dir(out: str | Path) -> Path:
-    """``out`` as a path for a command's ``--out`` directory, refused (UsageError) when it names a file."""
-    path = looked_up(out, "--out", UsageError)
+    """``out`` as a path for a command's ``--out`` directory, refused (UsageError) when it is empty or names a
+    file."""
+    path = named(out, "--out")
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {str(out)!r} is a file, not a directory.")
     return path
@@ -131,8 +141,35 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
-SUMMARY_TYPES = {"name": str, "primary_metric": str, "metrics": list, "rounds": int, "rounds_planned": int}
+SUMMARY_TYPES = {"name": str, "primary_metric": str, "metrics": list, "rounds": int, "rounds_planned": int,
+                 "seed": int, "rounds_all_rejected": int, "rounds_skipped": int, "rounds_diverged": int}
 """The ``summary.json`` keys trustfl's readers use, and the type each must have (``metrics``: a list of names)."""
+SUMMARY_NUMBERS = ("final_", "best_", "initial_", "wall_time_s", "bytes_up_total", "bytes_down_total",
+                   "rejected_total")
+"""The ``summary.json`` keys (and key prefixes) whose value is a number (``null``: NaN; ``"inf"``/``"-inf"``)."""
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """``path`` (a ``summary.json``; ``{}`` when there is none) as :func:`read_json_object` reads it with
+    :data:`SUMMARY_TYPES`, its :data:`SUMMARY_NUMBERS` as numbers (``"inf"``/``"-inf"`` as floats).
+
+    Raises:
+      UsageError: naming the file and key: what :func:`read_json_object` refuses; a value of
+        :data:`SUMMARY_NUMBERS` that is not a number; a ``primary_metric`` that is not one of its ``metrics``.
+    """
+    summary = read_json_object(path, SUMMARY_TYPES)
+    for key, value in summary.items():
+        if key.startswith(SUMMARY_NUMBERS):
+            number = value if isinstance(value, int) and not isinstance(value, bool) else _number(value)
+            if number is _NOT_A_NUMBER:  # (an integer beyond the floats is one: its readers take it as ±inf)
+                raise UsageError(f"{path}: `{_key(key)}` must be a number (null for NaN, \"inf\" and \"-inf\" for "
+                                 f"±inf), found {_describe(value)}.")
+            summary[key] = number
+    primary, metrics = summary.get("primary_metric"), summary.get("metrics")
+    if primary is not None and metrics is not None and primary not in metrics:
+        raise UsageError(f"{path}: `primary_metric` is {_describe(primary)}, which is not one of its `metrics` "
+                         f"({', '.join(map(_key, metrics)) or 'none'}).")
+    return summary
 
 
 def read_json_object(path: Path, types: dict[str, type] | None = None) -> dict[str, Any]:
@@ -200,7 +237,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         values that are numbers (or ``null``, ``"inf"``, ``"-inf"``) or lists of them; a round that repeats or
         goes back.
     """
-    path = looked_up(run_dir, "run directory", UsageError) / "metrics.jsonl"
+    path = named(run_dir, "run directory") / "metrics.jsonl"
     rows = _numbered_rows(path)
     for (before, last), (number, row) in zip(rows, rows[1:]):
         if row["round"] <= last["round"]:
@@ -219,14 +256,19 @@ def _numbered_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
         return []
     rows, number = [], 0
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:  # its line, not 0: the text is decoded before it is split
+            number = len((raw[:err.start].decode("utf-8") + "x").splitlines())  # as `lines` counts them
+            raise ValueError(f"byte 0x{raw[err.start]:02x} is not UTF-8 text: {err.reason}") from None
         lines = text.splitlines()
         if lines and not text.endswith("\n") and _cut_short(lines[-1]):
             lines.pop()
         for number, line in enumerate(lines, 1):
             if line.strip():
                 rows.append((number, _checked_row(load_json(line))))
-    except (UnicodeDecodeError, ValueError) as err:
+    except ValueError as err:
         raise UsageError(f"{path} is not a trustfl metrics file (line {number}: {err}).") from None
     return rows
 
@@ -316,9 +358,9 @@ def truncate_metrics(path: Path, last_round: int) -> None:
     rows = [r for _, r in _numbered_rows(path) if r["round"] <= last_round]
     rounds = [r["round"] for r in rows]
     if rounds != list(range(1, last_round + 1)):
-        missing = sorted(set(range(1, last_round + 1)) - set(rounds))
+        missing = missing_rounds(rows, last_round)
         repeated = sorted(r for r, count in Counter(rounds).items() if count > 1)
-        found = [f"{label} {_spans(values)}" for label, values in
+        found = [f"{label} {spans(values)}" for label, values in
                  (("lacks round(s)", missing), ("repeats round(s)", repeated), ("has round", [0] * (0 in rounds)))
                  if values]
         what = "; it ".join(found) or "holds its rows out of round order"
@@ -328,7 +370,24 @@ def truncate_metrics(path: Path, last_round: int) -> None:
     write_lines(path, rows)
 
 
-def _spans(numbers: Sequence[int]) -> str:
+def missing_rounds(rows: Iterable[dict[str, Any]], last_round: int) -> list[int]:
+    """The rounds of 1..``last_round`` that no row holds (a run writes one row per round)."""
+    return sorted(set(range(1, last_round + 1)) - {r["round"] for r in rows})
+
+
+def lacking_rows(path: Path, rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+    """What ``rows`` (of the metrics file ``path``) lack of the rounds the run went through: every round up to
+    ``summary.json``'s ``rounds`` (with a summary) or to the last row's; ``None`` when they lack none."""
+    rounds = summary.get("rounds")
+    last = rounds if isinstance(rounds, int) else (rows[-1]["round"] if rows else 0)
+    missing = missing_rounds(rows, last)
+    if not missing:
+        return None
+    of = f"the {last} summary.json counts" if isinstance(rounds, int) else f"rounds 1-{last}"
+    return f"{path} lacks round(s) {spans(missing)} of {of}"
+
+
+def spans(numbers: Sequence[int]) -> str:
     """``[2, 3, 4, 7]`` as ``"2-4, 7"``."""
     spans: list[list[int]] = []
     for n in numbers:

@@ -5,7 +5,9 @@ Groups: every key of the runs' ``config.toml`` (flattened: ``client.lr``, ``aggr
 between the runs is a varied key, except ``seed`` (what a group averages over), ``name`` (a label, not a setting)
 and ``data.data_dir`` (where the data lives); runs with equal varied keys form one group. The std is the sample
 std (n − 1); a group of one run has none ("–"). Only finished runs are compared (``summary.json`` for all planned
-rounds, or up to ``engine.time_limit``): an unfinished one is left out and listed (:attr:`Comparison.unfinished`).
+rounds, or up to ``engine.time_limit``): an unfinished one is left out and listed (:attr:`Comparison.unfinished`);
+so is a finished one whose ``metrics.jsonl`` lacks rounds its ``summary.json`` counts (:attr:`Comparison.incomplete`:
+its final values would be those of an earlier round).
 A group that holds a seed twice (copies of one run) and a curve cut to the rounds all its runs evaluated are said
 in :attr:`Comparison.notices` (printed, and listed under the table in ``compare.md``).
 
@@ -30,8 +32,7 @@ from typing import Any, Sequence
 
 from trustfl.config.load import read_toml
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.paths import looked_up
-from trustfl.core.runfiles import SUMMARY_TYPES, check_out_dir, read_json_object, writing
+from trustfl.core.runfiles import check_out_dir, lacking_rows, named, read_json_object, read_summary, writing
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
@@ -101,6 +102,8 @@ class Comparison:
     """Run directories (of a sweep) with no metrics yet, left out."""
     unfinished: list[str] = field(default_factory=list)
     """Runs left out because they have not finished: ``<dir> (round k of N)``."""
+    incomplete: list[str] = field(default_factory=list)
+    """Finished runs left out because their metrics.jsonl lacks rounds: ``<dir>/metrics.jsonl lacks round(s) ...``."""
     notices: list[str] = field(default_factory=list)
     """What the table and plots alone would hide: a group repeating a seed, a curve cut short."""
 
@@ -127,7 +130,7 @@ def expand_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
     """
     runs, skipped, seen = [], [], set()
     for raw in paths:
-        path = looked_up(raw, "run directory", UsageError)
+        path = named(raw, "run directory")
         if (path / MANIFEST).is_file() and not (path / "metrics.jsonl").is_file():
             found = [path / p["dir"] for p in load_manifest(path)["points"]]
         elif (path / "metrics.jsonl").is_file() or (path / "config.toml").is_file():
@@ -136,7 +139,8 @@ def expand_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
             raise UsageError(f"{str(path)!r} is neither a run directory (metrics.jsonl) nor a sweep directory "
                              f"({MANIFEST}).")
         else:
-            raise UsageError(f"run directory {str(path)!r} does not exist.")
+            raise UsageError(f"run directory {str(path)!r} "
+                             f"{'is a file, not a directory' if path.exists() else 'does not exist'}.")
         for run in found:
             key = run.resolve()
             if key in seen:
@@ -159,24 +163,30 @@ def load_run(path: str | Path) -> RunRecord:
         raise UsageError(f"{path} has no config.toml: is it a trustfl run directory?")
     config = flatten_config(read_toml(path / "config.toml", "Run config"))
     rows = read_metrics(path)
-    summary = read_json_object(path / "summary.json", SUMMARY_TYPES)
+    summary = read_summary(path / "summary.json")
     info = read_json_object(path / "run_info.json", {"evaluators": list})
     metrics = summary.get("metrics") or info.get("evaluators") or [
         m for m in ("accuracy", "loss") if any(m in r for r in rows)]
     return RunRecord(path, config, rows, summary, [str(m) for m in metrics])
 
 
+def progress(config: dict[str, Any], summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str | None:
+    """``None`` for a finished run (its flattened ``config``, ``summary`` and rows), else how far it got:
+    ``round 2 of 4, no summary.json``."""
+    rounds = config.get("rounds", ExperimentConfig.rounds)
+    planned = summary.get("rounds_planned", rounds if isinstance(rounds, int) else None)
+    limit = config.get("engine.time_limit")
+    limit = limit if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None
+    if finished({**summary, "rounds_planned": planned}, rows, limit):
+        return None
+    last = rows[-1]["round"] if rows else 0
+    return f"round {last} of {planned if planned is not None else '?'}" + ("" if summary else ", no summary.json")
+
+
 def _unfinished(run: RunRecord) -> str | None:
     """``None`` for a finished run, else how far it got: ``<dir> (round 2 of 4, no summary.json)``."""
-    rounds = run.config.get("rounds", ExperimentConfig.rounds)
-    planned = run.summary.get("rounds_planned", rounds if isinstance(rounds, int) else None)
-    limit = run.config.get("engine.time_limit")
-    limit = limit if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None
-    if finished({**run.summary, "rounds_planned": planned}, run.rows, limit):
-        return None
-    last = run.rows[-1]["round"] if run.rows else 0
-    return f"{run.path} (round {last} of {planned if planned is not None else '?'}" + (
-        ")" if run.summary else ", no summary.json)")
+    reason = progress(run.config, run.summary, run.rows)
+    return None if reason is None else f"{run.path} ({reason})"
 
 
 def _repeated_seeds(label: str, members: list[RunRecord]) -> str | None:
@@ -262,20 +272,24 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
       ignore: more config keys that never define a group.
 
     Raises:
-      UsageError: ``paths`` not a list of paths (a single string); no runs, or none finished; a path that is not a
-        run or sweep directory, an unusable ``out``, an unknown ``metric``, an ``ignore`` key that no run's config
-        holds.
+      UsageError: ``paths`` not a list of paths (a single string); no runs, or none finished with all its rows; a
+        path that is not a run or sweep directory, an unusable ``out``, an unknown ``metric``, an ``ignore`` key
+        that no run's config holds.
     """
     _check_paths(paths, out)
     run_dirs, skipped = expand_runs(paths)
-    runs, unfinished = [], []
+    runs, unfinished, incomplete = [], [], []
     for run in map(load_run, run_dirs):
         reason = _unfinished(run)
-        runs += [run] if reason is None else []
+        lacking = lacking_rows(run.path / "metrics.jsonl", run.rows, run.summary) if reason is None else None
+        runs += [run] if reason is None and lacking is None else []
         unfinished += [] if reason is None else [reason]
+        incomplete += [] if lacking is None else [lacking]
     if not runs:
-        shown = "; ".join(unfinished[:5]) + ("; ..." if len(unfinished) > 5 else "")
-        raise UsageError(f"nothing to compare: no run has finished ({shown}).")
+        left = unfinished + incomplete
+        shown = "; ".join(left[:5]) + ("; ..." if len(left) > 5 else "")
+        raise UsageError(f"nothing to compare: no run has finished{' with all its rows' if incomplete else ''} "
+                         f"({shown}).")
     _check_ignored(runs, ignore)
     varied = _varied_keys(runs, IGNORED_KEYS | frozenset(ignore))
     metrics: list[str] = []
@@ -306,7 +320,7 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
 
     markdown = format_markdown(rows, varied, columns)
     result = Comparison(rows, varied, metrics, columns, primary, markdown, skipped=skipped, unfinished=unfinished,
-                        notices=notices)
+                        incomplete=incomplete, notices=notices)
     if write:
         target = check_out_dir(out) if out is not None else _default_out(paths)
         try:
@@ -315,7 +329,8 @@ def compare_runs(paths: Sequence[str | Path], *, out: str | Path | None = None, 
             raise UsageError(f"--out: cannot create {str(target)!r}: {err.strerror or err}.") from None
         with writing(target):
             drawn = plot_groups(rows, groups, primary, target, result.notices) if plots else []
-            notes = [f"left out, unfinished: {u}" for u in unfinished] + result.notices
+            notes = [f"left out, unfinished: {u}" for u in unfinished] + [
+                f"left out, rows missing: {u}" for u in incomplete] + result.notices
             (target / "compare.md").write_text(markdown + "\n" + "".join(f"\n- {n}" for n in notes) +
                                                ("\n" if notes else ""))
             (target / "compare.csv").write_text(format_csv(rows, varied, columns))

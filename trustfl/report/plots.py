@@ -4,7 +4,9 @@
 ``metrics.jsonl`` has a row per round and the evaluation metrics only in evaluated rounds: a metric's curve is
 drawn through the rows that carry it. A value matplotlib cannot draw (NaN, ±inf, or beyond ±1e300, where it cannot
 lay out the axis) is left out, and the plot and a notice say how many and in which rounds. A metric's file name is
-the metric with ``/``, ``\\`` and control characters (a NUL) as ``_``."""
+the metric with ``/``, ``\\`` and control characters (a NUL) as ``_``. A plot is drawn only where some row records
+both its metric and its x axis (a vertical run with a simulated clock records ``sim_time`` but no bits): no empty
+plot is written."""
 from __future__ import annotations
 
 import math
@@ -91,14 +93,20 @@ def plot_files(metrics: Sequence[str]) -> list[str]:
 
 def plot_run(run_dir: str | Path, rows: list[dict[str, Any]], name: str = "",
              metrics: Sequence[str] = ("accuracy", "loss"), notices: list[str] | None = None) -> list[Path]:
-    """Write ``<metric>.png`` for every metric of the run from its ``metrics.jsonl`` rows; return the paths.
-    ``notices`` gets a line for every plot that leaves values out."""
+    """Write ``<metric>.png`` (and ``<metric>_vs_sim_time.png``, ``<metric>_vs_bits.png`` where rows record
+    ``sim_time``, bits) for every metric of the run that its ``metrics.jsonl`` rows record; return the paths.
+    ``notices`` gets a line for every plot that leaves values out and every metric that no row records."""
     run_dir = Path(run_dir)
     paths = []
-    axes = ("round", "sim_time", "bits") if any("sim_time" in r for r in rows) else ("round",)  # async: 3 plots
     for metric in metrics:
         label = _LABELS.get(metric, f"test {metric}")
-        for axis in axes:
+        if not any(metric in r for r in rows):
+            if notices is not None:
+                notices.append(f"no row of metrics.jsonl has {metric!r}: {file_stem(metric)}.png is not drawn.")
+            continue
+        for axis in ("round", "sim_time", "bits"):  # those the metric's rows record (async: all three)
+            if not any(metric in r and _x(r, axis) is not None for r in rows):
+                continue
             path = run_dir / (f"{file_stem(metric)}.png" if axis == "round" else f"{file_stem(metric)}_vs_{axis}.png")
             left = _plot(rows, metric, label, f"{name} — {label}", path, axis)
             paths.append(path)

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.errors import TrustFLError, UsageError
-from trustfl.core.runfiles import SUMMARY_TYPES, metric_rows, read_json_object, read_metrics, writing
+from trustfl.core.runfiles import (lacking_rows, metric_rows, named, read_json_object, read_metrics, read_summary,
+                                   writing)
 from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
@@ -34,22 +35,32 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = _COLUM
 
 def report_run(run_dir: str | Path) -> str:
     """Re-plot a run directory and return its metrics table (the evaluated rounds; every round when none is
-    evaluated yet), summary and the plots' notices (values they cannot draw) as text.
+    evaluated yet), summary and, after them, what the table alone would hide: a run not finished (``unfinished:
+    round 32 of 100, no summary.json``), rounds missing from ``metrics.jsonl`` (``warning: ...``), the plots'
+    notices (values they cannot draw, a metric no row records). The metrics are ``summary.json``'s, else (a run
+    not finished) ``run_info.json``'s evaluators, else ``accuracy`` and ``loss`` where the rows record them.
 
     Raises:
-      UsageError: ``run_dir`` is not a path, or holds unreadable run files (naming the file).
+      UsageError: ``run_dir`` is not a path, is empty, is not a directory, or holds unreadable run files (naming
+        the file and key).
     """
     if not isinstance(run_dir, (str, os.PathLike)):
         raise UsageError(f"report_run: `run_dir` must be a path (a string or os.PathLike), found {repr(run_dir)[:60]}.")
-    run_dir = Path(run_dir)
+    run_dir = named(run_dir, "run directory")
+    if not run_dir.is_dir():
+        raise UsageError(f"run directory {str(run_dir)!r} "
+                         f"{'is a file, not a directory' if run_dir.exists() else 'does not exist'}.")
     rows = read_metrics(run_dir)
     if not rows:
         raise TrustFLError(f"{run_dir} holds no metrics.jsonl rows: is it a trustfl run directory?")
-    summary = read_json_object(run_dir / "summary.json", SUMMARY_TYPES)
-    metrics = summary.get("metrics") or [m for m in ("accuracy", "loss") if any(m in r for r in rows)]
+    summary = read_summary(run_dir / "summary.json")
+    named_metrics = summary.get("metrics") or read_json_object(run_dir / "run_info.json", {"evaluators": list}).get(
+        "evaluators")
+    metrics = list(dict.fromkeys(named_metrics or [m for m in ("accuracy", "loss") if any(m in r for r in rows)]))
     notices: list[str] = []
     with writing(run_dir):
         plot_run(run_dir, rows, summary.get("name", run_dir.name), metrics, notices)
+    metrics = [m for m in metrics if any(m in r for r in rows)]  # those missing from every row: said by plot_run
     text = format_table(metric_rows(rows, metrics) or rows, ("round", *metrics, *_TAIL))
     if summary:
         primary = summary.get("primary_metric", "accuracy")
@@ -57,4 +68,23 @@ def report_run(run_dir: str | Path) -> str:
         said = ("rounds_all_rejected", "rounds_skipped", "rounds_diverged")
         keys += tuple(k for k in said if summary.get(k))  # said when any
         text += "\n\n" + "  ".join(f"{k}={_fmt(summary.get(k))}" for k in keys if k in summary)
+    unfinished = _progress(run_dir, summary, rows)
+    if unfinished:
+        text += ("\n" if summary else "\n\n") + f"unfinished: {unfinished}"
+    lacking = lacking_rows(run_dir / "metrics.jsonl", rows, summary)
+    if lacking:
+        text += (f"\nwarning: {lacking}: the table and plots end at round {rows[-1]['round']}"
+                 + (", and the summary's final values are summary.json's." if summary else "."))
     return text + "".join(f"\nnotice: {n}" for n in notices)
+
+
+def _progress(run_dir: Path, summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str | None:
+    """How far an unfinished run got (``round 32 of 100, no summary.json``; its ``config.toml`` plans the rounds),
+    ``None`` for a finished one."""
+    from trustfl.config.load import read_toml
+    from trustfl.report.compare import progress  # not at import: compare imports this package
+    from trustfl.report.sweep_points import flatten_config
+
+    path = run_dir / "config.toml"
+    config = flatten_config(read_toml(path, "Run config")) if path.is_file() else {}
+    return progress(config, summary, rows)
