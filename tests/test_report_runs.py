@@ -74,6 +74,12 @@ def test_the_library_refuses_an_empty_path_too(tmp_path):
                  lambda: compare_runs([""]), lambda: compare_runs([str(_run(tmp_path / "r", _rows((1,))))], out="")):
         with pytest.raises(UsageError, match="is an empty path"):
             call()
+    from trustfl.config.load import config_from_dict
+    from trustfl.errors import ConfigError
+    from trustfl.experiment import run_experiment
+    with pytest.raises(ConfigError, match=r"`out` must be a path \(`.` for the working directory\) or None, not the "
+                                          r"empty string"):
+        run_experiment(config_from_dict({"rounds": 1}), "")
 
 
 def test_a_file_given_as_a_run_directory_is_said_to_be_a_file(tmp_path, capsys):
@@ -192,3 +198,17 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path, command):
     child.stdout.close()  # before the command writes: the reader has gone
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == EXIT_BROKEN_PIPE and err == "", err
+
+
+def test_a_sweep_point_whose_summary_has_a_value_of_the_wrong_type_is_not_finished(tmp_path):
+    """The sweep read summaries without the number checks, so a bad `final_` value reached sweep.json; such a
+    point now counts as unfinished (it runs again)."""
+    from trustfl.report.sweep import run_finished
+    run = tmp_path / "p"
+    run.mkdir()
+    good = {"name": "p", "rounds": 3, "rounds_planned": 3, "metrics": ["accuracy"], "primary_metric": "accuracy",
+            "final_accuracy": 0.9}
+    (run / "summary.json").write_text(json.dumps(good))
+    assert run_finished(run)
+    (run / "summary.json").write_text(json.dumps({**good, "final_accuracy": "x"}))
+    assert not run_finished(run)

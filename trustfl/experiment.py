@@ -171,6 +171,8 @@ def _check_arguments(cfg: Any, out: Any, resume: Any, data_dir: Any, checkpoint_
     for name, value in (("out", out), ("resume", resume), ("data_dir", data_dir)):
         if value is not None and not isinstance(value, (str, os.PathLike)):
             fail(name, value, "a path (a string or os.PathLike) or None")
+        if isinstance(value, str) and not value:  # Path('') is the working directory, whose run it would replace
+            fail(name, value, "a path (`.` for the working directory) or None, not the empty string")
     for name, value in (("checkpoint_every", checkpoint_every), ("stop_after", stop_after)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             fail(name, value, "an integer >= 0 or None")

@@ -36,8 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 from trustfl.config.load import (apply_override, config_from_dict, config_to_dict, dump_toml, load_config,
                                  parse_override, read_toml)
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.runfiles import (SUMMARY_TYPES, check_out_dir, hold_run_dir, load_json, read_json_object,
-                                   read_metrics, writing)
+from trustfl.core.runfiles import (check_out_dir, hold_run_dir, load_json, read_metrics, read_summary, writing)
 from trustfl.errors import CheckpointError, ConfigError, TrustFLError, UsageError
 from trustfl.report.sweep_points import (_MAX_NAME, MAX_POINTS, _digest, _grids, flatten_config, parse_seeds,
                                         point_name)
@@ -53,7 +52,7 @@ def run_finished(run_dir: str | Path) -> bool:
     rounds, or for fewer when the engine stopped on its own (``engine.time_limit``: the last row's ``sim_time``)."""
     run_dir = Path(run_dir)
     try:
-        summary = read_json_object(run_dir / "summary.json", SUMMARY_TYPES)
+        summary = read_summary(run_dir / "summary.json")
     except TrustFLError:
         return False
     if not isinstance(summary.get("rounds"), int):
@@ -315,7 +314,7 @@ def _run_points(points: list[SweepPoint], out: Path, header: dict[str, Any], job
     for point in points:
         if point.action == "skip":
             point.status = "skipped"
-            point.summary = read_json_object(point.run_dir / "summary.json", SUMMARY_TYPES)
+            point.summary = read_summary(point.run_dir / "summary.json")
     _write_manifest(out, header, points)
     todo = [p for p in points if p.action != "skip"]
     workers = max(1, min(jobs, len(todo)))
