@@ -185,6 +185,33 @@ def test_non_finite_party_data_are_rejected_and_counted(vertical_config, tmp_pat
     assert bool(torch.isfinite(state.params).all()) and bool(torch.isfinite(state.shared["cache"]).all())
 
 
+def test_train_loss_is_the_mean_over_accepted_iterations(vertical_config, monkeypatch):
+    """A rejected message's loss (NaN once a huge embedding sat in the cache) was averaged in: train_loss null."""
+    from trustfl.vertical.engine import VerticalEngine
+    from trustfl.vertical.methods import DPZV
+    seen: list[tuple[bool, float]] = []
+    iterate = DPZV.iterate
+
+    def every_third_rejected(self, it, party, server, ids):
+        ok, loss = iterate(self, it, party, server, ids)
+        if len(seen) % 3 == 0:
+            ok, loss = torch.zeros((), dtype=torch.bool), torch.tensor(math.nan)
+        seen.append((bool(ok), float(loss)))
+        return ok, loss
+
+    monkeypatch.setattr(DPZV, "iterate", every_third_rejected)
+    fed = build_federation(vertical_config("dpzv"), quiet=True)
+    engine = VerticalEngine()
+    _, metrics = engine.run_round(fed, engine.initial_state(fed))
+    accepted = [loss for ok, loss in seen if ok]
+    assert metrics["rejected"] == len(seen) - len(accepted) == 14
+    assert metrics["train_loss"] == pytest.approx(sum(accepted) / len(accepted), rel=1e-6)
+    monkeypatch.setattr(DPZV, "iterate", lambda self, it, party, server, ids: (
+        torch.zeros((), dtype=torch.bool), torch.tensor(math.nan)))
+    _, metrics = engine.run_round(fed, engine.initial_state(fed))
+    assert metrics["rejected"] == 40 and "train_loss" not in metrics  # nothing accepted: no loss to report
+
+
 def test_dpzv_stays_accurate_where_dp_vafl_collapses(vertical_config, tmp_path):
     """The DPZV paper's claim in small (digits, 4 parties, ε = 1): DPZV far above VAFL with embedding DP."""
     acc = {}

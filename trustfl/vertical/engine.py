@@ -139,15 +139,16 @@ class VerticalEngine(AbstractEngine):
             it = Iteration(fed.seed, t)
             ids = torch.randperm(n, generator=it.generator(device, "batch"), device=device)[:b]
             ok, loss = method.iterate(it, parties[setup.party_at(t)], server, ids)
-            loss_sum += loss
+            loss_sum += torch.where(ok, loss, 0.0)  # a rejected message's loss is not the model's
             rejected += ~ok
         master[slices[-1]] = server.params
         up, down = method.bytes_per_iteration(b, fed.model.embedding_dim)
         count = last - first
         rejected_n = int(rejected)
-        metrics: dict[str, Any] = {"round": state.round + 1, "train_loss": float(loss_sum) / count,
-                                   "iterations": last, "rejected": rejected_n,
+        metrics: dict[str, Any] = {"round": state.round + 1, "iterations": last, "rejected": rejected_n,
                                    "bytes_up": up * count, "bytes_down": down * count}
+        if rejected_n < count:  # the mean over the accepted iterations (absent when none was)
+            metrics["train_loss"] = float(loss_sum) / (count - rejected_n)
         metrics.update({"bytes_up_total": state.bytes_up_total + up * count,  # the warm-up pass's included
                         "bytes_down_total": state.bytes_down_total + down * count})
         if setup.times is not None:
