@@ -254,3 +254,25 @@ def test_component_tables_name_the_missing_or_unknown_key():
         build_federation(_cfg(attack={"name": "gaussian", "num_byzantine": 1, "params": {"std": 1.0}}), quiet=True)
     with pytest.raises(ConfigError, match=r"^`aggregator.f` is required by aggregator 'krum' \(it takes f\)\.$"):
         build_federation(_cfg(aggregator={"name": "krum"}), quiet=True)
+
+
+@pytest.mark.parametrize("tables, said", [
+    ({"attack": {"view": "noiseless", "byzantine_hold_data": False}},
+     ['`attack.view` = "noiseless" does nothing without an attack',
+      "`attack.byzantine_hold_data` = false does nothing without an attack"]),
+    ({"engine": {"executor": "sequential", "max_clients_per_batch": 2}},
+     ["`engine.max_clients_per_batch` does nothing with the sequential executor"]),
+    ({"data": {"fallback": "breast_cancer", "data_dir": "/nowhere"}},
+     ["`data.fallback` does nothing: 'digits' is bundled, never absent",
+      "`data.data_dir` does nothing: 'digits' reads no file"]),
+])
+def test_a_key_accepted_for_sweeps_but_idle_in_this_run_is_said(tables, said, capsys):
+    """Accepted (a sweep that turns their part off keeps working) but no longer silent: a notice names each."""
+    fed = build_federation(_cfg(**tables), quiet=False)
+    err = capsys.readouterr().err
+    for note in said:
+        assert f"NOTICE: {note}" in fed.info["notice"] and f"NOTICE: {note}" in err
+    where_they_act = {"attack": {"name": "sign_flip", "num_byzantine": 1, "view": "noiseless"},
+                      "engine": {"max_clients_per_batch": 2}, "data": {"dataset": "mnist", "fallback": "digits"}}
+    acting = build_federation(_cfg(**{k: where_they_act[k] for k in tables}), quiet=True).info
+    assert "does nothing" not in acting.get("notice", "")  # (MNIST absent: the fallback's own notice)

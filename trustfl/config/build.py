@@ -19,7 +19,7 @@ from trustfl.client.transforms import SGD, DPNoise, LocalChain, Momentum, Weight
 from trustfl.config.device import device_info, on_device, refuse_meta_default, resolve_engine_device
 from trustfl.config.fit import (check_batches_fit, check_data_attack, check_enough_messages, check_pair_noise,
                                 check_reports, whole_data_batches)
-from trustfl.config.inert import check_inert_settings
+from trustfl.config.inert import check_inert_settings, idle_settings
 from trustfl.config.model import build_config_model, check_model_fits
 from trustfl.config.partition import partition_clients
 from trustfl.config.population import population_options, population_partition
@@ -220,6 +220,8 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     name, notice = resolve_dataset(cfg)
     if notice:
         info["notice"] = notice
+    for idle in idle_settings(cfg):
+        add_notice(info, idle)
     options = {k: v for k, v in cfg.data.options.items()}
     if notice and {"max_train", "max_test"} & set(options):  # subset sizes are the configured data set's
         dropped = sorted({"max_train", "max_test"} & set(options))

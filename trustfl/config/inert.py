@@ -129,6 +129,29 @@ def check_inert_settings(cfg: ExperimentConfig, as_written: bool = False) -> Non
         raise ConfigError(f"`{key}` is set but does nothing: {why}; {fix}{more}.")
 
 
+FILE_FREE_DATASETS = ("breast_cancer", "diabetes", "digits", "digits_canvas", "fedprox_synthetic", "synthetic")
+"""Built-in data sets that read no file: ``data.data_dir`` means nothing to them."""
+
+
+def idle_settings(cfg: ExperimentConfig) -> list[str]:
+    """Notices of keys that do nothing in this run but are accepted (not refused as :func:`inert_settings` are),
+    so that a sweep turning their part off keeps working: said, never silent."""
+    attack, engine, data = cfg.attack, cfg.engine, cfg.data
+    default_attack, default_engine = type(attack)(), type(engine)()
+    notes = []
+    if attack.name == "none":
+        notes += [f"`attack.{key}` = {json.dumps(getattr(attack, key))} does nothing without an attack"
+                  for key in ("view", "byzantine_hold_data") if getattr(attack, key) != getattr(default_attack, key)]
+    if engine.executor == "sequential" and engine.max_clients_per_batch != default_engine.max_clients_per_batch:
+        notes.append("`engine.max_clients_per_batch` does nothing with the sequential executor (one client at a time)")
+    file_free = data.dataset in FILE_FREE_DATASETS and not data.path
+    if data.fallback and file_free:
+        notes.append(f"`data.fallback` does nothing: {data.dataset!r} is bundled, never absent")
+    if data.data_dir and file_free:
+        notes.append(f"`data.data_dir` does nothing: {data.dataset!r} reads no file")
+    return [f"NOTICE: {n}." for n in notes]
+
+
 def check_budget_has_a_use(cfg: ExperimentConfig, stage_events: list[Any]) -> None:
     """Refuse a privacy budget (``client.dp.epsilon``, ``epsilons``, ``epsilon_distribution``, ``delta``,
     ``accountant``) in a run where nothing is private: no DP-SGD and no client or server stage that adds noise.
