@@ -231,7 +231,8 @@ def _train(cfg: ExperimentConfig, run_dir: Path, ranks: Ranks | None, *, resume:
             raise ConfigError(f"`engine.kind` = {fed.info['engine']!r}: the vertical engine does not run under "
                               f"torchrun (WORLD_SIZE={ranks.world_size}); run it in one process.")
         fed.executor = DistributedExecutor(fed.executor, ranks)
-    restart = resume and engine is None and not (run_dir / CHECKPOINT).is_file()  # a deployment's was refused
+    # no checkpoint at all (a directory or a dangling link in its place is refused by load_checkpoint, naming it)
+    restart = resume and engine is None and not os.path.lexists(run_dir / CHECKPOINT)  # a deployment's was refused
     engine = resolve_engine(cfg, fed.info["engine"]) if engine is None else engine(fed)  # after the recipe
     identity = config_identity(cfg)
     cfg_hash = config_hash(identity)

@@ -69,6 +69,18 @@ def test_a_flipped_bit_in_the_checkpoints_tensors_is_refused(half, full):
         _resume(half)
 
 
+@pytest.mark.parametrize("replace", ["directory", "dangling_link"])
+def test_a_checkpoint_that_is_no_file_is_refused_not_taken_for_none(half, replace):
+    """Taken for "no checkpoint": the run started again from round 1 and failed at its first save."""
+    path = half / CHECKPOINT
+    path.unlink()
+    path.mkdir() if replace == "directory" else path.symlink_to(half / "nowhere")
+    what = "is a directory, not a checkpoint file" if replace == "directory" else "is a link to nothing"
+    with pytest.raises(CheckpointError, match=f"checkpoint.pt {what}: nothing to resume from; remove it"):
+        _resume(half)
+    assert [r["round"] for r in read_metrics(half)] == [1, 2]  # nothing rewritten
+
+
 def test_a_checkpoint_cut_short_is_refused(half):
     path = half / CHECKPOINT
     path.write_bytes(path.read_bytes()[:-200])

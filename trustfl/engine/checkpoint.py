@@ -110,6 +110,12 @@ def load_checkpoint(run_dir: Path, cfg_hash: str, map_location: torch.device | s
     """
     path = run_dir / CHECKPOINT
     if not path.is_file():
+        what = ("is a directory, not a checkpoint file" if path.is_dir() else
+                "is a link to nothing" if path.is_symlink() else "is not a regular file") \
+            if os.path.lexists(path) else None
+        if what is not None:
+            raise CheckpointError(f"{path} {what}: nothing to resume from; remove it (or start afresh with "
+                                  f"--overwrite).")
         raise CheckpointError(f"{run_dir} has no {CHECKPOINT}: nothing to resume (was checkpoint_every 0?).")
     _check_records(path)
     try:  # weights_only: tensors, numbers, strings and containers only, so a foreign file cannot run code
