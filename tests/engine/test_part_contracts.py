@@ -4,6 +4,7 @@ wrong shape, dtype, type, non-finite values or a metric that is not one number i
 naming the part, before the model takes the step (they crashed a later round, or left a NaN model)."""
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -289,6 +290,29 @@ def test_a_partitioner_of_your_own_must_give_each_example_to_one_client(monkeypa
     _register(monkeypatch, "partitioner", "contract_test_split", _partitioner(split))
     with pytest.raises(ConfigError, match=f"^`data.partition`.*{fragment}"):
         build_federation(_cfg(data={"dataset": "digits", "num_clients": 4, "partition": "contract_test_split"}))
+
+
+@pytest.mark.parametrize("parts, fragment", [
+    (lambda n, m: [np.arange(n)] * m, r"partitioner 'contract_test_call' gave example 0 to 4 clients"),
+    (lambda n, m: np.array_split(np.arange(n) + 5, m), r"gave index 1438, outside the 1438 examples"),
+    (lambda n, m: [np.arange(n, dtype=np.float64)] + [np.zeros(0, np.int64)] * (m - 1),
+     r"index array of client 0 is not a 1-D integer numpy array"),
+])
+def test_a_partitioner_overriding_call_is_checked_where_its_partition_is_taken(monkeypatch, parts, fragment):
+    """The cover check ran inside AbstractPartitioner's own __call__ only: an override giving every client the
+    whole data set trained as if nothing were wrong, one with indices past the data raised torch's IndexError."""
+    from trustfl.data.partition import AbstractPartitioner, Partition
+
+    @dataclass(frozen=True)
+    class Mine(AbstractPartitioner):
+        name = "contract_test_call"
+
+        def __call__(self, labels, num_clients, rng, groups=None):
+            return Partition(indices=list(parts(labels.size, num_clients)), summary={"partitioner": self.name})
+
+    _register(monkeypatch, "partitioner", "contract_test_call", Mine)
+    with pytest.raises(ConfigError, match=f"^`data.partition`: .*{fragment}"):
+        build_federation(_cfg(data={"dataset": "digits", "num_clients": 4, "partition": "contract_test_call"}))
 
 
 def test_a_partitioner_of_your_own_that_partitions_is_used_as_given(monkeypatch):

@@ -9,7 +9,7 @@ import numpy as np
 from trustfl.config.schema import ExperimentConfig
 from trustfl.core.rng import numpy_rng
 from trustfl.data.datasets import Dataset
-from trustfl.data.partition import Partition
+from trustfl.data.partition import Partition, check_cover
 from trustfl.engine.federation import ClientRows
 from trustfl.errors import ConfigError
 
@@ -35,5 +35,14 @@ def partition_clients(cfg: ExperimentConfig, dataset: Dataset, partitioner: Any,
         found = len(partition.indices) if isinstance(partition, Partition) else type(partition).__name__
         raise ConfigError(f"`data.partition`: the partitioner must return a Partition of {holders} clients' index "
                           f"arrays, found {found}.")
+    bad = [i for i, part in enumerate(partition.indices)
+           if not isinstance(part, np.ndarray) or part.ndim != 1 or not np.issubdtype(part.dtype, np.integer)]
+    if bad:
+        raise ConfigError(f"`data.partition`: the partitioner's index array of client {bad[0]} is not a 1-D integer "
+                          f"numpy array, found {type(partition.indices[bad[0]]).__name__}.")
+    try:  # checked here too: a partitioner of your own may override __call__, which runs the check otherwise
+        check_cover(cfg.data.partition.name, list(partition.indices), len(labels))
+    except ConfigError as err:
+        raise ConfigError(f"`data.partition`: {err}") from None
     client_rows = ClientRows.from_arrays(partition.indices, n)
     return client_rows, partition.summary

@@ -72,7 +72,7 @@ def _empty(ids: np.ndarray | list[int]) -> str:
     return f"client{'s' if many else ''} {_list([int(i) for i in ids])} hold{'' if many else 's'} no training examples"
 
 
-def _check_cover(name: str, indices: list[np.ndarray], n: int) -> None:
+def check_cover(name: str, indices: list[np.ndarray], n: int) -> None:
     """Refuse (ConfigError naming the partitioner) parts that are not a partition of ``range(n)``: an index outside
     it, an example given to two clients (or twice to one), or one given to none."""
     flat = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
@@ -139,7 +139,7 @@ class AbstractPartitioner:
         num_classes = int(labels.max()) + 1 if labels.size else 0
         indices = [np.sort(p).astype(np.int64) for p in parts]
         name = getattr(self, "name", type(self).__name__)
-        _check_cover(name, indices, labels.size)
+        check_cover(name, indices, labels.size)
         sizes = np.array([p.size for p in indices], dtype=np.int64)
         empty = np.flatnonzero(sizes == 0)
         if empty.size and not self._empty_allowed_by():
