@@ -347,3 +347,30 @@ def test_per_example_mse_on_linear_regression():
     pred = x @ params["weight"][0] + params["bias"]
     assert outputs.shape == (12, 1)
     torch.testing.assert_close(losses, (pred - y) ** 2, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("bad", [lambda o, b: torch.nn.functional.cross_entropy(o.detach(), b["y"], reduction="none"),
+                                 lambda o, b: (o.argmax(1) != b["y"]).long()])
+def test_a_loss_that_does_not_depend_on_the_outputs_is_refused_by_name(bad):
+    """torch's "element 0 of tensors does not require grad" came out of round 1 as a traceback."""
+    name = _unique("test_user_objective_detached")
+    register_objective(name)(bad)
+    obj = trustfl.build("objective", name)
+    with pytest.raises(ConfigError, match=f"^objective '{name}': its losses .* do not depend differentiably on the "
+                                          "model's outputs"):
+        obj.weighted_loss_grad(torch.randn(4, 3), {"y": torch.tensor([0, 1, 2, 0])}, torch.ones(4))
+
+
+def test_an_imported_objective_refuses_a_parameter_its_function_does_not_take():
+    """A misspelt parameter passed `trustfl validate` and raised TypeError in round 1."""
+    from trustfl.objectives.base import _imported_objective
+
+    def scaled(outputs, batch, scale=1.0):
+        return scale * torch.nn.functional.cross_entropy(outputs, batch["y"], reduction="none")
+
+    factory = _imported_objective(scaled, "mod:scaled")
+    with pytest.raises(ConfigError, match=r"^objective 'mod:scaled' takes \(outputs, batch, \.\.\.\) and cannot take "
+                                          r"the parameters \['scal'\]"):
+        factory(scal=2.0)
+    losses = factory(scale=2.0).losses(torch.zeros(2, 3), {"y": torch.tensor([0, 1])})
+    assert torch.allclose(losses, torch.full((2,), 2 * float(torch.log(torch.tensor(3.0)))))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
@@ -62,6 +63,10 @@ class AbstractObjective(abc.ABC):
         with torch.enable_grad():
             leaf = outputs.detach().requires_grad_(True)
             losses = self.losses(leaf, batch)
+            if not losses.requires_grad:  # detached, or an integer loss: torch's "does not require grad" in round 1
+                raise ConfigError(f"objective {getattr(self, 'name', type(self).__name__)!r}: its losses "
+                                  f"({losses.dtype}) do not depend differentiably on the model's outputs (detached, "
+                                  f"or computed by argmax or integer ops); nothing could be trained.")
             (grad,) = torch.autograd.grad((losses * weights.to(losses.dtype)).sum(), [leaf])
         return losses.detach(), grad
 
@@ -171,6 +176,14 @@ def _imported_objective(obj: Any, name: str) -> Callable[..., AbstractObjective]
         raise ConfigError(f"objective {name!r} is a {type(obj).__name__}, not a loss function or an objective class.")
 
     def factory(**params: Any) -> AbstractObjective:
+        if params:  # a misspelt parameter: refused here, by name, not as a TypeError in round 1
+            try:
+                inspect.signature(obj).bind(None, None, **params)
+            except TypeError as err:
+                raise ConfigError(f"objective {name!r} takes (outputs, batch, ...) and cannot take the parameters "
+                                  f"{sorted(params)}: {err}.") from None
+            except ValueError:  # no signature to read (a builtin): the call will say
+                pass
         fn = functools.partial(obj, **params) if params else obj
         return LossObjective(fn, name)
     return factory
