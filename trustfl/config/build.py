@@ -220,8 +220,6 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     name, notice = resolve_dataset(cfg)
     if notice:
         info["notice"] = notice
-    for idle in idle_settings(cfg):
-        add_notice(info, idle)
     options = {k: v for k, v in cfg.data.options.items()}
     if notice and {"max_train", "max_test"} & set(options):  # subset sizes are the configured data set's
         dropped = sorted({"max_train", "max_test"} & set(options))
@@ -374,10 +372,11 @@ def build_federation(cfg: ExperimentConfig, data_dir: str | None = None, quiet: 
     engine = resolve_engine(cfg)
     if hasattr(engine, "check"):
         engine.check(fed)
-    if batch_note:  # said once the run is built, so that a refusal stays one line
-        add_notice(info, batch_note)
-        if not quiet:
-            print(batch_note, file=sys.stderr)
+    for note in [batch_note, *idle_settings(cfg)]:  # said once the run is built, so that a refusal stays one line
+        if note:
+            add_notice(info, note)
+            if not quiet:
+                print(note, file=sys.stderr)
     return fed
 
 
