@@ -103,3 +103,14 @@ def test_a_value_of_another_type_is_refused_naming_the_key(kind, name, key, anno
     for bad in bad_values + ([] if optional else [None]):
         with pytest.raises(ConfigError, match=f"^{kind} '{name}': `{key}` must be "):
             trustfl.build(kind, name, **{key: bad})
+
+
+def test_register_refuses_a_kind_no_run_reads_suggesting_the_close_one():
+    """`register("aggregatr", ...)` was accepted and never built: the rule of that name stayed unknown."""
+    with pytest.raises(RegistryError, match=r"^register\(\): no part of a run is of kind 'aggregatr' \(did you mean "
+                                            r"'aggregator'\?\); the kinds: aggregator, algorithm, "):
+        registry.register("aggregatr", "mine")
+    assert "aggregatr" not in registry.kinds()
+    for kind in registry.KINDS:  # every kind the library registers or builds is one of them
+        registry.names(kind)
+    assert set(registry.kinds()) <= set(registry.KINDS)

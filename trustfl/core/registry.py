@@ -8,6 +8,7 @@ Example:
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -32,12 +33,28 @@ _loaded = False
 _ADAPTERS: dict[str, Callable[[Any, str], Callable[..., Any]]] = {}
 
 
+KINDS = ("aggregator", "algorithm", "attack", "augmentation", "batch_sampler", "client_stage", "client_statistic",
+         "compressor", "dataset", "downlink_stage", "engine", "evaluator", "executor", "gradient_method",
+         "gradient_transform", "model", "objective", "partitioner", "pre_aggregator", "schedule", "server_optimizer",
+         "server_stage", "speed_model", "step_budget")
+"""The kinds of component a run builds: a registration under another kind would never be read."""
+
+
 def register(kind: str, name: str) -> Callable[[F], F]:
-    """Class or function decorator: make ``factory`` buildable as ``build(kind, name, **params)``."""
+    """Class or function decorator: make ``factory`` buildable as ``build(kind, name, **params)``.
+
+    Raises:
+      RegistryError: an empty or non-string kind or name, a kind outside :data:`KINDS` (a typo nothing would read),
+        or a name registered twice with another factory.
+    """
 
     for what, value in (("kind", kind), ("name", name)):
         if not isinstance(value, str) or not value.strip():
             raise RegistryError(f"register(): the {what} must be a non-empty string, found {value!r}.")
+    if kind not in KINDS:
+        close = difflib.get_close_matches(kind, KINDS, n=1)
+        raise RegistryError(f"register(): no part of a run is of kind {kind!r}"
+                            f"{f' (did you mean {close[0]!r}?)' if close else ''}; the kinds: {', '.join(KINDS)}.")
 
     def deco(factory: F) -> F:
         table = _REGISTRY.setdefault(kind, {})
