@@ -368,7 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _rank() == 0:  # torchrun: every rank meets the same error; rank 0 says it, the others exit quietly
             print(f"trustfl: error: {_one_line(err)}", file=sys.stderr)
         else:  # ... after rank 0 (torchrun ends this rank when rank 0 exits): exiting first could stop rank 0
-            time.sleep(RANK0_GRACE_S)  # before it printed; a rank 0 that never meets the error costs this wait
+            try:  # before it printed; a rank 0 that never meets the error costs this wait
+                time.sleep(RANK0_GRACE_S)
+            except KeyboardInterrupt:  # torchrun's SIGTERM once rank 0 has exited: the wait is over, quietly
+                pass
         return EXIT_USER_ERROR
     except KeyboardInterrupt as err:
         hint = ""

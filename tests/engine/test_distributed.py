@@ -202,6 +202,22 @@ def test_sweep_is_refused_under_torchrun(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+def test_a_rank_stopped_by_torchrun_while_it_waits_after_a_user_error_exits_quietly(monkeypatch, capsys, tmp_path):
+    """torchrun's SIGTERM (rank 0 has exited) reached rank 1 in its wait inside the error handler: a traceback of
+    the ConfigError and of `Terminated`, exit code 1, instead of the same quiet exit as rank 0's code."""
+    from trustfl import cli
+
+    def stopped(seconds):
+        cli._on_sigterm(15, None)
+
+    monkeypatch.setattr(cli.time, "sleep", stopped)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert cli.main(["run", str(REPO / "configs" / "quickstart.toml"), "--out", str(tmp_path / "r"),
+                     "--set", "client.bogus=1"]) == 2
+    assert capsys.readouterr().err == ""
+
+
 def test_share_is_contiguous_and_balanced():
     for m in range(0, 12):
         for world in (1, 2, 3, 5):
