@@ -110,3 +110,18 @@ def test_the_server_app_run_again_writes_beside_its_earlier_runs(tmp_path, monke
     context.run_config["resume"] = str(tmp_path / "run-3")
     flower._server_main(None, context)
     assert written[-1] == ("resume", tmp_path / "run-3")
+
+
+def test_a_user_error_in_the_server_app_reaches_flower_as_an_exception(tmp_path, capsys):
+    """SystemExit(2) bypassed Flower's handler, which uploads the log and marks the run failed with its reason:
+    `flwr run` printed nothing, and the run failed a minute later, "no heartbeat"."""
+    pytest.importorskip("flwr")
+    from types import SimpleNamespace
+
+    from trustfl.deploy import flower
+
+    context = SimpleNamespace(run_config={"trustfl-config": "rounds = 0\n", "run-dir": str(tmp_path / "run")})
+    with pytest.raises(Exception) as info:  # what Flower's `except Exception` catches
+        flower._server_main(None, context)
+    assert isinstance(info.value, flower.DeploymentRefused) and str(info.value).startswith("trustfl: error: ")
+    assert "rounds" in str(info.value) and capsys.readouterr().err.strip() == str(info.value)

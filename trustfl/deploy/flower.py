@@ -162,9 +162,15 @@ def _server_main(grid: Grid, context: Context) -> None:
         data_dir = str(context.run_config.get("data-dir", "")) or None
         result = run_deployment(cfg, FlowerTransport(grid), out, resume=resume, data_dir=data_dir)
         print(f"[trustfl deploy] run directory: {result.run_dir}", file=sys.stderr, flush=True)
-    except TrustFLError as err:  # one line, as the CLI prints it
+    except TrustFLError as err:  # one line, as the CLI prints it; then an exception Flower reports
         print(f"trustfl: error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        raise DeploymentRefused(f"trustfl: error: {err}") from None
+
+
+class DeploymentRefused(Exception):
+    """A user error that stopped the ServerApp, raised to Flower as an exception: Flower uploads the app's log and
+    marks the run ``finished:failed`` with this line as its reason. (``SystemExit`` skipped both: ``flwr run``
+    printed nothing and the run was failed a minute later for want of a heartbeat.)"""
 
 
 _NODES: dict[tuple, NodeRuntime] = {}
