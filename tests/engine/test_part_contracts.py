@@ -138,10 +138,18 @@ def test_a_model_the_objective_cannot_use_is_refused_when_the_run_is_built(monke
         build_federation(cfg)
 
 
+class FrozenNorm(Normed):
+    """BatchNorm in eval mode (its running statistics read, never written): trainable, unlike Normed in training."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.norm.eval()
+
+
 def test_the_probe_changes_no_buffer_and_leaves_the_training_mode(monkeypatch):
-    _register(monkeypatch, "model", "contract_test_model", Normed)
+    _register(monkeypatch, "model", "contract_test_model", FrozenNorm)
     fed = build_federation(_cfg(model={"name": "contract_test_model"}))
-    assert fed.model.training
+    assert fed.model.training and not fed.model.norm.training  # each module's own mode, as the user set it
     assert int(fed.model.norm.num_batches_tracked) == 0
     assert torch.equal(fed.model.norm.running_mean, torch.zeros(64))
 

@@ -7,7 +7,8 @@ losses; it never sees the training data or any client's state.
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Mapping, Sequence
+import contextlib
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -76,20 +77,41 @@ def default_evaluators(task: str) -> tuple[str, ...]:
     return DEFAULTS.get(task, ("loss",))
 
 
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode (dropout off, BatchNorm reading its running statistics); each submodule's own mode
+    is restored afterwards."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 @torch.no_grad()
 def evaluate_model(model: nn.Module, objective: AbstractObjective, evaluators: Sequence[AbstractEvaluator],
                    params: Mapping[str, torch.Tensor], data: Batch, batch_size: int,
                    train: Batch | None = None) -> dict[str, float]:
-    """Every evaluator's metrics of ``params`` on ``data`` (named tensors, examples first), in chunks.
+    """Every evaluator's metrics of ``params`` on ``data`` (named tensors, examples first), in chunks, with the
+    model in eval mode (:func:`eval_mode`).
 
     ``train``: the (non-augmented) training split: evaluators with ``needs_train_features`` are then fed the
     model's features of it (``None``: they must already hold theirs, and score the objective's outputs).
     """
+    with eval_mode(model):
+        return _evaluate(model, objective, evaluators, params, data, batch_size, train)
+
+
+def _evaluate(model: nn.Module, objective: AbstractObjective, evaluators: Sequence[AbstractEvaluator],
+              params: Mapping[str, torch.Tensor], data: Batch, batch_size: int,
+              train: Batch | None) -> dict[str, float]:
     if train is not None and any(e.needs_train_features for e in evaluators):
         from trustfl.evaluate.representation import evaluate_representations
 
-        out = evaluate_model(model, objective, [e for e in evaluators if not e.needs_train_features], params, data,
-                             batch_size)
+        out = _evaluate(model, objective, [e for e in evaluators if not e.needs_train_features], params, data,
+                        batch_size, None)
         out.update(evaluate_representations(model, [e for e in evaluators if e.needs_train_features], params,
                                             data, train, batch_size))
         return out

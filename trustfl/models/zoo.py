@@ -189,29 +189,35 @@ def _has_state(module: nn.Module) -> bool:
 
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: int, **params: object) -> nn.Module:
-    """Build a registered model with deterministic initial weights drawn from ``seed``; the global RNG is not used.
+    """Build a model with deterministic initial weights drawn from ``seed``; the global RNG is not used.
 
-    The model is built on the meta device (no values, no random draws); one whose weights and buffers would take
-    more than the memory free on the CPU is refused there (a MemoryError). Its layers are then materialised on
-    the CPU and initialised in registration order from a ``torch.Generator`` seeded with ``seed``: the same
-    draws, in the same order, as PyTorch's constructors make from ``torch.manual_seed(seed)``, so the weights are
-    those of a model built under that seed (for models that register their layers in the order they create them,
-    as every model here does). A model with an ``init_weights(generator)`` method then re-draws what it chooses
-    from a generator of its own seeded with ``seed``. A model with a layer type outside :data:`_DEFAULT_INIT` holding
-    parameters or buffers is built on the CPU under ``seed`` inside ``torch.random.fork_rng`` (same values; the
-    global CPU RNG is restored afterwards).
+    A model of trustfl's own is built on the meta device (no values, no random draws); one whose weights and
+    buffers would take more than the memory free on the CPU is refused there (a MemoryError). Its layers are then
+    materialised on the CPU (tied parameters stay tied) and initialised in registration order from a
+    ``torch.Generator`` seeded with ``seed``: the same draws, in the same order, as PyTorch's constructors make
+    from ``torch.manual_seed(seed)``, so the weights are those of a model built under that seed (every model here
+    registers its layers in the order it creates them). A model with an ``init_weights(generator)`` method then
+    re-draws what it chooses from a generator of its own seeded with ``seed``. A model with a layer type outside
+    :data:`_DEFAULT_INIT` holding parameters or buffers, and every model that is not trustfl's own (an import path
+    or a plugin's), is built as written: its constructor runs on the CPU under ``seed`` inside
+    ``torch.random.fork_rng`` (the global CPU RNG is restored afterwards), so what it sets itself (its own
+    initialisation, tied parameters, sizes computed with tensors) is kept.
     """
     factory = lookup("model", name)
 
     def make() -> nn.Module:
         return factory(input_shape=tuple(input_shape), num_classes=num_classes, **params)
 
+    if not _of_trustfl(factory):
+        _refuse_beyond_free_if_known(make)
+        return _built_under(seed, make)
     with torch.device("meta"):
         skeleton = make()
     refuse_beyond_free(sum(t.numel() * t.element_size() for t in itertools.chain(skeleton.parameters(),
                                                                                  skeleton.buffers())))
     stateful = [m for m in skeleton.modules() if _has_state(m)]
     if all(type(m) in _DEFAULT_INIT for m in stateful):
+        ties = _tied_names(skeleton)
         # ``to_empty(device="cpu")`` with an ``empty`` that does not go through the meta tensor: torch.empty_like of
         # a meta tensor runs the Python reference, whose first call imports torch.fx's symbolic shapes and sympy
         # (about 0.5 s). Every value is drawn below, so only shapes and dtypes matter.
@@ -219,13 +225,55 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: i
         generator = torch.Generator(device="cpu").manual_seed(seed)
         for module in stateful:
             _reset_with(module, generator)
+        _retie(model, ties)
         _custom_init(model, seed)
         return model
-    with torch.random.fork_rng(devices=[]):  # other layer types: their own constructors draw from the seed
+    return _built_under(seed, make)
+
+
+def _of_trustfl(factory: object) -> bool:
+    """Whether ``factory`` is one of trustfl's own model classes (whose constructors set nothing but the default
+    initialisation), not an imported class or a plugin's."""
+    return isinstance(factory, type) and factory.__module__.startswith("trustfl.")
+
+
+def _refuse_beyond_free_if_known(make: Callable[[], nn.Module]) -> None:
+    """The memory check before a model of your own is built, when its constructor also runs on the meta device (one
+    that reads values, e.g. ``int(torch.tensor(shape).prod())``, cannot: it is then built without the check)."""
+    try:
+        with torch.device("meta"):
+            skeleton = make()
+    except Exception:  # the real build below runs the constructor again and reports its error
+        return
+    if isinstance(skeleton, nn.Module):
+        refuse_beyond_free(sum(t.numel() * t.element_size() for t in itertools.chain(skeleton.parameters(),
+                                                                                     skeleton.buffers())))
+
+
+def _built_under(seed: int, make: Callable[[], nn.Module]) -> nn.Module:
+    """The model ``make`` builds on the CPU with the global CPU RNG seeded with ``seed`` (restored afterwards)."""
+    with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         model = make()
     _custom_init(model, seed)
     return model
+
+
+def _tied_names(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter registered under more than one name (tied), first name first."""
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def _retie(model: nn.Module, ties: list[list[str]]) -> None:
+    """Register each group of ``ties`` again as one parameter, the first name's (materialising made one per name)."""
+    for first, *others in ties:
+        shared = model.get_parameter(first)
+        for n in others:
+            owner, _, attr = n.rpartition(".")
+            setattr(model.get_submodule(owner), attr, shared)
 
 
 def _custom_init(model: nn.Module, seed: int) -> None:
