@@ -212,3 +212,16 @@ def test_a_sweep_point_whose_summary_has_a_value_of_the_wrong_type_is_not_finish
     assert run_finished(run)
     (run / "summary.json").write_text(json.dumps({**good, "final_accuracy": "x"}))
     assert not run_finished(run)
+
+
+def test_a_column_no_run_of_a_group_records_is_a_dash_not_nan(tmp_path):
+    """A private and a non-private run compared: the non-private group's `final epsilon_max` read `nan ± –`."""
+    private = _run(tmp_path / "a", [{"round": r, "accuracy": 0.5, "epsilon_max": 0.1 * r} for r in (1, 2, 3)])
+    plain = _run(tmp_path / "b", _rows((1, 2, 3)))
+    (plain / "config.toml").write_text('rounds = 3\nname = "r"\nseed = 0\n[client]\nlr = 0.2\n')
+    result = compare_runs([private, plain], write=False)
+    by_lr = {r["client.lr"]: r for r in result.rows}
+    assert by_lr[None]["final_epsilon_max_mean"] == pytest.approx(0.3)
+    assert by_lr[0.2]["final_epsilon_max_mean"] is None and by_lr[0.2]["final_epsilon_max_std"] is None
+    line = next(row for row in result.markdown.splitlines() if row.startswith("| 0.2 "))
+    assert "nan" not in line and line.rstrip(" |").endswith("–")

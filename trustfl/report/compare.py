@@ -89,7 +89,8 @@ class RunRecord:
 class Comparison:
     rows: list[dict[str, Any]]
     """One per group: ``group`` (label), the varied keys, ``n``, ``seeds``, ``runs`` and, per metric ``m`` of
-    :attr:`columns`, ``m_mean`` and ``m_std`` (``None`` for one seed), e.g. ``final_accuracy_mean``."""
+    :attr:`columns`, ``m_mean`` (``None`` where no run of the group records it) and ``m_std`` (``None`` for one
+    seed), e.g. ``final_accuracy_mean``."""
     varied: list[str]
     metrics: list[str]
     columns: list[str]
@@ -236,9 +237,9 @@ def _check_ignored(runs: list[RunRecord], ignore: Sequence[str]) -> None:
         raise UsageError(f"--ignore {key!r}: no compared run's config.toml has this key; {hint}")
 
 
-def _stats(values: list[float]) -> tuple[float, float | None]:
-    if not values:
-        return math.nan, None
+def _stats(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:  # no run of the group records the column (a run without DP has no epsilon_max): none, not NaN
+        return None, None
     if not all(math.isfinite(v) for v in values):  # a diverged run (NaN or ±inf): statistics' exact sums refuse inf
         mean = sum(values) / len(values)
         return mean, (None if len(values) < 2 else math.nan)
@@ -379,7 +380,7 @@ def _fmt(value: float | None, scale: float | None = None) -> str:
 
 def _cell(row: dict[str, Any], column: str) -> str:
     mean, std = row[f"{column}_mean"], row[f"{column}_std"]
-    return f"{_fmt(mean)} ± {_fmt(std, mean)}"
+    return DASH if mean is None else f"{_fmt(mean)} ± {_fmt(std, mean)}"
 
 
 def format_markdown(rows: list[dict[str, Any]], varied: list[str], columns: list[str]) -> str:
