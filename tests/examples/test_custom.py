@@ -90,7 +90,7 @@ def test_a_plugin_whose_own_code_raises_is_one_line_naming_it(tmp_path, monkeypa
     message = str(err.value)
     assert "'broken.py'" in message and "raised ValueError: math domain error" in message and "\n" not in message
     assert message.endswith(f"(at {tmp_path / 'broken.py'}, line 3)")
-    assert "trustfl_plugin_broken" not in sys.modules  # a failed import leaves nothing behind
+    assert not any(m.startswith("trustfl_plugin_broken") for m in sys.modules)  # a failed import leaves nothing
     with pytest.raises(ConfigError, match=r"`plugins\[0\]` is empty"):
         build_federation(load_config(REPO / "configs" / "quickstart.toml", ['plugins=[""]']), quiet=True)
 
@@ -111,3 +111,15 @@ def test_the_example_data_script_runs(tmp_path):
                          capture_output=True, text=True, check=True)
     lines = (tmp_path / "s.csv").read_text().splitlines()
     assert lines[0] == "site,temp,vibration,current,pressure,status" and len(lines) == 601 and "wrote" in out.stdout
+
+
+def test_two_plugin_files_of_one_name_are_two_modules(tmp_path):
+    """Files were imported once per name (`trustfl_plugin_<stem>`): a second `my_loss.py` in another folder
+    silently resolved to the first one imported, and its objects were "not found" or, worse, the first file's."""
+    from trustfl.core.registry import import_object
+    for folder, value in (("a", 1), ("b", 2)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "my_loss.py").write_text(f"VALUE = {value}\n")
+    assert import_object(f"{tmp_path / 'a' / 'my_loss.py'}:VALUE") == 1
+    assert import_object(f"{tmp_path / 'b' / 'my_loss.py'}:VALUE") == 2
+    assert import_object(f"{tmp_path / 'a' / 'my_loss.py'}:VALUE") == 1  # each imported once

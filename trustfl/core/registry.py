@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -74,7 +75,7 @@ def register_adapter(kind: str, adapter: Callable[[Any, str], Callable[..., Any]
 
 def import_module_or_file(target: str) -> Any:
     """Import a module by name (the working directory on ``sys.path``) or a ``.py`` file by path (relative to the
-    working directory; imported once, as ``trustfl_plugin_<stem>``).
+    working directory; imported once per file, as ``trustfl_plugin_<stem>_<hash of its path>``).
 
     Raises:
       ImportError / SyntaxError: the module cannot be found or parsed, or its own code raised while it was imported
@@ -96,7 +97,8 @@ def _import(target: str) -> Any:
         path = Path(target).expanduser().resolve()
         if not path.is_file():
             raise ImportError(f"no file {str(path)!r}")
-        name = f"trustfl_plugin_{path.stem}"
+        # one module per file: two files of one name (a.py in two folders) must not resolve to the first imported
+        name = f"trustfl_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
         if name not in sys.modules:
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
