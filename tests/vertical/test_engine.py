@@ -212,6 +212,14 @@ def test_train_loss_is_the_mean_over_accepted_iterations(vertical_config, monkey
     assert metrics["rejected"] == 40 and "train_loss" not in metrics  # nothing accepted: no loss to report
 
 
+def test_a_clip_beyond_the_dtype_clips_nothing(vertical_config, tmp_path):
+    """C = 1e308 passed validate and raised torch's overflow error in clamp in round 1; no float32 value exceeds
+    it, so it clips as a C of 3e38 does: nothing."""
+    runs = [run_experiment(vertical_config("dpzv", rounds=1, recipe={"clip": c}), tmp_path / str(c), progress=False,
+                           plots=False) for c in (1e308, 3e38)]
+    assert torch.equal(runs[0].params, runs[1].params) and bool(torch.isfinite(runs[0].params).all())
+
+
 def test_dpzv_stays_accurate_where_dp_vafl_collapses(vertical_config, tmp_path):
     """The DPZV paper's claim in small (digits, 4 parties, ε = 1): DPZV far above VAFL with embedding DP."""
     acc = {}

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from trustfl.client.gradients import AbstractGradientMethod
-from trustfl.core.checks import check_number, describe_value
+from trustfl.core.checks import FLOAT32_MAX, check_number, describe_value
 from trustfl.core.rng import normal_rows
 from trustfl.core.registry import component_name, of_trustfl, register
 from trustfl.errors import ConfigError
@@ -141,7 +141,7 @@ class Proximal(AbstractGradientTransform):
     mu: float = 0.01
 
     def __post_init__(self) -> None:
-        check_number("mu", self.mu, low=0, finite=True)
+        check_number("mu", self.mu, low=0, high=FLOAT32_MAX, note="it scales float32 parameters")
 
     def init(self, params, cohort):
         return cohort.layout.unflatten(cohort.received["model"])
@@ -160,6 +160,9 @@ class WeightDecay(AbstractGradientTransform):
     """
 
     weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_number("weight_decay", self.weight_decay, low=0, high=FLOAT32_MAX, note="it scales float32 parameters")
 
     def apply(self, grads, state, params, active, cohort):
         return {k: g.add(params[k], alpha=self.weight_decay) for k, g in grads.items()}, state

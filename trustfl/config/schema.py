@@ -12,6 +12,10 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""float32's largest value (core.checks.FLOAT32_MAX; the schema imports nothing of trustfl): a step size or decay
+beyond it cannot scale float32 tensors."""
+
 
 class FieldError(Exception):
     """Raised by ``__post_init__``; the loader turns it into a ConfigError carrying the full key path."""
@@ -149,9 +153,10 @@ class ClientConfig:
         check(self.steps >= 0, "steps", self.steps, "an integer >= 0 (0 = use epochs)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
         check(all(b >= 1 for b in self.batch_sizes), "batch_sizes", self.batch_sizes, "integers >= 1")
-        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")
+        check(0 < self.lr <= FLOAT32_MAX, "lr", self.lr, f"a number > 0 and <= {FLOAT32_MAX:.4g} (it scales float32 steps)")
         check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
-        check(0 <= self.weight_decay < math.inf, "weight_decay", self.weight_decay, "a finite number >= 0")
+        check(0 <= self.weight_decay <= FLOAT32_MAX, "weight_decay", self.weight_decay,
+              f"a number >= 0 and <= {FLOAT32_MAX:.4g} (it scales float32 parameters)")
 
 
 @dataclass(frozen=True)

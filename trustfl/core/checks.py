@@ -44,6 +44,11 @@ def _allowed(integer: bool, low: Optional[float], high: Optional[float], low_ope
     return kind
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest scale a hyperparameter that multiplies float32 tensors may have (about 3.4e38): torch refuses a larger
+Python float as an op's ``alpha`` or bound ("cannot be converted to type float without overflow")."""
+
+
 def check_number(name: str, value: Any, *, integer: bool = False, low: Optional[float] = None,
                  high: Optional[float] = None, low_open: bool = False, high_open: bool = False,
                  finite: bool = False, allow_none: bool = False, note: str = "", where: str = "",

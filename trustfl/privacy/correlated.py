@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
-from trustfl.core.checks import check_number
+from trustfl.core.checks import FLOAT32_MAX, check_number
 from trustfl.core.registry import register
 from trustfl.core.rng import run_draws
 from trustfl.core.stage import AbstractStage
@@ -54,7 +54,7 @@ so the add runs on that thread alone."""
 
 
 def _check_sigma(value: float, name: str) -> None:
-    check_number(name, value, low=0, finite=True)
+    check_number(name, value, low=0, high=FLOAT32_MAX, note="it scales float32 noise")
 
 
 def _draw_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -127,7 +127,7 @@ class DPZV(VerticalMethod):
         f_plus, f_minus = losses.detach().view(2, -1)
         deltas = (f_plus - f_minus) / (lam if self.difference == "lambda" else 2 * lam)  # eq. 7
         ok = ok & _finite(deltas)
-        if self.clip != float("inf"):
+        if self.clip < torch.finfo(deltas.dtype).max:  # a larger C clips no finite value (and overflows clamp)
             deltas = deltas.clamp(-self.clip, self.clip)  # symmetric clipping (the sensitivity 2C/B needs it)
         reply = deltas.mean()
         if self.noise_std > 0:

@@ -31,7 +31,7 @@ class EmbeddingPrivacy:
 
     def clip_rows(self, h: torch.Tensor) -> torch.Tensor:
         """Differentiable row clipping ``h·min(1, C/‖h‖)``."""
-        if self.clip == float("inf"):
+        if self.clip >= torch.finfo(h.dtype).max:  # clips no finite row (and would overflow clamp_min)
             return h
         norms = h.norm(dim=1, keepdim=True)
         return h * (self.clip / norms.clamp_min(self.clip))
