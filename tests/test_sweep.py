@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -282,6 +283,36 @@ def test_a_directory_of_another_config_is_refused(sweep_dir, tmp_path, calls):
     with pytest.raises(UsageError, match=r"client.lr=0.05__seed=0.*another config.*`client.batch_size`"):
         run_sweep(TINY, ["client.lr=0.05,0.2"], "0-1", out=out, overrides=["client.batch_size=16"])
     assert calls == []
+
+
+def test_a_point_holding_a_run_without_its_config_is_refused_not_run_over(sweep_dir, tmp_path, calls):
+    """It was started afresh over its files, even a finished one (summary, rows and checkpoint rewritten)."""
+    out = tmp_path / "sw"
+    shutil.copytree(sweep_dir, out)
+    point = out / NAMES[0]
+    (point / "config.toml").unlink()
+    before = _mtimes(point)
+    with pytest.raises(UsageError, match=rf"^sweep point {re.escape(NAMES[0])}: .* holds a run \(metrics.jsonl, "
+                                         r"checkpoint.pt, summary.json\) without its config.toml; restore it, or "
+                                         r"delete that directory"):
+        run_sweep(TINY, ["client.lr=0.05,0.2"], "0-1", out=out)
+    assert calls == [] and _mtimes(point) == before
+
+
+def test_a_point_whose_rows_were_cut_is_said_to_be_deleted_not_retried(sweep_dir, tmp_path, calls):
+    """The point's error advised `--overwrite`, which `trustfl sweep` lacks, and the summary line a re-run, which
+    fails the same way every time."""
+    out = tmp_path / "sw"
+    shutil.copytree(sweep_dir, out)
+    point = out / NAMES[0]
+    (point / "summary.json").unlink()
+    (point / "metrics.jsonl").write_text((point / "metrics.jsonl").read_text().splitlines()[0][:0])
+    lines: list[str] = []
+    result = run_sweep(TINY, ["client.lr=0.05,0.2"], "0-1", out=out, log=lines.append)
+    error = result.points[0].error
+    assert result.points[0].status == "failed" and "--overwrite" not in error
+    assert f"delete {point} to run it afresh" in error
+    assert lines[-1].startswith(f"sweep: 1 of 4 points failed ({NAMES[0]}); delete the directories of {NAMES[0]}")
 
 
 def test_jobs_2_gives_the_results_of_jobs_1(sweep_dir, tmp_path):

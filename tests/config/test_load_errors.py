@@ -302,7 +302,8 @@ def test_a_partitioner_that_skews_classes_is_refused_on_real_valued_targets(part
     ("client.lr=1e308", "`client.lr` must be a number > 0 and <= 3.403e+38"),
     ("client.weight_decay=1e308", "`client.weight_decay` must be a number >= 0 and <= 3.403e+38"),
     ('client.transforms=[{name="proximal", mu=1e308}]', "`mu` must be a number in [0, 3.40282e+38]"),
-    ('client.transforms=[{name="weight_decay", weight_decay=1e39}]', "`weight_decay` must be a number in [0, 3.40282e+38]"),
+    ('client.transforms=[{name="weight_decay", weight_decay=1e39}]',
+     "`weight_decay` must be a number in [0, 3.40282e+38]"),
 ])
 def test_a_scale_beyond_float32_is_refused_when_the_run_is_built(tmp_path, override, key):
     """Finite but beyond float32's largest value: validate passed, and round 1 raised torch's "value cannot be

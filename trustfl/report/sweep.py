@@ -178,9 +178,10 @@ def _execute(task: dict[str, Any]) -> dict[str, Any]:
         if task["action"] == "resume":
             try:
                 result = run_experiment(None, resume=run_dir, data_dir=task["data_dir"], progress=False)
-            except CheckpointError as err:  # as `trustfl run --resume`: never a silent restart over its rows
-                raise CheckpointError(f"{_one_line(str(err))} The sweep does not restart a point it cannot "
-                                      f"resume: delete {run_dir} to run it afresh.") from None
+            except (CheckpointError, UsageError) as err:  # as `trustfl run --resume`: never a silent restart over
+                said = _one_line(str(err)).replace(", or start afresh with --overwrite", "")  # (not a sweep flag)
+                raise CheckpointError(f"{said} The sweep does not restart a point it cannot resume: delete "
+                                      f"{run_dir} to run it afresh.") from None
         else:
             result = run_experiment(task["config"], run_dir, data_dir=task["data_dir"], progress=False)
         return {"status": "done", "summary": json.loads(json.dumps(result.summary, default=str)),
@@ -394,6 +395,10 @@ def _plan(point: SweepPoint) -> str:
     ``fresh``; a directory holding a run of another config is refused."""
     config_file = point.run_dir / "config.toml"
     if not config_file.is_file():
+        held = [f for f in ("metrics.jsonl", "checkpoint.pt", "summary.json") if (point.run_dir / f).exists()]
+        if held:  # a run whose config.toml was lost: never started again over its rows
+            raise UsageError(f"sweep point {point.name}: {point.run_dir} holds a run ({', '.join(held)}) without its "
+                             f"config.toml; restore it, or delete that directory to run the point afresh.")
         return "fresh"
     ours = config_to_dict(point.config)
     try:
