@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trustfl.client.per_example import (_blank_padding, clip_factors, clipped_batch_mean, clipped_grad_sum,
-                                        noisy_clipped_mean, per_example_grads)
+from trustfl.client.per_example import (clip_factors, clipped_batch_mean, clipped_grad_sum, noisy_clipped_mean,
+                                        per_example_grads)
+from trustfl.client.per_example_checks import blank_padding
 from trustfl.errors import ConfigError, PrivacyError, TrustFLError
 from trustfl.models import build_model
 
@@ -104,13 +105,13 @@ def test_padding_is_blanked_without_reading_the_device():
     """Off the CPU the blanking never reads ``keep`` on the host (a CUDA sync every step): on the meta device, where
     any host read raises, the padded rows still come back zeroed, and a CPU batch without padding is not copied."""
     x = torch.full((2, 3, 4), float("nan"), device="meta")
-    out = _blank_padding({"x": x}, torch.ones(2, 3, dtype=torch.bool, device="meta"))
+    out = blank_padding({"x": x}, torch.ones(2, 3, dtype=torch.bool, device="meta"))
     assert out["x"].device.type == "meta" and out["x"].shape == x.shape
     keep = torch.tensor([[True, False, True], [True, True, True]])
     cpu = torch.full((2, 3, 4), float("nan"))
-    blanked = _blank_padding({"x": cpu}, keep)["x"]
+    blanked = blank_padding({"x": cpu}, keep)["x"]
     assert torch.equal(blanked[0, 1], torch.zeros(4)) and blanked[keep].isnan().all()
-    assert _blank_padding({"x": cpu}, torch.ones(2, 3, dtype=torch.bool))["x"] is cpu
+    assert blank_padding({"x": cpu}, torch.ones(2, 3, dtype=torch.bool))["x"] is cpu
 
 
 @pytest.mark.parametrize("method", ["ghost", "vmap"])

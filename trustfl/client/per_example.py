@@ -25,11 +25,8 @@ References:
 """
 from __future__ import annotations
 
-import contextlib
-import math
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 from torch.func import grad, vmap
@@ -40,6 +37,8 @@ from trustfl.client.ghost_plan import Plan, ghost_plan
 from trustfl.client.linear_stack import FusedSGD, applies, linear_stack
 from trustfl.client.linear_stack import ghost_inputs as stack_ghost_inputs
 from trustfl.client.linear_stack import mean_grad as stack_mean_grad
+from trustfl.client.per_example_checks import (Params, check_batch, check_expected_batch_size, check_norm,
+                                               check_stacked, labels_in_range, prepare)
 from trustfl.core.checks import check_number
 from trustfl.core.rng import normal_rows
 from trustfl.errors import ConfigError, PrivacyError
@@ -48,7 +47,6 @@ from trustfl.objectives.builtin import CrossEntropy
 
 CROSS_ENTROPY = CrossEntropy()
 
-Params = dict[str, torch.Tensor]
 METHODS = ("ghost", "vmap")
 VMAP_BUDGET = 2**25
 """Per-example gradient elements materialised at once by ``method="vmap"`` when ``chunk_size`` is None."""
@@ -95,10 +93,10 @@ def per_example_grads(model: nn.Module, params: Mapping[str, torch.Tensor], batc
       >>> per_example_grads(net, p, batch)["linear.weight"].shape
       torch.Size([5, 3, 4])
     """
-    _check_batch(batch, None, 1)
+    check_batch(batch, None, 1)
     objective.check_batch(batch, tuple(next(iter(batch.values())).shape[:1]))
     params = {k: v.detach() for k, v in params.items()}
-    with _labels_in_range(objective):
+    with labels_in_range(objective):
         return vmap(grad(_one_example_loss(model, objective)), in_dims=(None, 0), chunk_size=chunk_size)(params, batch)
 
 
@@ -150,25 +148,12 @@ def clipped_grad_sum(model: nn.Module, params_stacked: Mapping[str, torch.Tensor
         raise ConfigError(f"`method` must be one of {METHODS}, found {method!r}.")
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ConfigError(f"`chunk_size` must be a positive integer or None, found {chunk_size!r}.")
-    params, batch, keep = _prepare(model, params_stacked, batch, mask, max_norm, objective)
+    params, batch, keep = prepare(model, params_stacked, batch, mask, max_norm, objective)
     if keep.numel() == 0:  # no client or no example: nothing to clip
         return _nothing(params, keep, return_loss)
-    with _labels_in_range(objective):
+    with labels_in_range(objective):
         return _clipped_grad_sum(model, params, batch, keep, max_norm, objective, method, chunk_size, cohort_layers,
                                  return_loss)
-
-
-@contextlib.contextmanager
-def _labels_in_range(objective: AbstractObjective) -> Iterator[None]:
-    """Cross-entropy on a label past the model's outputs: torch's IndexError or RuntimeError, as a ConfigError (no
-    check in the step's path: the loss kernels find it)."""
-    try:
-        yield
-    except (IndexError, RuntimeError) as e:
-        if isinstance(objective, CrossEntropy) and "out of bounds" in str(e):
-            raise ConfigError(f"`batch['y']` holds a label outside the model's outputs (class labels are 0 .. "
-                              f"outputs-1): {e}") from e
-        raise
 
 
 def _clipped_grad_sum(model: nn.Module, params: Params, batch: Batch, keep: torch.Tensor, max_norm: float,
@@ -194,16 +179,6 @@ def supports_ghost(model: nn.Module, params: Mapping[str, torch.Tensor], batch: 
     """Whether ``clipped_grad_sum(method="ghost")`` runs the ghost path on stacked ``(m, ...)`` ``params`` and a batch
     with leading ``(m, B)`` (else it falls back to ``"vmap"``, saying so once per model class)."""
     return ghost_plan(model, params, batch, objective) is not None
-
-
-def _blank_padding(batch: Batch, keep: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The batch with its padding rows zeroed, so that NaN, garbage or out-of-range labels there cannot leak into
-    0·NaN products. On the CPU a batch without padding comes back as it is (a host read of ``keep``, free there);
-    on other devices the rows are always blanked, so that a step never waits for the device."""
-    if keep.device.type == "cpu" and bool(keep.all()):
-        return dict(batch)
-    return {k: torch.where(keep.reshape(*keep.shape, *([1] * (v.dim() - 2))), v, torch.zeros((), dtype=v.dtype))
-            for k, v in batch.items()}
 
 
 def _ghost_clipped_sum(model: nn.Module, plan: Plan, params: Params, batch: Batch, keep: torch.Tensor,
@@ -286,8 +261,8 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
       [[1.0, 1.0, 1.0], [0.5, 0.5, 0.5]]
     """
     check_number("noise_multiplier", noise_multiplier, low=0, finite=True, error=PrivacyError)
-    _check_norm(max_norm)
-    m = _check_stacked(grad_sum_stacked)
+    check_norm(max_norm)
+    m = check_stacked(grad_sum_stacked)
     if len(generators) != m or not all(isinstance(g, torch.Generator) for g in generators):
         raise ConfigError(f"`generators` must hold one torch.Generator per client ({m}), found "
                           f"{[type(g).__name__ for g in generators]}.")
@@ -296,7 +271,7 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
     if bad_sum is not None:
         raise ConfigError(f"`grad_sum_stacked[{bad_sum!r}]` must have a floating dtype, found "
                           f"{grad_sum_stacked[bad_sum].dtype}.")
-    _check_expected_batch_size(expected_batch_size, m)
+    check_expected_batch_size(expected_batch_size, m)
     ebs = torch.as_tensor(expected_batch_size, dtype=first.dtype, device=first.device)
     if ebs.dim() == 0:
         ebs = ebs.expand(m)
@@ -313,21 +288,6 @@ def noisy_clipped_mean(grad_sum_stacked: Mapping[str, torch.Tensor], noise_multi
         shape = (m, *([1] * (v.dim() - 1)))
         out[k] = noise[k].mul_(noise_scale.view(shape)).addcmul_(v, mean_scale.view(shape))
     return out
-
-
-def _check_expected_batch_size(value: float | torch.Tensor, m: int) -> None:
-    """Refuse anything but a positive finite number or a ``()`` / ``(m,)`` tensor of them (not a string or a flag
-    that ``torch.as_tensor`` would take); checked before the conversion to the sums' dtype, which may round a tiny
-    one to 0 (that one is refused as beyond the dtype's range, after)."""
-    if isinstance(value, torch.Tensor):
-        ok = value.dtype != torch.bool and not value.is_complex() and value.shape in ((), (m,)) and \
-            bool((value > 0).all()) and bool(torch.isfinite(value).all())
-    else:
-        ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
-            and 0 < value < math.inf
-    if not ok:
-        raise ConfigError(f"`expected_batch_size` must be a positive number or an ({m},) tensor of positive "
-                          f"numbers, found {value!r}.")
 
 
 def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch,
@@ -348,48 +308,15 @@ def clipped_batch_mean(model: nn.Module, params_stacked: Mapping[str, torch.Tens
       ``(clipped, norms)``: ``clipped[k]`` of shape ``(m, *param_shape)`` and the norms ``(m,)`` of the mean
       gradients before clipping; ``(clipped, norms, losses)`` with ``return_loss``.
     """
-    params, batch, keep = _prepare(model, params_stacked, batch, mask, max_norm, objective)
+    params, batch, keep = prepare(model, params_stacked, batch, mask, max_norm, objective)
     # the per-client mean gradients by plain autograd on the stacked leaves (no torch.func.grad, whose first call
     # imports torch._dynamo: about a second of the first round)
-    with _labels_in_range(objective):
+    with labels_in_range(objective):
         g, losses = batched_mean_grad(model, objective, params, batch, keep)
     norms = sum(v.reshape(v.shape[0], -1).square().sum(-1) for v in g.values()).sqrt()
     factor = clip_factors(norms, max_norm)
     clipped = {k: v * factor.view(-1, *([1] * (v.dim() - 1))) for k, v in g.items()}
     return (clipped, norms, losses.detach()) if return_loss else (clipped, norms)
-
-
-def _prepare(model: nn.Module, params_stacked: Mapping[str, torch.Tensor], batch: Batch, mask: torch.Tensor,
-             max_norm: float, objective: AbstractObjective) -> tuple[Params, dict[str, torch.Tensor], torch.Tensor]:
-    """Validate a cohort batch; return detached params, the batch with padding blanked, and the keep mask."""
-    _check_norm(max_norm)
-    m = _check_stacked(params_stacked)
-    _check_batch(batch, mask, 2, m)
-    _check_fit(model, params_stacked, batch, objective)
-    keep = mask != 0
-    blanked = _blank_padding(batch, keep)
-    objective.check_batch(blanked, tuple(keep.shape))  # after blanking: padding rows may hold any label
-    return {k: v.detach() for k, v in params_stacked.items()}, blanked, keep
-
-
-def _check_fit(model: nn.Module, params: Mapping[str, torch.Tensor], batch: Batch,
-               objective: AbstractObjective) -> None:
-    """Refuse stacked parameters the model does not hold (a name it lacks, another shape) and a floating input of
-    another dtype than the parameters': torch would raise deep inside the forward pass, or (per-example gradients)
-    silently ignore an unknown name."""
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    for name, v in params.items():
-        if name not in shapes:
-            raise ConfigError(f"`params_stacked` holds {name!r}, which is not a parameter of the "
-                              f"{type(model).__name__} (its parameters: {sorted(shapes)}).")
-        if tuple(v.shape[1:]) != shapes[name]:
-            raise ConfigError(f"`params_stacked[{name!r}]` has shape {tuple(v.shape)}: (m, *{shapes[name]}) expected "
-                              f"for the {type(model).__name__}'s parameter.")
-    x = batch.get(objective.input_key)
-    dtype = next(iter(params.values())).dtype
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
-        raise ConfigError(f"`batch[{objective.input_key!r}]` is {x.dtype} but the parameters are {dtype}; convert one "
-                          f"to the other.")
 
 
 def _nothing(params: Params, keep: torch.Tensor, return_loss: bool) -> tuple:
@@ -398,34 +325,6 @@ def _nothing(params: Params, keep: torch.Tensor, return_loss: bool) -> tuple:
     like = next(iter(params.values()))
     out = ({k: torch.zeros_like(v) for k, v in params.items()}, like.new_zeros(keep.shape))
     return (*out, like.new_zeros(m)) if return_loss else out
-
-
-def _check_norm(max_norm: float) -> None:
-    check_number("max_norm", max_norm, low=0, low_open=True, finite=True, error=PrivacyError)
-
-
-def _check_stacked(params: Mapping[str, torch.Tensor]) -> int:
-    if not params:
-        raise ConfigError("`params_stacked` is empty; pass at least one stacked parameter.")
-    counts = {k: (v.shape[0] if v.dim() else None) for k, v in params.items()}
-    m = next(iter(counts.values()))
-    if m is None or any(c != m for c in counts.values()):
-        raise ConfigError(f"every stacked tensor needs the same leading client dimension m, found {counts}.")
-    return m
-
-
-def _check_batch(batch: Batch, mask: torch.Tensor | None, lead: int, m: int | None = None) -> None:
-    what = "m, B" if lead == 2 else "B"
-    if not isinstance(batch, Mapping) or not batch:
-        raise ConfigError(f"`batch` must be a non-empty mapping of named tensors, found {type(batch).__name__}.")
-    shapes = {k: tuple(v.shape) for k, v in batch.items()}
-    lead_shape = next(iter(shapes.values()))[:lead]
-    if len(lead_shape) != lead or any(s[:lead] != lead_shape for s in shapes.values()):
-        raise ConfigError(f"every batch tensor must start with the dims ({what}), found {shapes}.")
-    if m is not None and lead_shape[0] != m:
-        raise ConfigError(f"the batch holds {lead_shape[0]} clients but the parameters hold m = {m}.")
-    if mask is not None and tuple(mask.shape) != lead_shape:
-        raise ConfigError(f"`mask` must have the shape ({what}) = {lead_shape}, found {tuple(mask.shape)}.")
 
 
 def batched_mean_losses(model: nn.Module, objective: AbstractObjective, params_stacked: Mapping[str, torch.Tensor],
