@@ -95,6 +95,12 @@ def named(path: str | Path, what: str) -> Path:
     return looked_up(path, what, UsageError)
 
 
+def not_a_run_dir(path: Path) -> UsageError:
+    """The error for a run directory argument that names a file, or nothing."""
+    return UsageError(f"run directory {str(path)!r} "
+                      f"{'is a file, not a directory' if path.exists() else 'does not exist'}.")
+
+
 def check_out_dir(out: str | Path) -> Path:
     """``out`` as a path for a command's ``--out`` directory, refused (UsageError) when it is empty or names a
     file."""

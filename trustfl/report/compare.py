@@ -32,7 +32,8 @@ from typing import Any, Sequence
 
 from trustfl.config.load import read_toml
 from trustfl.config.schema import ExperimentConfig
-from trustfl.core.runfiles import check_out_dir, lacking_rows, named, read_json_object, read_summary, writing
+from trustfl.core.runfiles import (check_out_dir, lacking_rows, named, not_a_run_dir, read_json_object, read_summary,
+                                   writing)
 from trustfl.errors import TrustFLError, UsageError
 from trustfl.evaluate.base import higher_is_better
 from trustfl.report import read_metrics  # re-exported wherever the reader lives (report.files, core.runfiles)
@@ -140,8 +141,7 @@ def expand_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
             raise UsageError(f"{str(path)!r} is neither a run directory (metrics.jsonl) nor a sweep directory "
                              f"({MANIFEST}).")
         else:
-            raise UsageError(f"run directory {str(path)!r} "
-                             f"{'is a file, not a directory' if path.exists() else 'does not exist'}.")
+            raise not_a_run_dir(path)
         for run in found:
             key = run.resolve()
             if key in seen:

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trustfl.errors import TrustFLError, UsageError
-from trustfl.core.runfiles import (lacking_rows, metric_rows, named, read_json_object, read_metrics, read_summary,
-                                   writing)
+from trustfl.core.runfiles import (lacking_rows, metric_rows, named, not_a_run_dir, read_json_object, read_metrics,
+                                   read_summary, writing)
 from trustfl.report.plots import plot_run
 
 _COLUMNS = ("round", "accuracy", "loss", "bytes_up_total", "bytes_down_total", "epsilon_max", "rejected",
@@ -48,8 +48,7 @@ def report_run(run_dir: str | Path) -> str:
         raise UsageError(f"report_run: `run_dir` must be a path (a string or os.PathLike), found {repr(run_dir)[:60]}.")
     run_dir = named(run_dir, "run directory")
     if not run_dir.is_dir():
-        raise UsageError(f"run directory {str(run_dir)!r} "
-                         f"{'is a file, not a directory' if run_dir.exists() else 'does not exist'}.")
+        raise not_a_run_dir(run_dir)
     rows = read_metrics(run_dir)
     if not rows:
         raise TrustFLError(f"{run_dir} holds no metrics.jsonl rows: is it a trustfl run directory?")
