@@ -201,13 +201,17 @@ def epsilon_subsampled_gaussian(noise_multiplier: float, sample_rate: float, ste
                            f" {err}); such a setting is outside what it computes (try the 'rdp' accountant).") from None
 
 
+class BeyondPldSpan(PrivacyError):
+    """A composition whose privacy losses reach beyond what the PLD accountant's grid is asked to span."""
+
+
 def _check_pld_span(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> None:
     """Refuse a composition whose privacy losses reach beyond :data:`PLD_MAX_LOSS_RANGE`: the PLD grid grows with
     them (q = 0.01, z = 1.1 on a 2-core Xeon: 1e6 steps, ε 111, 1.8 s; 1e7 steps, 17 s; 1e9 steps, over 16 GB and
     uninterruptible). The RDP ε, an upper bound computed in milliseconds, tells."""
     bound = epsilon_subsampled_gaussian(noise_multiplier, sample_rate, steps, delta, "rdp")
     if bound > PLD_MAX_LOSS_RANGE:
-        raise PrivacyError(f"steps = {steps!r} at noise_multiplier = {noise_multiplier!r}, sample_rate = "
+        raise BeyondPldSpan(f"steps = {steps!r} at noise_multiplier = {noise_multiplier!r}, sample_rate = "
                            f"{sample_rate!r} spend ε <= {bound:.4g} (RDP), beyond the {PLD_MAX_LOSS_RANGE:g} the 'pld' "
                            "accountant's grid is asked to span (its memory and time grow with the steps); use the "
                            "'rdp' accountant for such an ε.")
@@ -325,11 +329,11 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, sample_rate: float,
                            f"privacy is spent; need steps >= 1 and sample_rate > 0.")
 
     def eps_of(z: float) -> float:
-        if accountant == "pld" and steps > 1 and \
-                epsilon_subsampled_gaussian(z, sample_rate, steps, delta, "rdp") > PLD_MAX_LOSS_RANGE:
-            return math.inf  # beyond what the PLD grid spans (_check_pld_span): more noise is needed
-        return epsilon_subsampled_gaussian(z, sample_rate, steps, delta, accountant, sampling,
-                                           dataset_size=dataset_size, orders=orders)
+        try:
+            return epsilon_subsampled_gaussian(z, sample_rate, steps, delta, accountant, sampling,
+                                               dataset_size=dataset_size, orders=orders)
+        except BeyondPldSpan:  # beyond what the PLD grid spans (_check_pld_span): more noise is needed
+            return math.inf
 
     lo, hi = 0.5, 2.0
     if accountant == "pld":
