@@ -115,8 +115,9 @@ def feature_blocks(cfg: ExperimentConfig, dataset: Dataset, seed: int,
                 raise ConfigError("needs `columns` = [[...], ...], one list of column indices per party.")
             blocks = check_columns(comp.params["columns"], num_features, parties)
             note = unused_columns_notice(blocks, num_features)
-            if note is not None and info is not None:  # build.add_notice's format (build imports this module)
-                info["notice"] = f"{info['notice']} {note}" if "notice" in info else note
+            if note is not None and info is not None:
+                from trustfl.config.build import add_notice  # here: build imports this module
+                add_notice(info, note)
             return blocks
         unit = comp.params.get("unit", 0)
         if unit == 0:
